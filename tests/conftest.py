@@ -1,0 +1,22 @@
+"""Suite-wide fixtures and marker handling."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
