@@ -1,0 +1,279 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Label(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class SegmentHeader(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "context_key", "parent_key", "content_key", "token_ids", "start_position", "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum", "ttl_s", "left_tail_ids", "index_text", "created_at_s", "labels")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARY_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    LEFT_TAIL_IDS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_TEXT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    context_key: bytes
+    parent_key: bytes
+    content_key: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    start_position: int
+    layer_start: int
+    layer_end: int
+    boundary_layers: _containers.RepeatedScalarFieldContainer[int]
+    payload_nbytes: int
+    checksum: int
+    ttl_s: float
+    left_tail_ids: _containers.RepeatedScalarFieldContainer[int]
+    index_text: str
+    created_at_s: float
+    labels: _containers.RepeatedCompositeFieldContainer[Label]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+
+class PutSegmentRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: SegmentHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class PutSegmentResponse(_message.Message):
+    __slots__ = ("context_key",)
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    context_key: bytes
+    def __init__(self, context_key: _Optional[bytes] = ...) -> None: ...
+
+class GetSegmentRequest(_message.Message):
+    __slots__ = ("namespace", "context_key", "model_fingerprint")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    context_key: bytes
+    model_fingerprint: str
+    def __init__(self, namespace: _Optional[str] = ..., context_key: _Optional[bytes] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+
+class GetSegmentResponse(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: SegmentHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class SegmentRef(_message.Message):
+    __slots__ = ("context_key", "start_position", "num_tokens", "layer_start", "layer_end", "payload_nbytes")
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    context_key: bytes
+    start_position: int
+    num_tokens: int
+    layer_start: int
+    layer_end: int
+    payload_nbytes: int
+    def __init__(self, context_key: _Optional[bytes] = ..., start_position: _Optional[int] = ..., num_tokens: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., payload_nbytes: _Optional[int] = ...) -> None: ...
+
+class LookupPrefixRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "token_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LookupPrefixResponse(_message.Message):
+    __slots__ = ("segments", "num_matched_tokens")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRef]
+    num_matched_tokens: int
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRef, _Mapping]]] = ..., num_matched_tokens: _Optional[int] = ...) -> None: ...
+
+class FindSimilarRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "token_ids", "text", "left_context_ids", "parent_key", "limit")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LEFT_CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    left_context_ids: _containers.RepeatedScalarFieldContainer[int]
+    parent_key: bytes
+    limit: int
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., left_context_ids: _Optional[_Iterable[int]] = ..., parent_key: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class SimilarCandidate(_message.Message):
+    __slots__ = ("segment", "estimated_jaccard", "exact_tokens", "same_left_context", "exact_window")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_JACCARD_FIELD_NUMBER: _ClassVar[int]
+    EXACT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAME_LEFT_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    EXACT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    segment: SegmentRef
+    estimated_jaccard: float
+    exact_tokens: bool
+    same_left_context: bool
+    exact_window: int
+    def __init__(self, segment: _Optional[_Union[SegmentRef, _Mapping]] = ..., estimated_jaccard: _Optional[float] = ..., exact_tokens: _Optional[bool] = ..., same_left_context: _Optional[bool] = ..., exact_window: _Optional[int] = ...) -> None: ...
+
+class FindSimilarResponse(_message.Message):
+    __slots__ = ("candidates",)
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[SimilarCandidate]
+    def __init__(self, candidates: _Optional[_Iterable[_Union[SimilarCandidate, _Mapping]]] = ...) -> None: ...
+
+class PutAnchorRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "anchor_id", "base_payload", "agent_payloads", "num_tokens")
+    class AgentPayloadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_ID_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    placeholder_id: str
+    anchor_id: str
+    base_payload: bytes
+    agent_payloads: _containers.ScalarMap[str, bytes]
+    num_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., anchor_id: _Optional[str] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class PutAnchorResponse(_message.Message):
+    __slots__ = ("evicted_anchor_ids",)
+    EVICTED_ANCHOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    evicted_anchor_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, evicted_anchor_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetAnchorsRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "include_payloads")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    placeholder_id: str
+    include_payloads: bool
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., include_payloads: _Optional[bool] = ...) -> None: ...
+
+class AnchorEntry(_message.Message):
+    __slots__ = ("anchor_id", "num_tokens", "activation_count", "created_seq", "base_payload", "agent_payloads")
+    class AgentPayloadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ANCHOR_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BASE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    anchor_id: str
+    num_tokens: int
+    activation_count: int
+    created_seq: int
+    base_payload: bytes
+    agent_payloads: _containers.ScalarMap[str, bytes]
+    def __init__(self, anchor_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., activation_count: _Optional[int] = ..., created_seq: _Optional[int] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class GetAnchorsResponse(_message.Message):
+    __slots__ = ("anchors",)
+    ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    anchors: _containers.RepeatedCompositeFieldContainer[AnchorEntry]
+    def __init__(self, anchors: _Optional[_Iterable[_Union[AnchorEntry, _Mapping]]] = ...) -> None: ...
+
+class TouchAnchorsRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "anchor_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_ID_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    placeholder_id: str
+    anchor_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., anchor_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TouchAnchorsResponse(_message.Message):
+    __slots__ = ("num_touched",)
+    NUM_TOUCHED_FIELD_NUMBER: _ClassVar[int]
+    num_touched: int
+    def __init__(self, num_touched: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("namespace", "context_key")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    context_key: bytes
+    def __init__(self, namespace: _Optional[str] = ..., context_key: _Optional[bytes] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses")
+    NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MISSES_FIELD_NUMBER: _ClassVar[int]
+    num_segments: int
+    num_bytes: int
+    num_hits: int
+    num_misses: int
+    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ...) -> None: ...
