@@ -30,7 +30,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_layers.py
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

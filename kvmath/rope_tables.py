@@ -1,17 +1,8 @@
-"""RoPE frequency tables: one `RopeTable` per distinct set of inverse frequencies.
+"""RoPE frequency tables: inv_freq per rope type, and which layers use which table.
 
-Owns the inv_freq formulas of each supported rope type (default, linear, llama3,
-yarn), re-derived from transformers 5.x `modeling_rope_utils` without importing it,
-and the refusal of types whose Δ-rotation is not a pure function of Δ. It does not
-rotate tensors (see `kvmath.rope`) and does not read model configs.
-
-Precision decision (measured, see tests/kvmath/test_rope_math.py and the report):
-inv_freq is computed in float32 with the same operations, in the same order, as
-HF, so it equals the model's `inv_freq` buffer bit for bit; it is then held as
-Python floats (float64) and every angle Δ·inv_freq is formed in float64. With
-this, R(Δ)R(p) matches HF's R(p+Δ) up to HF's own fp32 angle rounding
-(~|p·θ|·2^-24). A fully-fp64 inv_freq would differ from the model's frequencies by
-~1 ulp of fp32 and so add a systematic angle error Δ·θ·2^-24 on top.
+Owns the formulas of the supported rope types (default, linear, llama3, yarn),
+re-derived from transformers 5.x `modeling_rope_utils` without importing it, and
+the refusal of the others. It does not rotate tensors (see `kvmath.rope`).
 """
 
 from __future__ import annotations
@@ -68,7 +59,9 @@ class RopeTable:
         if self.rotary_dim <= 0 or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be a positive even number")
         if len(self.inv_freq) != self.rotary_dim // 2:
-            raise ValueError(f"{len(self.inv_freq)} inv_freq values for rotary_dim {self.rotary_dim}")
+            raise ValueError(
+                f"{len(self.inv_freq)} inv_freq values for rotary_dim {self.rotary_dim}"
+            )
         if not all(math.isfinite(f) and f > 0 for f in self.inv_freq):
             raise ValueError(f"inv_freq must be finite and positive, got {self.inv_freq}")
 
@@ -84,6 +77,20 @@ class RopeTable:
             "attention_scaling": self.attention_scaling,
             "params": dict(self.params),
         }
+
+
+# NOTE (precision decision): inv_freq is computed in fp32 with HF's operations in
+# HF's order, so it equals the model's `inv_freq` buffer bit for bit (asserted in
+# tests/client/test_rope_hf_models.py); it is then held as Python floats and every
+# angle Δ·inv_freq is formed in fp64. R(Δ)R(p) then differs from HF's own R(p+Δ)
+# only by HF's fp32 angle rounding (~|p·θ|·2^-24). Measured on a tiny Llama
+# (θ=5e5, D=64, 64 tokens from p=0), max |shift(k_p, Δ) − k_(p+Δ)| / max|k|:
+#   Δ=1000: 1.7e-5 | Δ=30000: 4.5e-4 | Δ=131000: 2.4e-3   (this choice)
+#   Δ=1000: 3.6e-5 | Δ=30000: 1.1e-3 | Δ=131000: 5.5e-3   (inv_freq fully in fp64)
+#   Δ=1000: 2.6e-5 | Δ=30000: 8.5e-4 | Δ=131000: 3.3e-3   (fp32 angles, as HF)
+# A fully-fp64 inv_freq is off the model's frequencies by ~1 fp32 ulp, adding a
+# systematic Δ·θ·2^-24 on top. From p=100000 all three agree (~2e-3 to 5e-3):
+# HF's rounding of the source keys dominates.
 
 
 def default_inv_freq(theta: float, rotary_dim: int) -> torch.Tensor:
@@ -153,7 +160,9 @@ def yarn_inv_freq(
     if low == high:
         high += 0.001  # HF's guard against a zero-width ramp
     pos_freqs = theta ** (torch.arange(0, rotary_dim, 2).to(torch.float32) / rotary_dim)
-    ramp = torch.clamp((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    ramp = torch.clamp(
+        (torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1
+    )
     # Kept in HF's operation order (1 - ramp, then 1 - that) so fp32 values match bit for bit.
     extrapolation_weight = 1 - ramp
     interpolated = 1.0 / (factor * pos_freqs)
@@ -175,13 +184,21 @@ def table_from_rope_params(
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedRope(f"rope_type {rope_type!r} is not one of {SUPPORTED_ROPE_TYPES}")
     if params.get("mrope_section"):
-        raise UnsupportedRope("multimodal RoPE (mrope_section) positions are not a scalar per token")
+        raise UnsupportedRope(
+            "multimodal RoPE (mrope_section) positions are not a scalar per token"
+        )
     theta = float(params["rope_theta"])
     rotary_dim = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
     if rotary_dim <= 0 or rotary_dim % 2:
-        raise UnsupportedRope(f"rotary_dim {rotary_dim} (head_dim {head_dim}) must be positive and even")
-    inv_freq, scaling = _inv_freq_for_type(rope_type, theta, rotary_dim, params, max_position_embeddings)
-    source = tuple(sorted((k, v) for k, v in params.items() if isinstance(v, (int, float, str, bool))))
+        raise UnsupportedRope(
+            f"rotary_dim {rotary_dim} (head_dim {head_dim}) must be positive and even"
+        )
+    inv_freq, scaling = _inv_freq_for_type(
+        rope_type, theta, rotary_dim, params, max_position_embeddings
+    )
+    source = tuple(
+        sorted((k, v) for k, v in params.items() if isinstance(v, (int, float, str, bool)))
+    )
     return RopeTable(rope_type, rotary_dim, tuple(inv_freq.tolist()), scaling, source)
 
 
@@ -196,7 +213,9 @@ def _inv_freq_for_type(
         return default_inv_freq(theta, rotary_dim), 1.0
     if rope_type == "linear":
         return linear_inv_freq(theta, rotary_dim, float(params["factor"])), 1.0
-    original_max = int(params.get("original_max_position_embeddings") or max_position_embeddings or 0)
+    original_max = int(
+        params.get("original_max_position_embeddings") or max_position_embeddings or 0
+    )
     if original_max <= 0:
         raise UnsupportedRope(f"rope_type {rope_type!r} needs original_max_position_embeddings")
     if rope_type == "llama3":
@@ -222,3 +241,42 @@ def _inv_freq_for_type(
         bool(params.get("truncate", True)),
     )
     return inv_freq, yarn_attention_scaling(float(factor), params)
+
+
+def rope_params_by_layer_type(
+    config: Any, num_layers: int
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """{name: flat rope params} and each layer's name, from a duck-typed HF config.
+
+    Reads v5 `rope_parameters` (flat, or nested by `layer_types` as Gemma3 does) or
+    v4 fields (`rope_theta`, `rope_scaling`, Gemma3's `rope_local_base_freq`).
+    """
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    params = getattr(config, "rope_parameters", None)
+    if params is None:  # transformers 4.x: rope_theta + rope_scaling attributes
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    params = dict(params)
+    nested = [key for key in params if key in layer_types]
+    if nested:
+        missing = [name for name in set(layer_types) if params.get(name) is None]
+        if missing:
+            raise UnsupportedRope(f"no RoPE parameters for layer types {missing}")
+        by_type = {name: _with_partial(config, params[name]) for name in set(layer_types)}
+        return by_type, layer_types[:num_layers]
+    flat = _with_partial(config, params)
+    local_theta = getattr(config, "rope_local_base_freq", None)
+    if local_theta is not None and "sliding_attention" in layer_types:  # Gemma3 on transformers 4.x
+        local = _with_partial(config, {"rope_type": "default", "rope_theta": local_theta})
+        return {"sliding_attention": local, "full_attention": flat}, layer_types[:num_layers]
+    return {"all": flat}, ["all"] * num_layers
+
+
+def _with_partial(config: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(params)
+    if merged.get("partial_rotary_factor") is None:
+        factor = getattr(config, "partial_rotary_factor", None) or getattr(
+            config, "rotary_pct", None
+        )
+        merged["partial_rotary_factor"] = float(factor or 1.0)
+    return merged

@@ -26,20 +26,30 @@ def _handlers(payloads: dict[int, bytes], chunk_nbytes: int) -> grpc.GenericRpcH
     async def unary_put(request: pb.PutSegmentRequest, context: object) -> pb.PutSegmentResponse:
         return pb.PutSegmentResponse(context_key=len(request.chunk).to_bytes(8, "little"))
 
-    async def stream_put(requests: AsyncIterator[pb.PutSegmentRequest], context: object) -> pb.PutSegmentResponse:
+    async def stream_put(
+        requests: AsyncIterator[pb.PutSegmentRequest], context: object
+    ) -> pb.PutSegmentResponse:
         parts = [r.chunk async for r in requests]
         return pb.PutSegmentResponse(context_key=len(b"".join(parts)).to_bytes(8, "little"))
 
     async def unary_get(request: pb.GetSegmentRequest, context: object) -> pb.GetSegmentResponse:
         return pb.GetSegmentResponse(chunk=payloads[len(request.context_key)])
 
-    async def stream_get(request: pb.GetSegmentRequest, context: object) -> AsyncIterator[pb.GetSegmentResponse]:
+    async def stream_get(
+        request: pb.GetSegmentRequest, context: object
+    ) -> AsyncIterator[pb.GetSegmentResponse]:
         data = memoryview(payloads[len(request.context_key)])
         for start in range(0, len(data), chunk_nbytes):
             yield pb.GetSegmentResponse(chunk=bytes(data[start : start + chunk_nbytes]))
 
-    put_kw = {"request_deserializer": pb.PutSegmentRequest.FromString, "response_serializer": pb.PutSegmentResponse.SerializeToString}
-    get_kw = {"request_deserializer": pb.GetSegmentRequest.FromString, "response_serializer": pb.GetSegmentResponse.SerializeToString}
+    put_kw = {
+        "request_deserializer": pb.PutSegmentRequest.FromString,
+        "response_serializer": pb.PutSegmentResponse.SerializeToString,
+    }
+    get_kw = {
+        "request_deserializer": pb.GetSegmentRequest.FromString,
+        "response_serializer": pb.GetSegmentResponse.SerializeToString,
+    }
     return grpc.method_handlers_generic_handler(
         "bench.Transport",
         {
@@ -51,7 +61,13 @@ def _handlers(payloads: dict[int, bytes], chunk_nbytes: int) -> grpc.GenericRpcH
     )
 
 
-def _serve(options: list[tuple[str, int]], handler: grpc.GenericRpcHandler, ready: threading.Event, port: list[int], stop: threading.Event) -> None:
+def _serve(
+    options: list[tuple[str, int]],
+    handler: grpc.GenericRpcHandler,
+    ready: threading.Event,
+    port: list[int],
+    stop: threading.Event,
+) -> None:
     async def main() -> None:
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((handler,))
@@ -89,25 +105,43 @@ def main() -> None:
     args = parser.parse_args()
     chunk_nbytes = args.chunk_mib << 20
     max_unary = (max(args.sizes_mib) << 20) + SLACK_NBYTES
-    options = [("grpc.max_receive_message_length", max_unary), ("grpc.max_send_message_length", max_unary)]
+    options = [
+        ("grpc.max_receive_message_length", max_unary),
+        ("grpc.max_send_message_length", max_unary),
+    ]
     # The size of the key selects the payload: a 1-byte key means 1 MiB, etc.
     payloads = {mib: bytes(mib << 20) for mib in args.sizes_mib}
     ready, stop, port = threading.Event(), threading.Event(), []
-    thread = threading.Thread(target=_serve, args=(options, _handlers(payloads, chunk_nbytes), ready, port, stop))
+    thread = threading.Thread(
+        target=_serve, args=(options, _handlers(payloads, chunk_nbytes), ready, port, stop)
+    )
     thread.start()
     ready.wait()
     channel = grpc.insecure_channel(f"127.0.0.1:{port[0]}", options=options)
-    stubs = {
-        name: channel.unary_unary(f"/bench.Transport/{name}") if "Unary" in name else None
-        for name in ("UnaryPut", "UnaryGet")
-    }
-    unary_put = channel.unary_unary("/bench.Transport/UnaryPut", pb.PutSegmentRequest.SerializeToString, pb.PutSegmentResponse.FromString)
-    stream_put = channel.stream_unary("/bench.Transport/StreamPut", pb.PutSegmentRequest.SerializeToString, pb.PutSegmentResponse.FromString)
-    unary_get = channel.unary_unary("/bench.Transport/UnaryGet", pb.GetSegmentRequest.SerializeToString, pb.GetSegmentResponse.FromString)
-    stream_get = channel.unary_stream("/bench.Transport/StreamGet", pb.GetSegmentRequest.SerializeToString, pb.GetSegmentResponse.FromString)
-    del stubs
+    unary_put = channel.unary_unary(
+        "/bench.Transport/UnaryPut",
+        pb.PutSegmentRequest.SerializeToString,
+        pb.PutSegmentResponse.FromString,
+    )
+    stream_put = channel.stream_unary(
+        "/bench.Transport/StreamPut",
+        pb.PutSegmentRequest.SerializeToString,
+        pb.PutSegmentResponse.FromString,
+    )
+    unary_get = channel.unary_unary(
+        "/bench.Transport/UnaryGet",
+        pb.GetSegmentRequest.SerializeToString,
+        pb.GetSegmentResponse.FromString,
+    )
+    stream_get = channel.unary_stream(
+        "/bench.Transport/StreamGet",
+        pb.GetSegmentRequest.SerializeToString,
+        pb.GetSegmentResponse.FromString,
+    )
     print(f"chunk {args.chunk_mib} MiB, median of {args.reps}")
-    print(f"{'MiB':>4} {'unary put':>10} {'stream put':>11} {'unary get':>10} {'stream get':>11}  (ms)")
+    print(
+        f"{'MiB':>4} {'unary put':>10} {'stream put':>11} {'unary get':>10} {'stream get':>11}  (ms)"
+    )
     try:
         for mib in args.sizes_mib:
             payload = payloads[mib]
@@ -119,7 +153,12 @@ def main() -> None:
                 _time_ms(lambda k=key: b"".join(r.chunk for r in stream_get(k)), args.reps),
             ]
             mbps = [f"{(mib * 1.048576) / (ms / 1e3):.0f}" for ms in results]
-            print(f"{mib:>4} " + " ".join(f"{ms:>10.1f}" for ms in results) + "   MB/s: " + "/".join(mbps))
+            print(
+                f"{mib:>4} "
+                + " ".join(f"{ms:>10.1f}" for ms in results)
+                + "   MB/s: "
+                + "/".join(mbps)
+            )
     finally:
         channel.close()
         stop.set()

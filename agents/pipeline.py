@@ -1,0 +1,160 @@
+"""Running an agent graph on one question with a reuse engine, call by call.
+
+Owns `run_pipeline`, `AgentCall` and `PipelineTrace`: it resolves each step's
+fills (the question as text, upstream answers as their generated ids), renders
+the prompt and hands it to the engine. Reuse decisions are the engine's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, QuestionRef
+from kvsplice.agents.render import PlaceholderValue, RenderedPrompt, Tokenizer, render
+from kvsplice.client.call_timings import CallTimings
+from kvsplice.client.reuse_engine import CallOutcome, ReusedSpan, ReuseEngine
+from kvsplice.client.span_executor import GenerationConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentCall:
+    """One agent's call: what it saw, what it said, and what that cost.
+
+    output_ids exclude the stop token; first_token_logits: [V] float32.
+    ttft_s runs from when the agent had its inputs (before rendering) to its
+    first token; num_reused_tokens / num_prompt_tokens is its token reuse rate.
+    """
+
+    agent_id: str
+    round: int
+    mode: str
+    prompt: RenderedPrompt
+    output_ids: tuple[int, ...]
+    output_text: str
+    ttft_s: float
+    num_reused_tokens: int
+    reused_spans: tuple[ReusedSpan, ...]
+    first_token_logits: torch.Tensor
+    timings: CallTimings
+    generation: GenerationConfig
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.prompt.num_tokens
+
+    @property
+    def reuse_rate(self) -> float:
+        return self.num_reused_tokens / self.num_prompt_tokens
+
+
+@dataclass
+class PipelineTrace:
+    """All calls of one question, in execution order; the last call's text is the answer."""
+
+    question: str
+    graph_name: str
+    mode: str
+    calls: list[AgentCall]
+
+    @property
+    def final_answer(self) -> str:
+        return self.calls[-1].output_text
+
+
+def run_pipeline(
+    graph: AgentGraph,
+    question: str,
+    engine: ReuseEngine,
+    *,
+    ignore_stop: bool = False,
+    max_new_tokens: int | None = None,
+    on_call: Callable[[AgentCall], None] | None = None,
+) -> PipelineTrace:
+    """Run every step of `graph` on `question` with greedy decoding.
+
+    Each agent stops at its role's `max_new_tokens` (or `max_new_tokens`, when
+    given, for all agents), at EOS or at its chat turn-end marker; with
+    `ignore_stop` it generates exactly that many tokens. `on_call` sees each call
+    as it finishes (progress reporting).
+    """
+    tokenizer: Tokenizer = engine.loaded.tokenizer
+    answers: dict[tuple[str, int], tuple[int, ...]] = {}
+    calls: list[AgentCall] = []
+    for step in graph:
+        call = _run_step(step, question, answers, engine, tokenizer, ignore_stop, max_new_tokens)
+        answers[(step.agent_id, step.round)] = call.output_ids
+        calls.append(call)
+        if on_call is not None:
+            on_call(call)
+    return PipelineTrace(question, graph.name, engine.mode, calls)
+
+
+def _run_step(
+    step: AgentStep,
+    question: str,
+    answers: dict[tuple[str, int], tuple[int, ...]],
+    engine: ReuseEngine,
+    tokenizer: Tokenizer,
+    ignore_stop: bool,
+    max_new_tokens: int | None,
+) -> AgentCall:
+    started_at_s = time.perf_counter()
+    values = {name: _resolve(ref, question, answers) for name, ref in step.fills.items()}
+    prompt = render(step.role.template, values, tokenizer)
+    generation = GenerationConfig(
+        max_new_tokens=max_new_tokens or step.role.max_new_tokens,
+        stop_token_ids=stop_token_ids(tokenizer, step.role.chat.turn_end),
+        ignore_stop=ignore_stop,
+    )
+    outcome = engine.run(prompt, generation, started_at_s=started_at_s)
+    return _agent_call(step, prompt, outcome, generation, tokenizer)
+
+
+def _resolve(
+    ref: QuestionRef | AnswerRef, question: str, answers: dict[tuple[str, int], tuple[int, ...]]
+) -> PlaceholderValue:
+    if isinstance(ref, QuestionRef):
+        return question
+    return answers[(ref.agent_id, ref.round)]
+
+
+def stop_token_ids(tokenizer: Tokenizer, turn_end: str) -> tuple[int, ...]:
+    """EOS and the chat turn-end marker, when it is a single token."""
+    ids = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    marker = tokenizer.encode(turn_end, add_special_tokens=False)
+    if len(marker) == 1:
+        ids.add(int(marker[0]))
+    return tuple(sorted(ids))
+
+
+def _agent_call(
+    step: AgentStep,
+    prompt: RenderedPrompt,
+    outcome: CallOutcome,
+    generation: GenerationConfig,
+    tokenizer: Tokenizer,
+) -> AgentCall:
+    return AgentCall(
+        agent_id=step.agent_id,
+        round=step.round,
+        mode=outcome.mode,
+        prompt=prompt,
+        output_ids=outcome.output_ids,
+        output_text=tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True),
+        ttft_s=outcome.ttft_s,
+        num_reused_tokens=outcome.num_reused_tokens,
+        reused_spans=outcome.reused,
+        first_token_logits=outcome.logits_first,
+        timings=outcome.timings,
+        generation=generation,
+    )

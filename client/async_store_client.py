@@ -1,0 +1,230 @@
+"""The asyncio store client: the same calls and miss semantics as `StoreClient`.
+
+Construct it inside the event loop that uses it (grpc.aio channels bind to one
+loop). Unreachable or slow store → a miss and one rate-limited warning; server
+faults raise `kvsplice.common.errors` classes. No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+from grpc import aio
+
+from kvsplice.client import store_wire as wire
+from kvsplice.client.store_client import bearer_metadata, checked_namespace
+from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store_faults import (
+    MIN_ATTEMPT_TIMEOUT_S,
+    DegradedWarning,
+    backoff_delays,
+    error_from_rpc,
+    retry_delay_s,
+)
+from kvsplice.client.store_types import (
+    AnchorEntry,
+    ClientCounters,
+    PrefixLookup,
+    SimilarCandidate,
+    StoreStats,
+)
+from kvsplice.common.errors import CorruptPayload, InvalidRequest, NotFound, StoreUnavailable
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.proto import store_pb2_grpc
+
+T = TypeVar("T")
+Attempt = Callable[[float], Awaitable[T]]
+
+
+class AsyncStoreClient:
+    """Talks to one store over one aio channel, scoped to one namespace."""
+
+    def __init__(
+        self,
+        target: str,
+        namespace: str,
+        token: str | None = None,
+        config: StoreClientConfig | None = None,
+    ) -> None:
+        self.namespace = checked_namespace(namespace)
+        self.config = config or StoreClientConfig()
+        self.counters = ClientCounters()
+        self._channel = aio.insecure_channel(target, options=self.config.channel_options())
+        self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
+        self._metadata = bearer_metadata(token)
+        self._warning = DegradedWarning(target, self.config.warn_interval_s)
+
+    async def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
+        """Store `payload` under `meta`; False if the store could not be reached in time."""
+        if meta.namespace != self.namespace:
+            raise InvalidRequest(
+                f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
+            )
+        requests = wire.put_requests(
+            wire.with_payload_digest(meta, payload), payload, self.config.chunk_nbytes
+        )
+
+        async def send(timeout_s: float) -> bool:
+            await self._stub.PutSegment(requests, timeout=timeout_s, metadata=self._metadata)
+            return True
+
+        return await self._once("put_segment", send, self.config.put_timeout_s, False)
+
+    async def get_segment(
+        self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        """The segment's meta and verified payload, or None (absent, corrupt or unreachable)."""
+        request = wire.get_request(
+            self.namespace, wire.to_context_key(segment_id_or_context_key), model_fingerprint
+        )
+
+        async def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
+            assembler = wire.SegmentAssembler()
+            async for response in self._stub.GetSegment(
+                request, timeout=timeout_s, metadata=self._metadata
+            ):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return await self._idempotent("get_segment", read, self.config.get_timeout_s, None)
+        except NotFound:
+            return None
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_segment", str(error))
+            return None
+
+    async def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
+        request = wire.lookup_request(self.namespace, model_fingerprint, token_ids)
+        call = self._unary(self._stub.LookupPrefix, request, wire.lookup_result)
+        return await self._idempotent(
+            "lookup_prefix", call, self.config.lookup_timeout_s, PrefixLookup.MISS
+        )
+
+    async def find_similar(
+        self,
+        model_fingerprint: str,
+        token_ids: Sequence[int],
+        *,
+        text: str = "",
+        left_context_ids: Sequence[int] = (),
+        parent_key: bytes | None = None,
+        limit: int = 0,
+    ) -> list[SimilarCandidate]:
+        request = wire.similar_request(
+            self.namespace, model_fingerprint, token_ids, text, left_context_ids, parent_key, limit
+        )
+        call = self._unary(self._stub.FindSimilar, request, wire.similar_result)
+        return await self._idempotent("find_similar", call, self.config.lookup_timeout_s, [])
+
+    async def put_anchor(
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        anchor_id: str,
+        base_payload: bytes,
+        agent_payloads: Mapping[str, bytes],
+        num_tokens: int,
+    ) -> list[str] | None:
+        request = wire.put_anchor_request(
+            self.namespace,
+            model_fingerprint,
+            placeholder_id,
+            anchor_id,
+            base_payload,
+            agent_payloads,
+            num_tokens,
+        )
+        call = self._unary(self._stub.PutAnchor, request, lambda r: list(r.evicted_anchor_ids))
+        return await self._once("put_anchor", call, self.config.lookup_timeout_s, None)
+
+    async def get_anchors(
+        self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
+    ) -> list[AnchorEntry]:
+        request = wire.pb.GetAnchorsRequest(
+            namespace=self.namespace,
+            model_fingerprint=model_fingerprint,
+            placeholder_id=placeholder_id,
+            include_payloads=include_payloads,
+        )
+        call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
+        return await self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
+
+    async def touch_anchors(
+        self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
+    ) -> int:
+        request = wire.pb.TouchAnchorsRequest(
+            namespace=self.namespace,
+            model_fingerprint=model_fingerprint,
+            placeholder_id=placeholder_id,
+            anchor_ids=anchor_ids,
+        )
+        call = self._unary(self._stub.TouchAnchors, request, lambda r: int(r.num_touched))
+        return await self._once("touch_anchors", call, self.config.lookup_timeout_s, 0)
+
+    async def delete(self, segment_id_or_context_key: str | bytes) -> bool:
+        key = wire.to_context_key(segment_id_or_context_key)
+        request = wire.pb.DeleteRequest(namespace=self.namespace, context_key=key)
+        call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
+        return await self._once("delete", call, self.config.lookup_timeout_s, False)
+
+    async def stats(self) -> StoreStats | None:
+        request = wire.pb.StatsRequest(namespace=self.namespace)
+        call = self._unary(self._stub.Stats, request, wire.stats_result)
+        return await self._idempotent("stats", call, self.config.lookup_timeout_s, None)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncStoreClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _unary(
+        self, method: Callable[..., Awaitable[object]], request: object, decode: Callable[..., T]
+    ) -> Attempt[T]:
+        async def call(timeout_s: float) -> T:
+            return decode(await method(request, timeout=timeout_s, metadata=self._metadata))
+
+        return call
+
+    async def _idempotent(self, operation: str, call: Attempt[T], timeout_s: float, miss: T) -> T:
+        """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
+        deadline_s = time.monotonic() + timeout_s
+        delays_s = backoff_delays(self.config)
+        while True:
+            try:
+                return await call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
+            except grpc.RpcError as rpc_error:
+                delay_s = retry_delay_s(rpc_error, delays_s, deadline_s)
+                if delay_s is None:
+                    return self._settle(operation, rpc_error, miss)
+            await asyncio.sleep(delay_s)
+
+    async def _once(self, operation: str, call: Attempt[T], timeout_s: float, miss: T) -> T:
+        try:
+            return await call(timeout_s)
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+
+    def _settle(self, operation: str, rpc_error: grpc.RpcError, miss: T) -> T:
+        """`miss` (with one rate-limited warning) if the store was unreachable; else raise."""
+        error = error_from_rpc(rpc_error)
+        if not isinstance(error, StoreUnavailable):
+            raise error from rpc_error
+        self.counters.num_degraded_calls += 1
+        self._warning.warn(operation, str(error))
+        return miss

@@ -1,0 +1,183 @@
+"""The reuse engine: one agent call = plan (policy) → prefill (executor) → decode → store.
+
+Owns the call's clock: TTFT runs from when the caller has the inputs to the
+first generated token and includes every cost of the reuse path (lookups,
+fetch, decode, shift, base prefill, splice, prefill, first token); storing
+happens after it. It knows no agents or templates, only spanned prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvsplice.client.call_timings import CallTimings
+from kvsplice.client.models import LoadedModel
+from kvsplice.client.policies import CallContext, ReusePolicy, SpannedPrompt, make_policy
+from kvsplice.client.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.segment_io import SegmentStore
+from kvsplice.client.span_executor import GenerationConfig, SpanExecutor, content_tokens
+from kvsplice.kvmath.quant import QUANT_SCHEMES
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """`quant`: payload scheme of stored segments ("int8", "fp16", "none" for exactness).
+
+    `store_segments`: put each call's segments after its first token.
+    """
+
+    quant: str = "int8"
+    store_segments: bool = True
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANT_SCHEMES:
+            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+
+
+@dataclass(frozen=True)
+class ReusedSpan:
+    """A reused range of the prompt: the prompt spans it covers, the rule, size and shift."""
+
+    name: str
+    mode: str
+    num_tokens: int
+    delta: int
+    exact: bool
+
+
+@dataclass
+class CallOutcome:
+    """Everything one call produced and measured.
+
+    output_ids: generated ids without a trailing stop token (what downstream
+    agents see); generated_ids: as generated. logits_first: [V] float32 logits of
+    the last prompt token (the first token's distribution).
+    """
+
+    mode: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    generated_ids: tuple[int, ...]
+    logits_first: torch.Tensor
+    ttft_s: float
+    num_reused_tokens: int
+    reused: tuple[ReusedSpan, ...]
+    timings: CallTimings = field(default_factory=CallTimings)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+class ReuseEngine:
+    """Runs calls on one model with one policy against one store (or none)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        policy: ReusePolicy | str,
+        store: SegmentStore | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.store = store
+        self.config = config or EngineConfig()
+        self.executor = SpanExecutor(loaded.model, loaded.layout, loaded.rope)
+
+    @property
+    def mode(self) -> str:
+        return self.policy.mode
+
+    def run(
+        self,
+        prompt: SpannedPrompt,
+        generation: GenerationConfig,
+        *,
+        started_at_s: float | None = None,
+    ) -> CallOutcome:
+        """One call. `started_at_s`: `time.perf_counter()` when the inputs were ready."""
+        start_s = time.perf_counter() if started_at_s is None else started_at_s
+        ctx = self._context(CallTimings())
+        plan = self.policy.plan(prompt, ctx)
+        state = self.executor.prefill(plan, ctx.timings)
+        ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
+        self.executor.generate(state, generation, ctx.timings)
+        output = content_tokens(state.generated, generation)
+        if self.config.store_segments:
+            store_start_s = time.perf_counter()
+            self.policy.after_call(prompt, plan, state, ctx, output)
+            ctx.timings.add("store_s", time.perf_counter() - store_start_s)
+        return _outcome(
+            self.mode,
+            prompt,
+            plan,
+            state.generated,
+            output,
+            state.logits_first,
+            ttft_s,
+            ctx.timings,
+        )
+
+    def dense_reference(self, prompt: SpannedPrompt, generation: GenerationConfig) -> CallOutcome:
+        """The same prompt prefilled densely, nothing looked up or stored (fidelity reference)."""
+        timings = CallTimings()
+        start_s = time.perf_counter()
+        plan = ReusePlan.all_compute(prompt.token_ids)
+        state = self.executor.prefill(plan, timings)
+        ttft_s = time.perf_counter() - start_s
+        self.executor.generate(state, generation, timings)
+        output = content_tokens(state.generated, generation)
+        return _outcome(
+            "dense", prompt, plan, state.generated, output, state.logits_first, ttft_s, timings
+        )
+
+    def _context(self, timings: CallTimings) -> CallContext:
+        tokenizer = self.loaded.tokenizer
+        return CallContext(
+            store=self.store,
+            fingerprint=self.loaded.fingerprint,
+            executor=self.executor,
+            dtype=self.loaded.model.dtype,
+            timings=timings,
+            decode_text=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+            quant=self.config.quant,
+        )
+
+
+def _outcome(
+    mode: str,
+    prompt: SpannedPrompt,
+    plan: ReusePlan,
+    generated: Sequence[int],
+    output: tuple[int, ...],
+    logits_first: torch.Tensor,
+    ttft_s: float,
+    timings: CallTimings,
+) -> CallOutcome:
+    return CallOutcome(
+        mode=mode,
+        prompt_ids=plan.token_ids,
+        output_ids=output,
+        generated_ids=tuple(generated),
+        logits_first=logits_first,
+        ttft_s=ttft_s,
+        num_reused_tokens=plan.num_reused_tokens,
+        reused=tuple(_reused_span(prompt, span) for span in plan.reused_spans),
+        timings=timings,
+    )
+
+
+def _reused_span(prompt: SpannedPrompt, span) -> ReusedSpan:
+    assert isinstance(span.action, Reuse)
+    names = [s.name for s in prompt.spans if s.start < span.end and span.start < s.end]
+    return ReusedSpan(
+        "+".join(names), span.action.mode, span.num_tokens, span.delta, span.action.exact
+    )

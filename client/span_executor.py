@@ -1,0 +1,166 @@
+"""Running a `ReusePlan` on an HF model: span by span into one v5 cache, then greedy decode.
+
+Owns the prefill of a plan (reused spans appended with their keys Δ-shifted,
+computed spans run with explicit positions on top of the cache), greedy
+generation, and reading K/V ranges back out of the cache for storing. It is
+mode-agnostic: it never looks anything up and never decides what to reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from kvsplice.client.call_timings import CallTimings, timed
+from kvsplice.client.hf_cache import append_layers, full_length_cache, read_layers
+from kvsplice.client.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
+from kvsplice.client.splice import check_segment_layout
+from kvsplice.common.layout import KVLayout
+from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Greedy decoding limits: stop after `max_new_tokens` or at a stop token.
+
+    `ignore_stop` generates exactly `max_new_tokens` (fixed-shape benchmarks).
+    """
+
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_stop: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class ExecutionState:
+    """The cache after a plan's prefill and what generation has added since.
+
+    `cache` holds K/V for positions [0, num_cached); `generated` are the greedy
+    tokens so far (the newest one is not in the cache until it is fed).
+    """
+
+    plan: ReusePlan
+    cache: DynamicCache
+    logits_first: torch.Tensor  # [V] float32, the last prompt token's logits
+    generated: list[int] = field(default_factory=list)
+    num_cached: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return self.plan.num_tokens
+
+
+class SpanExecutor:
+    """Executes plans on one model (batch 1). Construct from a `LoadedModel`'s parts."""
+
+    def __init__(self, model: PreTrainedModel, layout: KVLayout, rope: RopeSpec) -> None:
+        self._model = model
+        self._layout = layout
+        self._rope = rope
+
+    def prefill(self, plan: ReusePlan, timings: CallTimings) -> ExecutionState:
+        """Lay every span of `plan` into a fresh cache and pick the first token.
+
+        Adjacent computed spans run as one forward pass. On return
+        `state.generated == [first token]`.
+        """
+        cache = full_length_cache()
+        logits: torch.Tensor | None = None
+        for group in _group_compute_runs(plan.spans):
+            if isinstance(group[0].action, Reuse):
+                self._append_reused(cache, group[0], timings)
+            else:
+                ids = plan.token_ids[group[0].start : group[-1].end]
+                with timed(timings, "prefill_s"):
+                    logits = self.forward(ids, group[0].start, cache)
+        assert logits is not None  # ReusePlan guarantees a computed last span
+        with timed(timings, "first_decode_s"):
+            first = int(torch.argmax(logits))
+        return ExecutionState(plan, cache, logits, [first], plan.num_tokens)
+
+    def generate(
+        self, state: ExecutionState, config: GenerationConfig, timings: CallTimings
+    ) -> None:
+        """Continue greedily from `state.generated` (the first token) until a stop."""
+        with timed(timings, "decode_tokens_s"):
+            while not self._done(state.generated, config):
+                logits = self.forward(state.generated[-1:], state.num_cached, state.cache)
+                state.num_cached += 1
+                state.generated.append(int(torch.argmax(logits)))
+
+    def read_kv(self, state: ExecutionState, start: int, end: int) -> SegmentKV:
+        """K/V of positions [start, end) of prompt + generated tokens, as captured.
+
+        Feeds generated tokens not yet in the cache first (one forward, after TTFT).
+        """
+        if end > state.num_cached:
+            pending = state.generated[state.num_cached - state.prompt_len : end - state.prompt_len]
+            self.forward(pending, state.num_cached, state.cache)
+            state.num_cached += len(pending)
+        keys, values = read_layers(state.cache, start, end)
+        return SegmentKV(keys, values, start_position=start)
+
+    def forward(self, token_ids: Sequence[int], start: int, cache: DynamicCache) -> torch.Tensor:
+        """Run `token_ids` at positions `start ..` on top of `cache`; last-token logits [V] fp32."""
+        device = self._model.device
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=device).unsqueeze(0)
+        positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1,
+            )  # fmt: skip
+        return out.logits[0, -1].float()
+
+    def _append_reused(self, cache: DynamicCache, span: PlannedSpan, timings: CallTimings) -> None:
+        assert isinstance(span.action, Reuse)
+        segment = span.action.segment
+        check_segment_layout(segment, self._layout)
+        # keys: [L, H_kv, T, D]; Δ = new − old position, Δ = 0 a bit-exact copy.
+        with timed(timings, "shift_s"):
+            keys = self._rope.shift_layers(
+                segment.keys, span.delta, layer_start=segment.layer_start
+            )
+        with timed(timings, "splice_s"):
+            dtype, device = self._model.dtype, self._model.device
+            append_layers(cache, keys.to(device, dtype), segment.values.to(device, dtype))
+
+    @staticmethod
+    def _done(generated: list[int], config: GenerationConfig) -> bool:
+        if len(generated) >= config.max_new_tokens:
+            return True
+        return not config.ignore_stop and generated[-1] in config.stop_token_ids
+
+
+def _group_compute_runs(spans: Sequence[PlannedSpan]) -> list[list[PlannedSpan]]:
+    """Each reused span alone; consecutive computed spans together (one forward each)."""
+    groups: list[list[PlannedSpan]] = []
+    for span in spans:
+        mergeable = (
+            isinstance(span.action, Compute)
+            and groups
+            and isinstance(groups[-1][0].action, Compute)
+        )
+        if mergeable:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def content_tokens(generated: Sequence[int], config: GenerationConfig) -> tuple[int, ...]:
+    """The generated tokens without a trailing stop token (what downstream agents see)."""
+    if generated and not config.ignore_stop and generated[-1] in config.stop_token_ids:
+        return tuple(generated[:-1])
+    return tuple(generated)

@@ -1,0 +1,246 @@
+"""The synchronous store client: one channel, per-call deadlines, retries, graceful misses.
+
+If the store is unreachable or past its deadline, a call returns a miss
+(`None`, empty, `False`) and the client logs one rate-limited warning, so the
+worker falls back to dense prefill. Server faults (bad request, fingerprint
+mismatch, bad token) raise `kvsplice.common.errors` classes. No torch here.
+GetSegment's NOT_FOUND status is a miss; a payload failing its checksum too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+
+from kvsplice.client import store_wire as wire
+from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store_faults import (
+    MIN_ATTEMPT_TIMEOUT_S,
+    DegradedWarning,
+    backoff_delays,
+    error_from_rpc,
+    retry_delay_s,
+)
+from kvsplice.client.store_types import (
+    AnchorEntry,
+    ClientCounters,
+    PrefixLookup,
+    SimilarCandidate,
+    StoreStats,
+)
+from kvsplice.common.errors import CorruptPayload, InvalidRequest, NotFound, StoreUnavailable
+from kvsplice.common.segment import SegmentMeta, validate_namespace
+from kvsplice.proto import store_pb2_grpc
+
+T = TypeVar("T")
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def checked_namespace(namespace: str) -> str:
+    try:
+        return validate_namespace(namespace)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from error
+
+
+class StoreClient:
+    """Talks to one store over one channel, scoped to one namespace."""
+
+    def __init__(
+        self,
+        target: str,
+        namespace: str,
+        token: str | None = None,
+        config: StoreClientConfig | None = None,
+    ) -> None:
+        self.namespace = checked_namespace(namespace)
+        self.config = config or StoreClientConfig()
+        self.counters = ClientCounters()
+        self._channel = grpc.insecure_channel(target, options=self.config.channel_options())
+        self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
+        self._metadata = bearer_metadata(token)
+        self._warning = DegradedWarning(target, self.config.warn_interval_s)
+
+    def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
+        """Store `payload` under `meta`; False if the store could not be reached in time."""
+        if meta.namespace != self.namespace:
+            raise InvalidRequest(
+                f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
+            )
+        requests = wire.put_requests(
+            wire.with_payload_digest(meta, payload), payload, self.config.chunk_nbytes
+        )
+
+        def send(timeout_s: float) -> bool:
+            self._stub.PutSegment(requests, timeout=timeout_s, metadata=self._metadata)
+            return True
+
+        return self._once("put_segment", send, self.config.put_timeout_s, False)
+
+    def get_segment(
+        self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        """The segment's meta and verified payload, or None (absent, corrupt or unreachable)."""
+        request = wire.get_request(
+            self.namespace, wire.to_context_key(segment_id_or_context_key), model_fingerprint
+        )
+
+        def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
+            assembler = wire.SegmentAssembler()
+            for response in self._stub.GetSegment(
+                request, timeout=timeout_s, metadata=self._metadata
+            ):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return self._idempotent("get_segment", read, self.config.get_timeout_s, None)
+        except NotFound:
+            return None
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_segment", str(error))
+            return None
+
+    def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
+        """Stored segments chaining from position 0 over `token_ids`; MISS when none or degraded."""
+        request = wire.lookup_request(self.namespace, model_fingerprint, token_ids)
+        call = self._unary(self._stub.LookupPrefix, request, wire.lookup_result)
+        return self._idempotent(
+            "lookup_prefix", call, self.config.lookup_timeout_s, PrefixLookup.MISS
+        )
+
+    def find_similar(
+        self,
+        model_fingerprint: str,
+        token_ids: Sequence[int],
+        *,
+        text: str = "",
+        left_context_ids: Sequence[int] = (),
+        parent_key: bytes | None = None,
+        limit: int = 0,
+    ) -> list[SimilarCandidate]:
+        """Verified similar segments, best first; [] when none or degraded."""
+        request = wire.similar_request(
+            self.namespace, model_fingerprint, token_ids, text, left_context_ids, parent_key, limit
+        )
+        call = self._unary(self._stub.FindSimilar, request, wire.similar_result)
+        return self._idempotent("find_similar", call, self.config.lookup_timeout_s, [])
+
+    def put_anchor(
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        anchor_id: str,
+        base_payload: bytes,
+        agent_payloads: Mapping[str, bytes],
+        num_tokens: int,
+    ) -> list[str] | None:
+        """Add an anchor; the ids it evicted from the pool, or None if not stored (degraded)."""
+        request = wire.put_anchor_request(
+            self.namespace,
+            model_fingerprint,
+            placeholder_id,
+            anchor_id,
+            base_payload,
+            agent_payloads,
+            num_tokens,
+        )
+        call = self._unary(self._stub.PutAnchor, request, lambda r: list(r.evicted_anchor_ids))
+        return self._once("put_anchor", call, self.config.lookup_timeout_s, None)
+
+    def get_anchors(
+        self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
+    ) -> list[AnchorEntry]:
+        request = wire.pb.GetAnchorsRequest(
+            namespace=self.namespace,
+            model_fingerprint=model_fingerprint,
+            placeholder_id=placeholder_id,
+            include_payloads=include_payloads,
+        )
+        call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
+        return self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
+
+    def touch_anchors(
+        self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
+    ) -> int:
+        """Count an activation of each anchor; the number found (0 when degraded)."""
+        request = wire.pb.TouchAnchorsRequest(
+            namespace=self.namespace,
+            model_fingerprint=model_fingerprint,
+            placeholder_id=placeholder_id,
+            anchor_ids=anchor_ids,
+        )
+        call = self._unary(self._stub.TouchAnchors, request, lambda r: int(r.num_touched))
+        return self._once("touch_anchors", call, self.config.lookup_timeout_s, 0)
+
+    def delete(self, segment_id_or_context_key: str | bytes) -> bool:
+        """Whether a segment was deleted (False if absent or the store is unreachable)."""
+        key = wire.to_context_key(segment_id_or_context_key)
+        request = wire.pb.DeleteRequest(namespace=self.namespace, context_key=key)
+        call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
+        return self._once("delete", call, self.config.lookup_timeout_s, False)
+
+    def stats(self) -> StoreStats | None:
+        request = wire.pb.StatsRequest(namespace=self.namespace)
+        call = self._unary(self._stub.Stats, request, wire.stats_result)
+        return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _unary(
+        self, method: Callable[..., object], request: object, decode: Callable[..., T]
+    ) -> Callable[[float], T]:
+        def call(timeout_s: float) -> T:
+            return decode(method(request, timeout=timeout_s, metadata=self._metadata))
+
+        return call
+
+    def _idempotent(
+        self, operation: str, call: Callable[[float], T], timeout_s: float, miss: T
+    ) -> T:
+        """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
+        deadline_s = time.monotonic() + timeout_s
+        delays_s = backoff_delays(self.config)
+        while True:
+            try:
+                return call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
+            except grpc.RpcError as rpc_error:
+                delay_s = retry_delay_s(rpc_error, delays_s, deadline_s)
+                if delay_s is None:
+                    return self._settle(operation, rpc_error, miss)
+            time.sleep(delay_s)
+
+    def _once(self, operation: str, call: Callable[[float], T], timeout_s: float, miss: T) -> T:
+        try:
+            return call(timeout_s)
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+
+    def _settle(self, operation: str, rpc_error: grpc.RpcError, miss: T) -> T:
+        """`miss` (with one rate-limited warning) if the store was unreachable; else raise."""
+        error = error_from_rpc(rpc_error)
+        if not isinstance(error, StoreUnavailable):
+            raise error from rpc_error
+        self.counters.num_degraded_calls += 1
+        self._warning.warn(operation, str(error))
+        return miss

@@ -1,0 +1,111 @@
+"""How the store clients treat failures: status → error class, retry backoff, one warning.
+
+Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) become misses so a worker
+falls back to dense prefill; real faults from the server raise our own errors.
+Shared by the sync and async clients; it knows nothing about messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.common.errors import (
+    CorruptPayload,
+    FingerprintMismatch,
+    InvalidRequest,
+    KvspliceError,
+    NotFound,
+    ResourceExhausted,
+    StoreUnavailable,
+    Unauthenticated,
+)
+
+logger = logging.getLogger(__name__)
+
+# An attempt started this close to the deadline still gets a chance to answer.
+MIN_ATTEMPT_TIMEOUT_S = 1e-3
+TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_CODE_TO_ERROR: dict[grpc.StatusCode, type[KvspliceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.FAILED_PRECONDITION: FingerprintMismatch,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.DATA_LOSS: CorruptPayload,
+    grpc.StatusCode.UNAVAILABLE: StoreUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: StoreUnavailable,
+}
+
+
+def error_from_rpc(error: grpc.RpcError) -> KvspliceError:
+    """Our error for a failed call; FAILED_PRECONDITION is reported as FingerprintMismatch.
+
+    (The server raises FAILED_PRECONDITION for fingerprint and layout mismatches
+    alike; the details string says which.)
+    """
+    code = error.code()  # type: ignore[attr-defined]
+    details = error.details() or code.name  # type: ignore[attr-defined]
+    cls = _CODE_TO_ERROR.get(code, KvspliceError)
+    return cls(f"store answered {code.name}: {details}")
+
+
+def is_transient(error: grpc.RpcError) -> bool:
+    return error.code() in TRANSIENT_CODES  # type: ignore[attr-defined]
+
+
+def retry_delay_s(
+    error: grpc.RpcError, delays_s: Iterator[float], deadline_s: float
+) -> float | None:
+    """Seconds to sleep before retrying after `error`, or None to give up now.
+
+    Only transient failures are retried, and only while the sleep ends before
+    the call's deadline (`deadline_s` on the `time.monotonic()` clock).
+    """
+    if not is_transient(error):
+        return None
+    delay_s = next(delays_s, None)
+    if delay_s is None or time.monotonic() + delay_s >= deadline_s:
+        return None
+    return delay_s
+
+
+def backoff_delays(config: StoreClientConfig) -> Iterator[float]:
+    """Sleeps between attempts: exponential, capped, full jitter; max_attempts - 1 of them."""
+    ceiling = config.backoff_initial_s
+    for _ in range(config.max_attempts - 1):
+        yield random.uniform(0, ceiling)
+        ceiling = min(ceiling * config.backoff_multiplier, config.backoff_max_s)
+
+
+class DegradedWarning:
+    """Logs at most one warning per `interval_s` about calls served as misses."""
+
+    def __init__(self, target: str, interval_s: float) -> None:
+        self._target = target
+        self._interval_s = interval_s
+        self._last_warned_s: float | None = None
+        self._num_suppressed = 0
+
+    def warn(self, operation: str, reason: str) -> None:
+        now = time.monotonic()
+        if self._last_warned_s is not None and now - self._last_warned_s < self._interval_s:
+            self._num_suppressed += 1
+            return
+        suppressed = (
+            f" ({self._num_suppressed} more since the last warning)" if self._num_suppressed else ""
+        )
+        logger.warning(
+            "kvsplice store %s: %s served as a miss (%s); workers fall back to dense prefill%s",
+            self._target,
+            operation,
+            reason,
+            suppressed,
+        )
+        self._last_warned_s = now
+        self._num_suppressed = 0

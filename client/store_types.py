@@ -1,0 +1,84 @@
+"""Results the store clients return: small frozen records, free of protobuf.
+
+A miss is an empty result (`PrefixLookup.MISS`, `[]`, `None`), never an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """Where a stored segment sits and what it holds (no tokens, no payload)."""
+
+    segment_id: str  # hex of the 16-byte context key
+    start_position: int
+    num_tokens: int
+    layer_start: int
+    layer_end: int  # exclusive
+    payload_nbytes: int
+
+    @property
+    def context_key(self) -> bytes:
+        return bytes.fromhex(self.segment_id)
+
+    @property
+    def end_position(self) -> int:
+        return self.start_position + self.num_tokens
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """Consecutive segments covering the first `num_matched_tokens` query tokens."""
+
+    segments: tuple[SegmentRef, ...]
+    num_matched_tokens: int
+
+    MISS: ClassVar[PrefixLookup]
+
+
+PrefixLookup.MISS = PrefixLookup(segments=(), num_matched_tokens=0)
+
+
+@dataclass(frozen=True)
+class SimilarCandidate:
+    """A segment whose tokens resemble the query, with the evidence the server verified."""
+
+    segment: SegmentRef
+    estimated_jaccard: float
+    exact_tokens: bool
+    same_left_context: bool
+    exact_window: int
+
+
+@dataclass(frozen=True)
+class AnchorEntry:
+    """One anchor of a placeholder's pool; payloads are empty unless requested."""
+
+    anchor_id: str
+    num_tokens: int
+    activation_count: int
+    created_seq: int
+    base_payload: bytes = b""
+    agent_payloads: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Usage and lookup outcomes of the client's namespace."""
+
+    num_segments: int
+    num_bytes: int
+    num_hits: int
+    num_misses: int
+
+
+@dataclass
+class ClientCounters:
+    """What the client turned into misses, for tests and worker-side metrics."""
+
+    num_degraded_calls: int = 0  # store unreachable or past its deadline
+    num_corrupt_payloads: int = 0  # checksum or length failed on get

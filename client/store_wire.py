@@ -1,0 +1,244 @@
+"""Client-side protobuf ⇄ domain conversion; protobuf never leaves this module.
+
+Builds requests from `SegmentMeta` and plain values, chunks payloads, and turns
+responses into `store_types` records. A segment read back is verified (length
+and xxh3-64 against its header) before it is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+
+import xxhash
+
+from kvsplice.client.store_types import (
+    AnchorEntry,
+    PrefixLookup,
+    SegmentRef,
+    SimilarCandidate,
+    StoreStats,
+)
+from kvsplice.common.errors import CorruptPayload, InvalidRequest
+from kvsplice.common.keys import KEY_NBYTES
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.proto import store_pb2 as pb
+
+
+def to_context_key(segment_id_or_key: str | bytes) -> bytes:
+    """A 16-byte context key from its hex form (segment id) or the raw key."""
+    if isinstance(segment_id_or_key, bytes):
+        key = segment_id_or_key
+    else:
+        try:
+            key = bytes.fromhex(segment_id_or_key)
+        except ValueError as error:
+            raise InvalidRequest(f"segment id {segment_id_or_key!r} is not hex") from error
+    if len(key) != KEY_NBYTES:
+        raise InvalidRequest(f"segment id must name {KEY_NBYTES} bytes, got {len(key)}")
+    return key
+
+
+def with_payload_digest(meta: SegmentMeta, payload: bytes) -> SegmentMeta:
+    """`meta` with payload_nbytes and checksum filled in when the caller left both unset."""
+    if meta.payload_nbytes or meta.checksum:
+        return meta
+    return replace(meta, payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload))
+
+
+def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
+    return pb.SegmentHeader(
+        namespace=meta.namespace,
+        model_fingerprint=meta.model_fingerprint,
+        context_key=meta.context_key,
+        parent_key=meta.parent_key,
+        content_key=meta.content_key,
+        token_ids=meta.token_ids,
+        start_position=meta.start_position,
+        layer_start=meta.layer_start,
+        layer_end=meta.layer_end,
+        boundary_layers=meta.boundary_layers,
+        payload_nbytes=meta.payload_nbytes,
+        checksum=meta.checksum,
+        ttl_s=meta.ttl_s or 0.0,
+        left_tail_ids=meta.left_tail_ids,
+        index_text=meta.index_text,
+        created_at_s=meta.created_at_s,
+        labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
+    )
+
+
+def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
+    """The server's header as `SegmentMeta`; a malformed one is a corrupt reply."""
+    try:
+        return SegmentMeta(
+            namespace=header.namespace,
+            model_fingerprint=header.model_fingerprint,
+            context_key=header.context_key,
+            parent_key=header.parent_key,
+            content_key=header.content_key,
+            token_ids=tuple(header.token_ids),
+            start_position=header.start_position,
+            layer_start=header.layer_start,
+            layer_end=header.layer_end,
+            boundary_layers=tuple(header.boundary_layers),
+            payload_nbytes=header.payload_nbytes,
+            checksum=header.checksum,
+            ttl_s=header.ttl_s or None,
+            created_at_s=header.created_at_s,
+            left_tail_ids=tuple(header.left_tail_ids),
+            index_text=header.index_text,
+            labels=tuple((label.key, label.value) for label in header.labels),
+        )
+    except ValueError as error:
+        raise CorruptPayload(f"segment header from the store is malformed: {error}") from error
+
+
+def put_requests(
+    meta: SegmentMeta, payload: bytes, chunk_nbytes: int
+) -> Iterator[pb.PutSegmentRequest]:
+    """Header first, then the payload in chunks of at most `chunk_nbytes`."""
+    yield pb.PutSegmentRequest(header=meta_to_header(meta))
+    view = memoryview(payload)
+    for start in range(0, len(payload), chunk_nbytes):
+        yield pb.PutSegmentRequest(chunk=view[start : start + chunk_nbytes].tobytes())
+
+
+class SegmentAssembler:
+    """Collects a GetSegment reply stream (header, then chunks) and verifies it."""
+
+    def __init__(self) -> None:
+        self._meta: SegmentMeta | None = None
+        self._chunks: list[bytes] = []
+        self._nbytes = 0
+
+    def feed(self, response: pb.GetSegmentResponse) -> None:
+        if response.WhichOneof("part") == "header":
+            if self._meta is not None:
+                raise CorruptPayload("store sent a second segment header")
+            self._meta = header_to_meta(response.header)
+            return
+        if self._meta is None:
+            raise CorruptPayload("store sent payload bytes before the segment header")
+        self._nbytes += len(response.chunk)
+        if self._nbytes > self._meta.payload_nbytes:
+            raise CorruptPayload(f"store sent more than {self._meta.payload_nbytes} payload bytes")
+        self._chunks.append(response.chunk)
+
+    def finish(self) -> tuple[SegmentMeta, bytes]:
+        if self._meta is None:
+            raise CorruptPayload("store ended the reply without a segment header")
+        payload = b"".join(self._chunks)
+        if len(payload) != self._meta.payload_nbytes:
+            raise CorruptPayload(
+                f"payload is {len(payload)} bytes, header says {self._meta.payload_nbytes}"
+            )
+        if xxhash.xxh3_64_intdigest(payload) != self._meta.checksum:
+            raise CorruptPayload(f"payload checksum mismatch for segment {self._meta.segment_id}")
+        return self._meta, payload
+
+
+def get_request(namespace: str, key: bytes, model_fingerprint: str | None) -> pb.GetSegmentRequest:
+    return pb.GetSegmentRequest(
+        namespace=namespace, context_key=key, model_fingerprint=model_fingerprint or ""
+    )
+
+
+def lookup_request(
+    namespace: str, fingerprint: str, token_ids: Sequence[int]
+) -> pb.LookupPrefixRequest:
+    return pb.LookupPrefixRequest(
+        namespace=namespace, model_fingerprint=fingerprint, token_ids=token_ids
+    )
+
+
+def similar_request(
+    namespace: str,
+    fingerprint: str,
+    token_ids: Sequence[int],
+    text: str,
+    left_context_ids: Sequence[int],
+    parent_key: bytes | None,
+    limit: int,
+) -> pb.FindSimilarRequest:
+    return pb.FindSimilarRequest(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        token_ids=token_ids,
+        text=text,
+        left_context_ids=left_context_ids,
+        parent_key=parent_key or b"",
+        limit=limit,
+    )
+
+
+def put_anchor_request(
+    namespace: str,
+    fingerprint: str,
+    placeholder_id: str,
+    anchor_id: str,
+    base_payload: bytes,
+    agent_payloads: Mapping[str, bytes],
+    num_tokens: int,
+) -> pb.PutAnchorRequest:
+    return pb.PutAnchorRequest(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        placeholder_id=placeholder_id,
+        anchor_id=anchor_id,
+        base_payload=base_payload,
+        agent_payloads=dict(agent_payloads),
+        num_tokens=num_tokens,
+    )
+
+
+def _ref(ref: pb.SegmentRef) -> SegmentRef:
+    return SegmentRef(
+        segment_id=ref.context_key.hex(),
+        start_position=ref.start_position,
+        num_tokens=ref.num_tokens,
+        layer_start=ref.layer_start,
+        layer_end=ref.layer_end,
+        payload_nbytes=ref.payload_nbytes,
+    )
+
+
+def lookup_result(response: pb.LookupPrefixResponse) -> PrefixLookup:
+    segments = tuple(_ref(ref) for ref in response.segments)
+    return PrefixLookup(segments=segments, num_matched_tokens=response.num_matched_tokens)
+
+
+def similar_result(response: pb.FindSimilarResponse) -> list[SimilarCandidate]:
+    return [
+        SimilarCandidate(
+            segment=_ref(c.segment),
+            estimated_jaccard=c.estimated_jaccard,
+            exact_tokens=c.exact_tokens,
+            same_left_context=c.same_left_context,
+            exact_window=c.exact_window,
+        )
+        for c in response.candidates
+    ]
+
+
+def anchors_result(response: pb.GetAnchorsResponse) -> list[AnchorEntry]:
+    return [
+        AnchorEntry(
+            anchor_id=a.anchor_id,
+            num_tokens=a.num_tokens,
+            activation_count=a.activation_count,
+            created_seq=a.created_seq,
+            base_payload=a.base_payload,
+            agent_payloads=dict(a.agent_payloads),
+        )
+        for a in response.anchors
+    ]
+
+
+def stats_result(response: pb.StatsResponse) -> StoreStats:
+    return StoreStats(
+        num_segments=response.num_segments,
+        num_bytes=response.num_bytes,
+        num_hits=response.num_hits,
+        num_misses=response.num_misses,
+    )

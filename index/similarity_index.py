@@ -1,0 +1,265 @@
+"""Similarity index: MinHash LSH candidates, then verification on real token ids.
+
+One LSH per (namespace, fingerprint, signature kind) keeps tenants and models
+apart. It finds and ranks candidates and reports what matches exactly; the
+admission decision (W_exact guard, modes) belongs to the client's policy.
+Not thread-safe: call it from one thread (the server's event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from datasketch import MinHashLSH
+
+from kvsplice.common.keys import content_key
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.index.signature import Signature, SignatureKind, Signer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimilarityConfig:
+    """MinHash/LSH parameters. `threshold` tunes the LSH bands (datasketch's
+    optimizer); `min_jaccard` drops weaker candidates; at most `max_candidates`
+    LSH candidates (best estimated Jaccard first) are verified per query."""
+
+    num_perm: int = 128
+    seed: int = 1
+    threshold: float = 0.6
+    text_shingle_words: int = 3
+    token_shingle_tokens: int = 6
+    min_jaccard: float = 0.4
+    max_candidates: int = 64
+
+    def __post_init__(self) -> None:
+        if not 16 <= self.num_perm <= 1024:
+            raise ValueError(f"num_perm {self.num_perm} must be in [16, 1024]")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold {self.threshold} must be in (0, 1)")
+        if not 0.0 <= self.min_jaccard <= 1.0:
+            raise ValueError(f"min_jaccard {self.min_jaccard} must be in [0, 1]")
+        if self.text_shingle_words < 1:
+            raise ValueError(f"text_shingle_words {self.text_shingle_words} must be >= 1")
+        if self.token_shingle_tokens < 1:
+            raise ValueError(f"token_shingle_tokens {self.token_shingle_tokens} must be >= 1")
+        if self.max_candidates < 1:
+            raise ValueError(f"max_candidates {self.max_candidates} must be >= 1")
+
+    def build_signer(self) -> Signer:
+        return Signer(
+            num_perm=self.num_perm,
+            seed=self.seed,
+            text_shingle_words=self.text_shingle_words,
+            token_shingle_tokens=self.token_shingle_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class SimilarMatch:
+    """A candidate and what verification on real token ids found.
+
+    `exact_window`: how many tokens right before the candidate equal the
+    query's left context (the input of the depth-aware guard W_exact(L_cut));
+    the candidate's whole left context (`start_position`) when the chained
+    parent keys match.
+    """
+
+    meta: SegmentMeta
+    estimated_jaccard: float
+    exact_tokens: bool
+    same_left_context: bool
+    exact_window: int
+
+
+@dataclass(frozen=True)
+class _Entry:
+    meta: SegmentMeta
+    signature: Signature
+
+
+_LshKey = tuple[str, str, SignatureKind]  # namespace, fingerprint, kind
+_ContentKey = tuple[str, str, bytes]  # namespace, fingerprint, content key
+
+
+def common_suffix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common suffix of `a` and `b` (tuple slices, binary search)."""
+    left, right = tuple(a), tuple(b)
+    lo, hi = 0, min(len(left), len(right))
+    # NOTE: "the last k match" is monotone in k, so binary search over k is exact.
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if left[len(left) - mid :] == right[len(right) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class SimilarityIndex:
+    """MinHash LSH over segments, isolated per (namespace, fingerprint)."""
+
+    def __init__(self, config: SimilarityConfig | None = None) -> None:
+        self.config = config or SimilarityConfig()
+        self._signer = self.config.build_signer()
+        self._entries: dict[tuple[str, bytes], _Entry] = {}
+        self._lsh_by_key: dict[_LshKey, MinHashLSH] = {}
+        self._context_keys_by_content: dict[_ContentKey, set[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def signature(self, meta: SegmentMeta) -> bytes:
+        """Persistable signature of `meta`; pass it back to `add` to skip rehashing."""
+        return self._signer.to_bytes(self._signer.sign_meta(meta))
+
+    def add(self, meta: SegmentMeta, signature: bytes | None = None) -> None:
+        """Index `meta` (replacing the same (namespace, context_key)). A `signature`
+        from `self.signature(meta)` is reused; one built with other parameters
+        or malformed is ignored and `meta` is re-signed."""
+        parsed = self._signer.from_bytes(signature) if signature is not None else None
+        if parsed is None and signature is not None:
+            logger.debug("stale signature for segment %s; re-signing", meta.segment_id)
+        self._insert(meta, parsed or self._signer.sign_meta(meta))
+
+    def remove(self, namespace: str, context_key: bytes) -> bool:
+        """Forget a segment; `False` if it was not indexed."""
+        entry = self._entries.pop((namespace, context_key), None)
+        if entry is None:
+            return False
+        meta = entry.meta
+        lsh_key = (namespace, meta.model_fingerprint, entry.signature.kind)
+        lsh = self._lsh_by_key[lsh_key]
+        lsh.remove(context_key)
+        if lsh.is_empty():
+            del self._lsh_by_key[lsh_key]
+        content = (namespace, meta.model_fingerprint, meta.content_key)
+        same_content = self._context_keys_by_content[content]
+        same_content.discard(context_key)
+        if not same_content:
+            del self._context_keys_by_content[content]
+        return True
+
+    def find_similar(
+        self,
+        namespace: str,
+        fingerprint: str,
+        token_ids: Sequence[int],
+        *,
+        text: str = "",
+        left_context_ids: Sequence[int] = (),
+        parent_key: bytes | None = None,
+        limit: int = 8,
+    ) -> list[SimilarMatch]:
+        """Up to `limit` verified candidates, best first.
+
+        Candidates: segments with exactly these tokens (by content key, always
+        verified, whatever their number) plus the best `max_candidates` LSH hits
+        at or above `min_jaccard`, probed with the text signature (if `text`)
+        and the token signature. Order: exact tokens first — among them same
+        left context, then longer `exact_window` — then higher Jaccard.
+        """
+        query_tokens = tuple(token_ids)
+        jaccard_by_key = self._lsh_candidates(namespace, fingerprint, query_tokens, text)
+        if query_tokens:
+            exact_keys = self._context_keys_by_content.get(
+                (namespace, fingerprint, content_key(query_tokens)), set()
+            )
+            # Same tokens: the true Jaccard of the token sets is 1.
+            jaccard_by_key.update(dict.fromkeys(exact_keys, 1.0))
+        left_context = tuple(left_context_ids)
+        matches = [
+            self._verify(
+                self._entries[(namespace, key)].meta,
+                jaccard,
+                query_tokens,
+                left_context,
+                parent_key,
+            )
+            for key, jaccard in jaccard_by_key.items()
+        ]
+        matches.sort(key=_match_rank)
+        return matches[:limit]
+
+    def _insert(self, meta: SegmentMeta, signature: Signature) -> None:
+        self.remove(meta.namespace, meta.context_key)
+        lsh_key = (meta.namespace, meta.model_fingerprint, signature.kind)
+        lsh = self._lsh_by_key.get(lsh_key)
+        if lsh is None:
+            lsh = MinHashLSH(threshold=self.config.threshold, num_perm=self.config.num_perm)
+            self._lsh_by_key[lsh_key] = lsh
+        lsh.insert(meta.context_key, signature.minhash, check_duplication=False)
+        self._entries[(meta.namespace, meta.context_key)] = _Entry(meta, signature)
+        content = (meta.namespace, meta.model_fingerprint, meta.content_key)
+        self._context_keys_by_content.setdefault(content, set()).add(meta.context_key)
+
+    def _lsh_candidates(
+        self, namespace: str, fingerprint: str, token_ids: tuple[int, ...], text: str
+    ) -> dict[bytes, float]:
+        """Context key -> estimated Jaccard of the best `max_candidates` LSH hits."""
+        probes = [self._signer.sign_text(text)] if text else []
+        if token_ids:
+            probes.append(self._signer.sign_tokens(token_ids))
+        jaccard_by_key: dict[bytes, float] = {}
+        for probe in probes:
+            if probe is None:
+                continue
+            for key, jaccard in self._probe(namespace, fingerprint, probe):
+                jaccard_by_key[key] = max(jaccard, jaccard_by_key.get(key, 0.0))
+        best = sorted(jaccard_by_key.items(), key=lambda item: (-item[1], item[0]))
+        return dict(best[: self.config.max_candidates])
+
+    def _probe(
+        self, namespace: str, fingerprint: str, probe: Signature
+    ) -> list[tuple[bytes, float]]:
+        lsh = self._lsh_by_key.get((namespace, fingerprint, probe.kind))
+        if lsh is None:
+            return []
+        keys = lsh.query(probe.minhash)
+        if not keys:
+            return []
+        # MinHash.jaccard, vectorized over all candidates at once.
+        stacked = np.stack(
+            [self._entries[(namespace, k)].signature.minhash.hashvalues for k in keys]
+        )
+        jaccards = (
+            np.count_nonzero(stacked == probe.minhash.hashvalues, axis=1) / self.config.num_perm
+        )
+        floor = self.config.min_jaccard
+        return [(k, float(j)) for k, j in zip(keys, jaccards.tolist(), strict=True) if j >= floor]
+
+    @staticmethod
+    def _verify(
+        meta: SegmentMeta,
+        jaccard: float,
+        query_tokens: tuple[int, ...],
+        left_context: tuple[int, ...],
+        parent_key: bytes | None,
+    ) -> SimilarMatch:
+        same_left_context = parent_key is not None and meta.parent_key == parent_key
+        if same_left_context:
+            exact_window = meta.start_position
+        else:
+            exact_window = common_suffix_len(left_context, meta.left_tail_ids)
+        return SimilarMatch(
+            meta=meta,
+            estimated_jaccard=jaccard,
+            exact_tokens=meta.token_ids == query_tokens,
+            same_left_context=same_left_context,
+            exact_window=exact_window,
+        )
+
+
+def _match_rank(match: SimilarMatch) -> tuple[bool, bool, int, float, bytes]:
+    exact = match.exact_tokens
+    return (
+        not exact,
+        not (exact and match.same_left_context),
+        -match.exact_window if exact else 0,
+        -match.estimated_jaccard,
+        match.meta.context_key,
+    )

@@ -1,0 +1,255 @@
+"""The segment payload: one self-describing, checksummed byte string per `SegmentKV`.
+
+Owns section layout, encode/decode and integrity checks; the numeric schemes
+belong to `kvmath.quant` and the prefix/header codec to `kvmath.payload_header`.
+
+Layout: prefix + canonical JSON header, then tensor sections, each at a
+64-byte-aligned offset (zero padding between): keys [L, H_kv, T, D], key scales
+[L, H_kv, 1, D] (int8 only), values [L, H_kv, T, D], value scales [L, H_kv, T, 1]
+(int8 only), then one boundary state [T, hidden] per boundary layer, ascending;
+last, the xxh3-64 (u64 little-endian) of every byte before it.
+
+Zero-copy: decoding a "none" payload into its captured dtype returns tensors
+that view the caller's buffer when it is writable (bytearray, writable
+memoryview) and aligned; they share its memory and keep it alive. Read-only
+`bytes` cost one copy into the output (torch cannot safely view read-only
+memory); int8 and dtype conversions always write new tensors in one pass over
+the output (two for bfloat16 outputs or reading bfloat16 from read-only bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, LayoutMismatch
+from kvsplice.kvmath.payload_header import (
+    FORMAT_VERSION,
+    PayloadHeader,
+    decode_header,
+    encode_header,
+)
+from kvsplice.kvmath.quant import (
+    KEY_GROUP_DIM,
+    SCALE_NUMPY_DTYPE,
+    STORED_NUMPY_DTYPES,
+    VALUE_GROUP_DIM,
+    StoredTensor,
+    dequantize,
+    dtype_name,
+    quantize,
+    store_exact,
+    stored_kind,
+)
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+SECTION_ALIGN = 64
+_SCALES_OF = {"keys": "key_scales", "values": "value_scales"}
+CHECKSUM = struct.Struct("<Q")
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class Section:
+    """One tensor section: `shape` elements of numpy `dtype` at byte `offset`."""
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+def payload_sections(header: PayloadHeader, header_end: int) -> tuple[Section, ...]:
+    """The sections `header` declares, laid out from byte `header_end` on (see module doc)."""
+    kv_shape = (header.num_layers, header.num_kv_heads, header.num_tokens, header.head_dim)
+    kv_dtype = STORED_NUMPY_DTYPES[stored_kind(header.quant, header.dtype)]
+    specs: list[tuple[str, tuple[int, ...], np.dtype]] = [("keys", kv_shape, kv_dtype)]
+    if header.quant == "int8":
+        specs.append(("key_scales", (*kv_shape[:2], 1, kv_shape[3]), SCALE_NUMPY_DTYPE))
+    specs.append(("values", kv_shape, kv_dtype))
+    if header.quant == "int8":
+        specs.append(("value_scales", (*kv_shape[:3], 1), SCALE_NUMPY_DTYPE))
+    state_dtype = STORED_NUMPY_DTYPES[header.dtype]
+    for layer in header.boundary_layers:
+        specs.append((f"state_{layer}", (header.num_tokens, header.hidden_size), state_dtype))
+    sections, offset = [], header_end
+    for name, shape, dtype in specs:
+        sections.append(Section(name, _align(offset), shape, dtype))
+        offset = sections[-1].end
+    return tuple(sections)
+
+
+def encode_payload(seg: SegmentKV, *, model_fingerprint: str, quant: str = "int8") -> bytes:
+    """The payload bytes of `seg` (keys/values [L, H_kv, T, D], states [T, hidden]).
+
+    K/V are stored under `quant` ("none" | "fp16" | "int8", see `kvmath.quant`);
+    boundary states always bit-exact. Raises ValueError on a malformed
+    fingerprint, mixed dtypes or values the scheme cannot store (inf/nan).
+    """
+    header = _header_for(seg, model_fingerprint, quant)
+    head = encode_header(header)
+    arrays = _stored_arrays(seg, quant)
+    pieces: list[bytes | memoryview] = [head]
+    position = len(head)
+    for section, array in zip(payload_sections(header, len(head)), arrays, strict=True):
+        assert array.dtype == section.dtype and array.shape == section.shape, section.name
+        pieces += [bytes(section.offset - position), array.data]
+        position = section.end
+    hasher = xxhash.xxh3_64()
+    for piece in pieces:
+        hasher.update(piece)
+    pieces.append(CHECKSUM.pack(hasher.intdigest()))
+    return b"".join(pieces)
+
+
+def read_payload_header(data: Buffer) -> PayloadHeader:
+    """The header of payload `data`, after checking magic, version, header checksum and total length.
+
+    Cheap: does not hash the tensor sections. Raises CorruptPayload.
+    """
+    return _checked_layout(_byte_view(data))[0]
+
+
+def decode_payload(
+    data: Buffer,
+    *,
+    expect_fingerprint: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    layers: tuple[int, int] | None = None,
+) -> SegmentKV:
+    """The `SegmentKV` stored in `data`, K/V and boundary states in `dtype`.
+
+    Verifies magic, version, lengths and the full checksum before building any
+    tensor (CorruptPayload), then the fingerprint (FingerprintMismatch).
+    `layers=(a, b)` (absolute, b exclusive, within the stored range, else
+    LayoutMismatch) decodes keys/values [b - a, H_kv, T, D] and the boundary
+    states of layers a..b inclusive; the result has `layer_start == a`.
+    """
+    dtype_name(dtype)  # ValueError for a dtype K/V never has
+    view = _byte_view(data)
+    header, sections = _checked_layout(view)
+    stored_sum = CHECKSUM.unpack_from(view, len(view) - CHECKSUM.size)[0]
+    if xxhash.xxh3_64_intdigest(view[: len(view) - CHECKSUM.size]) != stored_sum:
+        raise CorruptPayload("payload checksum mismatch")
+    if expect_fingerprint is not None and header.model_fingerprint != expect_fingerprint:
+        raise FingerprintMismatch(
+            f"payload is for model {header.model_fingerprint}, expected {expect_fingerprint}"
+        )
+    first, end = _layer_window(header, layers)
+    arrays = {
+        s.name: np.frombuffer(view, s.dtype, _count(s), s.offset).reshape(s.shape) for s in sections
+    }
+    return _build_segment(header, arrays, first, end, dtype)
+
+
+def _header_for(seg: SegmentKV, model_fingerprint: str, quant: str) -> PayloadHeader:
+    """The header describing `seg`; ValueError if its tensors disagree on dtype or hidden size."""
+    kv_dtype = seg.keys.dtype
+    state_specs = {(s.dtype, int(s.shape[1])) for s in seg.boundary_states.values()}
+    if seg.values.dtype != kv_dtype or state_specs - {(kv_dtype, _hidden(seg))}:
+        raise ValueError(
+            f"keys {kv_dtype}, values {seg.values.dtype} and boundary states {state_specs} "
+            "must share one dtype and one hidden size"
+        )
+    return PayloadHeader(
+        format_version=FORMAT_VERSION,
+        model_fingerprint=model_fingerprint,
+        layer_start=seg.layer_start,
+        layer_end=seg.layer_end,
+        num_kv_heads=int(seg.keys.shape[1]),
+        head_dim=int(seg.keys.shape[3]),
+        hidden_size=_hidden(seg),
+        dtype=dtype_name(kv_dtype),
+        quant=quant,
+        num_tokens=seg.num_tokens,
+        start_position=seg.start_position,
+        boundary_layers=tuple(sorted(seg.boundary_states)),
+    )
+
+
+def _hidden(seg: SegmentKV) -> int:
+    """Hidden size of the first boundary state, 0 without any."""
+    return next((int(s.shape[1]) for s in seg.boundary_states.values()), 0)
+
+
+def _stored_arrays(seg: SegmentKV, quant: str) -> list[np.ndarray]:
+    """Section arrays of `seg` in layout order (see `payload_sections`)."""
+    keys = quantize(seg.keys, quant, KEY_GROUP_DIM)
+    values = quantize(seg.values, quant, VALUE_GROUP_DIM)
+    arrays = [a for a in (keys.data, keys.scale, values.data, values.scale) if a is not None]
+    states = [store_exact(seg.boundary_states[layer]).data for layer in sorted(seg.boundary_states)]
+    return arrays + states
+
+
+def _checked_layout(view: memoryview) -> tuple[PayloadHeader, tuple[Section, ...]]:
+    """Header and sections of `view`, whose length must be exactly what they declare."""
+    header, header_end = decode_header(view)
+    sections = payload_sections(header, header_end)
+    expected = sections[-1].end + CHECKSUM.size
+    if len(view) != expected:
+        raise CorruptPayload(f"payload is {len(view)} bytes but its header declares {expected}")
+    return header, sections
+
+
+def _layer_window(header: PayloadHeader, layers: tuple[int, int] | None) -> tuple[int, int]:
+    """Absolute [first, end) layers to decode; LayoutMismatch outside the stored range."""
+    if layers is None:
+        return header.layer_start, header.layer_end
+    first, end = layers
+    if not header.layer_start <= first < end <= header.layer_end:
+        raise LayoutMismatch(
+            f"layers [{first}, {end}) not within stored [{header.layer_start}, {header.layer_end})"
+        )
+    return first, end
+
+
+def _build_segment(
+    header: PayloadHeader, arrays: dict[str, np.ndarray], first: int, end: int, dtype: torch.dtype
+) -> SegmentKV:
+    """Dequantize layers [first, end) of the section views in `arrays` into a SegmentKV."""
+    rows = slice(first - header.layer_start, end - header.layer_start)
+    kind = stored_kind(header.quant, header.dtype)
+
+    def tensor(name: str) -> torch.Tensor:
+        scale = arrays.get(_SCALES_OF[name])
+        return dequantize(StoredTensor(arrays[name][rows], kind, _rows(scale, rows)), dtype)
+
+    states = {
+        layer: dequantize(StoredTensor(arrays[f"state_{layer}"], header.dtype), dtype)
+        for layer in header.boundary_layers
+        if first <= layer <= end
+    }
+    return SegmentKV(tensor("keys"), tensor("values"), header.start_position, first, states)
+
+
+def _rows(array: np.ndarray | None, rows: slice) -> np.ndarray | None:
+    return None if array is None else array[rows]
+
+
+def _byte_view(data: Buffer) -> memoryview:
+    """A flat unsigned-byte view of `data` (must be C-contiguous)."""
+    return memoryview(data).cast("B")
+
+
+def _count(section: Section) -> int:
+    return section.nbytes // section.dtype.itemsize
+
+
+def _align(offset: int) -> int:
+    return -(-offset // SECTION_ALIGN) * SECTION_ALIGN

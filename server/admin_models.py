@@ -1,0 +1,138 @@
+"""The admin API's contract: the `AdminSource` protocol, its small result records, JSON shapes.
+
+The server side adapts its store to `AdminSource`; the admin app (`server/admin.py`)
+knows nothing else about it. Records are plain frozen dataclasses; the pydantic
+models only fix the JSON the endpoints return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from kvsplice.common.keys import KEY_NBYTES
+from kvsplice.common.segment import SegmentMeta, validate_namespace
+
+
+@dataclass(frozen=True)
+class NamespaceStats:
+    """Usage and lookup outcomes of one namespace since the process started."""
+
+    namespace: str
+    num_segments: int
+    stored_bytes: int
+    num_hits: int
+    num_misses: int
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+        for name in ("num_segments", "stored_bytes", "num_hits", "num_misses"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} < 0")
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / lookups in [0, 1]; None before the first lookup."""
+        num_lookups = self.num_hits + self.num_misses
+        return self.num_hits / num_lookups if num_lookups else None
+
+
+@dataclass(frozen=True)
+class SegmentSummary:
+    """One stored segment as an operator sees it (no tokens, no payload)."""
+
+    segment_id: str  # hex of the context key
+    model_fingerprint: str
+    num_tokens: int
+    start_position: int
+    layer_start: int
+    layer_end: int  # exclusive
+    boundary_layers: tuple[int, ...]
+    payload_nbytes: int
+    created_at_s: float
+    ttl_s: float | None
+
+    def __post_init__(self) -> None:
+        if len(self.segment_id) != 2 * KEY_NBYTES or self.segment_id.strip("0123456789abcdef"):
+            raise ValueError(f"segment_id {self.segment_id!r} is not {KEY_NBYTES} bytes of hex")
+        if self.num_tokens <= 0 or self.start_position < 0 or self.payload_nbytes < 0:
+            raise ValueError(
+                f"bad segment summary: num_tokens={self.num_tokens} "
+                f"start_position={self.start_position} payload_nbytes={self.payload_nbytes}"
+            )
+
+    @classmethod
+    def from_meta(cls, meta: SegmentMeta) -> SegmentSummary:
+        return cls(
+            segment_id=meta.segment_id,
+            model_fingerprint=meta.model_fingerprint,
+            num_tokens=meta.num_tokens,
+            start_position=meta.start_position,
+            layer_start=meta.layer_start,
+            layer_end=meta.layer_end,
+            boundary_layers=meta.boundary_layers,
+            payload_nbytes=meta.payload_nbytes,
+            created_at_s=meta.created_at_s,
+            ttl_s=meta.ttl_s,
+        )
+
+
+class AdminSource(Protocol):
+    """What the admin API reads from the running store.
+
+    Called on the event loop that also runs the gRPC server, so calls must be
+    cheap and bounded (the API pages segment listings); faults raise
+    `KvspliceError` subclasses, which the API maps to HTTP status codes.
+    """
+
+    def is_ready(self) -> bool:
+        """True once tiers are mounted and indexes rebuilt, False while shutting down."""
+        ...
+
+    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+        """Stats of `namespace`, or of every namespace when None (empty if unknown)."""
+        ...
+
+    def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
+        """Up to `limit` segments of `namespace` from `offset`, in a stable order."""
+        ...
+
+
+class NamespaceStatsOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    num_segments: int
+    stored_bytes: int
+    num_hits: int
+    num_misses: int
+    hit_rate: float | None
+
+    @classmethod
+    def of(cls, stats: NamespaceStats) -> NamespaceStatsOut:
+        return cls(
+            namespace=stats.namespace,
+            num_segments=stats.num_segments,
+            stored_bytes=stats.stored_bytes,
+            num_hits=stats.num_hits,
+            num_misses=stats.num_misses,
+            hit_rate=stats.hit_rate,
+        )
+
+
+class StatsOut(BaseModel):
+    namespaces: list[NamespaceStatsOut]
+
+
+class SegmentPageOut(BaseModel):
+    namespace: str
+    offset: int
+    limit: int
+    next_offset: int | None  # None when the page came back short: nothing follows
+    segments: list[SegmentSummary]
+
+
+class StatusOut(BaseModel):
+    status: str

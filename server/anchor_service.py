@@ -1,0 +1,222 @@
+"""Anchor pools (KVComm) as a store service: payloads and pool state live in store blobs.
+
+Each namespace's pools are one blob (`anchors/pools`), loaded on first use, so
+they survive restarts; each anchor's base and per-agent offset payloads are
+blobs of their own. The offset math belongs to the client; the eviction rule to
+`index.anchor_pool`. No gRPC here; not thread-safe (event loop only).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvsplice.common.errors import InvalidRequest
+from kvsplice.index.anchor_pool import AnchorEntry, AnchorPool, AnchorPoolConfig, AnchorPools
+from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.server.segment_service import check_fingerprint, check_namespace
+from kvsplice.storage.tiered_store import TieredStore
+
+logger = logging.getLogger(__name__)
+
+POOLS_BLOB = "anchors/pools"
+# No "/" in ids: they are path components of blob names (at most 256 bytes in all).
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class AnchorWrite:
+    """A PutAnchor request: the placeholder's base payload and per-agent offsets."""
+
+    namespace: str
+    model_fingerprint: str
+    placeholder_id: str
+    anchor_id: str
+    base_payload: bytes
+    agent_payloads: Mapping[str, bytes]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class AnchorRecord:
+    """One pooled anchor; payloads are empty unless they were asked for."""
+
+    anchor_id: str
+    num_tokens: int
+    activation_count: int
+    created_seq: int
+    base_payload: bytes = b""
+    agent_payloads: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def check_id(name: str, value: str) -> str:
+    if not ID_PATTERN.match(value):
+        raise InvalidRequest(f"{name} {value[:80]!r} must match {ID_PATTERN.pattern}")
+    return value
+
+
+def _payload_blob(
+    fingerprint: str, placeholder_id: str, anchor_id: str, agent_id: str | None
+) -> str:
+    base = f"anchors/{fingerprint}/{placeholder_id}/{anchor_id}"
+    return f"{base}/base" if agent_id is None else f"{base}/agent/{agent_id}"
+
+
+class AnchorService:
+    """Put, read and touch anchors; pools evict by `AnchorPoolConfig`'s rule."""
+
+    def __init__(
+        self, store: TieredStore, pool_config: AnchorPoolConfig, config: SegmentServiceConfig
+    ) -> None:
+        self._store = store
+        self._pool_config = pool_config
+        self.config = config
+        self._pools_by_namespace: dict[str, AnchorPools] = {}
+
+    def put(self, write: AnchorWrite) -> list[str]:
+        """Store the anchor's payloads, pool it, and return the ids the pool evicted."""
+        self._check_write(write)
+        ns, fp, ph = write.namespace, write.model_fingerprint, write.placeholder_id
+        pools = self._pools(ns)
+        pool = pools.get_or_create(ns, fp, ph)
+        previous = {entry.anchor_id: entry for entry in pool.entries()}
+        self._store.put_blob(ns, _payload_blob(fp, ph, write.anchor_id, None), write.base_payload)
+        for agent_id, payload in write.agent_payloads.items():
+            self._store.put_blob(ns, _payload_blob(fp, ph, write.anchor_id, agent_id), payload)
+        entry = AnchorEntry(
+            anchor_id=write.anchor_id,
+            num_tokens=write.num_tokens,
+            created_seq=max((e.created_seq for e in previous.values()), default=-1) + 1,
+            agent_ids=tuple(sorted(write.agent_payloads)),
+        )
+        evicted = pool.add(entry)
+        self._save(ns, pools)
+        replaced = previous.get(write.anchor_id)
+        if replaced is not None:  # agents the new version no longer has
+            self._delete_payloads(ns, fp, ph, replaced, kept_agent_ids=entry.agent_ids)
+        for anchor_id in evicted:
+            self._delete_payloads(ns, fp, ph, previous[anchor_id])
+        return evicted
+
+    def get(
+        self, namespace: str, fingerprint: str, placeholder_id: str, include_payloads: bool
+    ) -> list[AnchorRecord]:
+        """The placeholder's anchors, oldest first; [] when it has none."""
+        pool = self._find_pool(namespace, fingerprint, placeholder_id)
+        if pool is None:
+            return []
+        records = []
+        for entry in pool.entries():
+            record = self._record(namespace, fingerprint, placeholder_id, entry, include_payloads)
+            if record is not None:
+                records.append(record)
+        return records
+
+    def touch(
+        self, namespace: str, fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
+    ) -> int:
+        """Count one activation of each pooled id; returns how many were pooled."""
+        pool = self._find_pool(namespace, fingerprint, placeholder_id)
+        if pool is None:
+            return 0
+        pooled = [i for i in anchor_ids if pool.get(i) is not None]
+        if pooled:
+            pool.touch(pooled)
+            self._save(namespace, self._pools(namespace))
+        return len(pooled)
+
+    def _check_write(self, write: AnchorWrite) -> None:
+        check_namespace(write.namespace)
+        check_fingerprint(write.model_fingerprint)
+        check_id("placeholder_id", write.placeholder_id)
+        check_id("anchor_id", write.anchor_id)
+        for agent_id in write.agent_payloads:
+            check_id("agent_id", agent_id)
+        limits = self.config
+        if len(write.agent_payloads) > limits.max_agents_per_anchor:
+            raise InvalidRequest(
+                f"{len(write.agent_payloads)} agents > limit {limits.max_agents_per_anchor}"
+            )
+        if not 0 < write.num_tokens <= limits.max_segment_tokens:
+            raise InvalidRequest(
+                f"num_tokens {write.num_tokens} not in [1, {limits.max_segment_tokens}]"
+            )
+        if not write.base_payload:
+            raise InvalidRequest("base_payload is empty")
+        nbytes = len(write.base_payload) + sum(len(p) for p in write.agent_payloads.values())
+        if nbytes > limits.max_anchor_nbytes:
+            raise InvalidRequest(
+                f"anchor payloads hold {nbytes} bytes > limit {limits.max_anchor_nbytes}"
+            )
+
+    def _find_pool(
+        self, namespace: str, fingerprint: str, placeholder_id: str
+    ) -> AnchorPool | None:
+        check_namespace(namespace)
+        check_fingerprint(fingerprint)
+        check_id("placeholder_id", placeholder_id)
+        return self._pools(namespace).get(namespace, fingerprint, placeholder_id)
+
+    def _record(
+        self, ns: str, fp: str, ph: str, entry: AnchorEntry, include_payloads: bool
+    ) -> AnchorRecord | None:
+        record = AnchorRecord(
+            entry.anchor_id, entry.num_tokens, entry.activation_count, entry.created_seq
+        )
+        if not include_payloads:
+            return record
+        base = self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None))
+        agents = {
+            a: self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, a))
+            for a in entry.agent_ids
+        }
+        if base is None or any(p is None for p in agents.values()):
+            logger.warning("anchor %s/%s lost payload blobs; served as a miss", ph, entry.anchor_id)
+            return None
+        return AnchorRecord(
+            entry.anchor_id,
+            entry.num_tokens,
+            entry.activation_count,
+            entry.created_seq,
+            base_payload=base,
+            agent_payloads={a: p for a, p in agents.items() if p is not None},
+        )
+
+    def _delete_payloads(
+        self,
+        ns: str,
+        fp: str,
+        ph: str,
+        entry: AnchorEntry,
+        kept_agent_ids: Sequence[str] | None = None,
+    ) -> None:
+        """Delete `entry`'s blobs; with `kept_agent_ids` (a replacement) only agents not kept."""
+        if kept_agent_ids is None:
+            self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None))
+        for agent_id in entry.agent_ids:
+            if agent_id not in (kept_agent_ids or ()):
+                self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, agent_id))
+
+    def _pools(self, namespace: str) -> AnchorPools:
+        """The namespace's pools, loaded from their blob on first use."""
+        pools = self._pools_by_namespace.get(namespace)
+        if pools is None:
+            pools = self._load(namespace)
+            self._pools_by_namespace[namespace] = pools
+        return pools
+
+    def _load(self, namespace: str) -> AnchorPools:
+        data = self._store.get_blob(namespace, POOLS_BLOB)
+        if data is None:
+            return AnchorPools(self._pool_config)
+        try:
+            return AnchorPools.from_bytes(data, self._pool_config)
+        except ValueError as error:
+            # A cache may forget: start empty (payload blobs are overwritten on reuse).
+            logger.warning("anchor pools of %r unreadable (%s); starting empty", namespace, error)
+            return AnchorPools(self._pool_config)
+
+    def _save(self, namespace: str, pools: AnchorPools) -> None:
+        self._store.put_blob(namespace, POOLS_BLOB, pools.to_bytes())

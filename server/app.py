@@ -1,0 +1,148 @@
+"""Wiring of the store sidecar: `build(config)` constructs everything, `serve(config)` runs it.
+
+`StoreServer.stop()` is the graceful shutdown SIGTERM triggers: health turns
+NOT_SERVING, in-flight RPCs drain for `grace_period_s`, then the store (LMDB)
+closes. Call `build` inside the event loop that will run the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from kvsplice.index.exact_index import ExactIndex
+from kvsplice.index.similarity_index import SimilarityIndex
+from kvsplice.proto import store_pb2_grpc
+from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
+from kvsplice.server.anchor_service import AnchorService
+from kvsplice.server.config import ServerConfig
+from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
+from kvsplice.server.metrics import StoreMetrics
+from kvsplice.server.segment_service import SegmentService
+from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer
+from kvsplice.storage.config import build_store
+from kvsplice.storage.tiered_store import TieredStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StoreServer:
+    """A built sidecar; `address` is the bound target once `start()` returned."""
+
+    config: ServerConfig
+    server: aio.Server
+    health: health_aio.HealthServicer
+    store: TieredStore
+    segments: SegmentService
+    anchors: AnchorService
+    metrics: StoreMetrics
+    address: str
+    admin: AdminServer | None = None
+
+    async def start(self) -> None:
+        num_segments = self.segments.rebuild_indexes()
+        await self.server.start()
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.admin_port is not None:
+            app = build_admin_app(self.segments, self.metrics, token=self.config.auth_token)
+            self.admin = await run_admin(app, self.config.admin_host, self.config.admin_port)
+        logger.info(
+            "kvsplice store serving on %s (%d segments indexed)", self.address, num_segments
+        )
+
+    async def stop(self) -> None:
+        """Graceful shutdown: NOT_SERVING, drain in-flight RPCs (bounded), close the store."""
+        logger.info("shutting down: draining RPCs for up to %.1f s", self.config.grace_period_s)
+        await self.health.enter_graceful_shutdown()
+        self.segments.mark_draining()
+        try:
+            await self.server.stop(self.config.grace_period_s)
+            if self.admin is not None:
+                await self.admin.stop()
+        finally:
+            self.store.close()
+        logger.info("kvsplice store stopped")
+
+
+def _bind(server: aio.Server, listen_address: str) -> str:
+    port = server.add_insecure_port(listen_address)
+    if listen_address.startswith("unix:"):
+        return listen_address
+    host = listen_address.rsplit(":", 1)[0]
+    return f"{host}:{port}"
+
+
+def build(config: ServerConfig) -> StoreServer:
+    """Construct the store, indexes, services, gRPC server and interceptors (not started)."""
+    store = build_store(config.store)
+    try:
+        segments = SegmentService(
+            store,
+            ExactIndex(config.exact_index),
+            SimilarityIndex(config.similarity),
+            config.service,
+        )
+        anchors = AnchorService(store, config.anchor_pool, config.service)
+        metrics = StoreMetrics(RPC_METHODS)
+        metrics.bind_usage(lambda: _usage(store))
+        interceptors: list[aio.ServerInterceptor] = [FaultInterceptor(metrics)]
+        if config.auth_token is not None:
+            interceptors.append(BearerAuthInterceptor(config.auth_token))
+        limit = config.max_message_nbytes
+        server = aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        )
+        servicer = SegmentStoreServicer(segments, anchors, metrics, config.chunk_nbytes)
+        store_pb2_grpc.add_SegmentStoreServicer_to_server(servicer, server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        if config.enable_reflection:
+            names = (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            )
+            reflection.enable_server_reflection(names, server)
+        address = _bind(server, config.listen_address)
+    except BaseException:
+        store.close()
+        raise
+    return StoreServer(config, server, health, store, segments, anchors, metrics, address)
+
+
+def _usage(store: TieredStore) -> tuple[int, int]:
+    stats = store.stats()
+    return stats.num_segments, stats.stored_bytes
+
+
+async def run_until_signalled(config: ServerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    app = build(config)
+    await app.start()
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    try:
+        await stop_requested.wait()
+    finally:
+        await app.stop()
+
+
+def serve(config: ServerConfig) -> None:
+    """Entry point for `kvsplice serve`: run the sidecar in this process until signalled."""
+    asyncio.run(run_until_signalled(config))

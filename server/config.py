@@ -1,0 +1,136 @@
+"""Configuration of the store sidecar: the service's limits and the server around it.
+
+`ServerConfig` nests the component configs (store tiers, indexes, service
+limits) and adds transport settings; the CLI fills it, `server.app.build` reads
+it. Nothing here reads flags or environment variables.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from kvsplice.common.segment import MAX_SEGMENT_TOKENS
+from kvsplice.index.anchor_pool import AnchorPoolConfig
+from kvsplice.index.exact_index import ExactIndexConfig
+from kvsplice.index.similarity_index import SimilarityConfig
+from kvsplice.storage.config import MemoryTierConfig, StoreConfig
+
+MIB = 1 << 20
+# Must equal the client's `store_config.MESSAGE_SLACK_NBYTES`: both sides accept
+# one chunk plus this much (headers, token lists), never unlimited messages.
+MESSAGE_SLACK_NBYTES = 1 * MIB
+_TCP_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class SegmentServiceConfig:
+    """What the service accepts: sizes, token counts, result limits, the default TTL."""
+
+    max_payload_nbytes: int = 256 * MIB
+    max_segment_tokens: int = 65_536
+    max_query_tokens: int = 262_144
+    max_index_text_chars: int = 262_144
+    max_layers: int = 1024
+    max_labels: int = 32
+    default_ttl_s: float | None = None
+    default_similar_limit: int = 8
+    max_similar_limit: int = 64
+    max_anchor_nbytes: int = 4 * MIB
+    max_agents_per_anchor: int = 64
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_payload_nbytes", "max_segment_tokens", "max_query_tokens", "max_index_text_chars",
+            "max_layers", "default_similar_limit", "max_similar_limit", "max_anchor_nbytes",
+            "max_agents_per_anchor",
+        ):  # fmt: skip
+            _require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        _require(self.max_labels >= 0, f"max_labels must be >= 0, got {self.max_labels}")
+        _require(
+            self.max_segment_tokens <= MAX_SEGMENT_TOKENS,
+            f"max_segment_tokens {self.max_segment_tokens} > {MAX_SEGMENT_TOKENS}",
+        )
+        _require(
+            self.default_similar_limit <= self.max_similar_limit,
+            f"default_similar_limit {self.default_similar_limit} > max_similar_limit {self.max_similar_limit}",
+        )
+        ttl = self.default_ttl_s
+        _require(
+            ttl is None or (ttl > 0 and math.isfinite(ttl)),
+            f"default_ttl_s {ttl!r} must be None or a positive number",
+        )
+
+
+def _default_store() -> StoreConfig:
+    return StoreConfig(memory=MemoryTierConfig(max_bytes=1 << 30))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The gRPC sidecar: where it listens, what it stores, who may call it.
+
+    `listen_address` is `host:port` (port 0 picks a free one) or `unix:/path`.
+    `auth_token`, when set, is required as `authorization: Bearer <token>`.
+    `grace_period_s` bounds how long shutdown waits for in-flight RPCs.
+    The admin HTTP API (health, metrics, stats) runs on the same event loop when
+    `admin_port` is set, guarded by the same token.
+    """
+
+    listen_address: str = "127.0.0.1:50051"
+    store: StoreConfig = field(default_factory=_default_store)
+    exact_index: ExactIndexConfig = field(default_factory=ExactIndexConfig)
+    similarity: SimilarityConfig = field(default_factory=SimilarityConfig)
+    anchor_pool: AnchorPoolConfig = field(default_factory=AnchorPoolConfig)
+    service: SegmentServiceConfig = field(default_factory=SegmentServiceConfig)
+    auth_token: str | None = None
+    chunk_nbytes: int = 4 * MIB
+    grace_period_s: float = 10.0
+    max_concurrent_rpcs: int | None = None
+    enable_reflection: bool = True
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: no admin HTTP API; 0: a free port
+
+    def __post_init__(self) -> None:
+        address = self.listen_address
+        is_unix = address.startswith("unix:") and len(address) > len("unix:")
+        _require(
+            is_unix or bool(_TCP_ADDRESS.match(address)),
+            f"listen_address {address!r} is neither host:port nor unix:/path",
+        )
+        _require(
+            self.auth_token is None or (bool(self.auth_token) and self.auth_token.isprintable()),
+            "auth_token must be None or a non-empty printable string",
+        )
+        _require(
+            64 * 1024 <= self.chunk_nbytes <= 64 * MIB,
+            f"chunk_nbytes must be in [64 KiB, 64 MiB], got {self.chunk_nbytes}",
+        )
+        _require(
+            self.grace_period_s >= 0, f"grace_period_s must be >= 0, got {self.grace_period_s}"
+        )
+        _require(
+            self.max_concurrent_rpcs is None or self.max_concurrent_rpcs > 0,
+            f"max_concurrent_rpcs must be None or > 0, got {self.max_concurrent_rpcs}",
+        )
+        _require(
+            self.admin_port is None or 0 <= self.admin_port <= 65535,
+            f"admin_port must be None or in [0, 65535], got {self.admin_port}",
+        )
+        # Anchors travel in one unary message, so they must fit the message limit.
+        _require(
+            self.service.max_anchor_nbytes + MESSAGE_SLACK_NBYTES // 2 <= self.max_message_nbytes,
+            f"service.max_anchor_nbytes {self.service.max_anchor_nbytes} does not fit a "
+            f"{self.max_message_nbytes}-byte message (raise chunk_nbytes)",
+        )
+
+    @property
+    def max_message_nbytes(self) -> int:
+        """Largest gRPC message the server sends or accepts: one chunk plus slack."""
+        return self.chunk_nbytes + MESSAGE_SLACK_NBYTES

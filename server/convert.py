@@ -1,0 +1,198 @@
+"""Server-side protobuf ⇄ domain conversion, including the segment stream protocol.
+
+Protobuf messages stop here: the servicer hands domain types to the services
+and gets domain types back. A malformed message raises `InvalidRequest`; a
+payload stream whose bytes disagree with its header raises `CorruptPayload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Iterator, Sequence
+
+from kvsplice.common.errors import CorruptPayload, InvalidRequest
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.index.exact_index import PrefixMatch
+from kvsplice.index.similarity_index import SimilarMatch
+from kvsplice.proto import store_pb2 as pb
+from kvsplice.server.admin_models import NamespaceStats
+from kvsplice.server.anchor_service import AnchorRecord, AnchorWrite
+from kvsplice.server.segment_service import SimilarQuery
+from kvsplice.storage.tiered_store import StoredSegment
+
+HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
+
+
+def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
+    """The header as `SegmentMeta` (created_at_s is the server's to set, so it is dropped)."""
+    try:
+        return SegmentMeta(
+            namespace=header.namespace,
+            model_fingerprint=header.model_fingerprint,
+            context_key=header.context_key,
+            parent_key=header.parent_key,
+            content_key=header.content_key,
+            token_ids=tuple(header.token_ids),
+            start_position=header.start_position,
+            layer_start=header.layer_start,
+            layer_end=header.layer_end,
+            boundary_layers=tuple(header.boundary_layers),
+            payload_nbytes=header.payload_nbytes,
+            checksum=header.checksum,
+            ttl_s=header.ttl_s or None,
+            left_tail_ids=tuple(header.left_tail_ids),
+            index_text=header.index_text,
+            labels=tuple((label.key, label.value) for label in header.labels),
+        )
+    except ValueError as error:
+        raise InvalidRequest(f"bad segment header: {error}") from error
+
+
+def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
+    return pb.SegmentHeader(
+        namespace=meta.namespace,
+        model_fingerprint=meta.model_fingerprint,
+        context_key=meta.context_key,
+        parent_key=meta.parent_key,
+        content_key=meta.content_key,
+        token_ids=meta.token_ids,
+        start_position=meta.start_position,
+        layer_start=meta.layer_start,
+        layer_end=meta.layer_end,
+        boundary_layers=meta.boundary_layers,
+        payload_nbytes=meta.payload_nbytes,
+        checksum=meta.checksum,
+        ttl_s=meta.ttl_s or 0.0,
+        left_tail_ids=meta.left_tail_ids,
+        index_text=meta.index_text,
+        created_at_s=meta.created_at_s,
+        labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
+    )
+
+
+async def receive_segment(
+    requests: AsyncIterable[pb.PutSegmentRequest], check_header: HeaderCheck
+) -> tuple[SegmentMeta, memoryview]:
+    """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes.
+
+    `check_header` validates the header before any payload byte is buffered, so
+    an oversize or malformed put is refused without reading its payload.
+    """
+    meta: SegmentMeta | None = None
+    buffer = bytearray()
+    num_received = 0
+    async for request in requests:
+        part = request.WhichOneof("part")
+        if part == "header":
+            if meta is not None:
+                raise InvalidRequest("PutSegment stream holds a second header")
+            meta = check_header(header_to_meta(request.header))
+            buffer = bytearray(meta.payload_nbytes)
+        elif part == "chunk":
+            if meta is None:
+                raise InvalidRequest("PutSegment stream sent payload bytes before its header")
+            end = num_received + len(request.chunk)
+            if end > meta.payload_nbytes:
+                raise CorruptPayload(
+                    f"payload exceeds the {meta.payload_nbytes} bytes its header declares"
+                )
+            buffer[num_received:end] = request.chunk
+            num_received = end
+        else:
+            raise InvalidRequest("PutSegment message holds neither header nor chunk")
+    if meta is None:
+        raise InvalidRequest("PutSegment stream ended without a header")
+    if num_received != meta.payload_nbytes:
+        raise CorruptPayload(
+            f"stream ended after {num_received} of {meta.payload_nbytes} payload bytes"
+        )
+    return meta, memoryview(buffer)
+
+
+def segment_responses(stored: StoredSegment, chunk_nbytes: int) -> Iterator[pb.GetSegmentResponse]:
+    """Header first, then the payload in chunks of at most `chunk_nbytes`."""
+    yield pb.GetSegmentResponse(header=meta_to_header(stored.meta))
+    view = memoryview(stored.payload)
+    for start in range(0, view.nbytes, chunk_nbytes):
+        yield pb.GetSegmentResponse(chunk=view[start : start + chunk_nbytes].tobytes())
+
+
+def _segment_ref(meta: SegmentMeta) -> pb.SegmentRef:
+    return pb.SegmentRef(
+        context_key=meta.context_key,
+        start_position=meta.start_position,
+        num_tokens=meta.num_tokens,
+        layer_start=meta.layer_start,
+        layer_end=meta.layer_end,
+        payload_nbytes=meta.payload_nbytes,
+    )
+
+
+def prefix_response(match: PrefixMatch) -> pb.LookupPrefixResponse:
+    return pb.LookupPrefixResponse(
+        segments=[_segment_ref(meta) for meta in match.segments],
+        num_matched_tokens=match.num_matched_tokens,
+    )
+
+
+def similar_query(request: pb.FindSimilarRequest) -> SimilarQuery:
+    return SimilarQuery(
+        namespace=request.namespace,
+        model_fingerprint=request.model_fingerprint,
+        token_ids=tuple(request.token_ids),
+        text=request.text,
+        left_context_ids=tuple(request.left_context_ids),
+        parent_key=request.parent_key or None,
+        limit=request.limit,
+    )
+
+
+def similar_response(matches: Sequence[SimilarMatch]) -> pb.FindSimilarResponse:
+    return pb.FindSimilarResponse(
+        candidates=[
+            pb.SimilarCandidate(
+                segment=_segment_ref(m.meta),
+                estimated_jaccard=m.estimated_jaccard,
+                exact_tokens=m.exact_tokens,
+                same_left_context=m.same_left_context,
+                exact_window=m.exact_window,
+            )
+            for m in matches
+        ]
+    )
+
+
+def anchor_write(request: pb.PutAnchorRequest) -> AnchorWrite:
+    return AnchorWrite(
+        namespace=request.namespace,
+        model_fingerprint=request.model_fingerprint,
+        placeholder_id=request.placeholder_id,
+        anchor_id=request.anchor_id,
+        base_payload=request.base_payload,
+        agent_payloads=dict(request.agent_payloads),
+        num_tokens=request.num_tokens,
+    )
+
+
+def anchors_response(records: Sequence[AnchorRecord]) -> pb.GetAnchorsResponse:
+    return pb.GetAnchorsResponse(
+        anchors=[
+            pb.AnchorEntry(
+                anchor_id=r.anchor_id,
+                num_tokens=r.num_tokens,
+                activation_count=r.activation_count,
+                created_seq=r.created_seq,
+                base_payload=r.base_payload,
+                agent_payloads=dict(r.agent_payloads),
+            )
+            for r in records
+        ]
+    )
+
+
+def stats_response(stats: NamespaceStats) -> pb.StatsResponse:
+    return pb.StatsResponse(
+        num_segments=stats.num_segments,
+        num_bytes=stats.stored_bytes,
+        num_hits=stats.num_hits,
+        num_misses=stats.num_misses,
+    )

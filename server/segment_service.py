@@ -1,0 +1,292 @@
+"""The store's domain layer: validate, store, index, look up, count. No gRPC here.
+
+`SegmentService` owns the rules every request obeys (sizes, token ranges,
+chained keys, fingerprints) and keeps the indexes in step with the store
+(put → store then index; removal listener → unindex; rebuild at start). Faults
+raise `kvsplice.common.errors`; a miss is `None` or an empty result.
+Not thread-safe: the server calls it from its event loop only (as the indexes require).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import xxhash
+
+from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, InvalidRequest
+from kvsplice.common.fingerprint import is_fingerprint
+from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, root_key
+from kvsplice.common.segment import SegmentMeta, validate_namespace
+from kvsplice.index.exact_index import ExactIndex, PrefixMatch
+from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
+from kvsplice.server.admin_models import NamespaceStats, SegmentSummary
+from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.storage.catalog import NamespaceUsage
+from kvsplice.storage.tiered_store import StoredSegment, TieredStore
+
+logger = logging.getLogger(__name__)
+
+_NO_USAGE = NamespaceUsage(segments=0, bytes=0, hits=0, misses=0)
+
+
+@dataclass(frozen=True)
+class SimilarQuery:
+    """A FindSimilar request; `limit` 0 means the configured default."""
+
+    namespace: str
+    model_fingerprint: str
+    token_ids: tuple[int, ...]
+    text: str = ""
+    left_context_ids: tuple[int, ...] = ()
+    parent_key: bytes | None = None
+    limit: int = 0
+
+
+def check_namespace(namespace: str) -> str:
+    try:
+        return validate_namespace(namespace)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from error
+
+
+def check_fingerprint(fingerprint: str) -> str:
+    if not is_fingerprint(fingerprint):
+        raise InvalidRequest(f"model_fingerprint {fingerprint[:64]!r} is not kvfp1-<32 hex>")
+    return fingerprint
+
+
+def check_key(name: str, key: bytes) -> bytes:
+    if len(key) != KEY_NBYTES:
+        raise InvalidRequest(f"{name} must be {KEY_NBYTES} bytes, got {len(key)}")
+    return key
+
+
+def check_token_ids(name: str, token_ids: Sequence[int], max_tokens: int) -> tuple[int, ...]:
+    """`token_ids` as a tuple if it holds at most `max_tokens` ids in [0, 2**31)."""
+    if len(token_ids) > max_tokens:
+        raise InvalidRequest(f"{name} holds {len(token_ids)} tokens > limit {max_tokens}")
+    ids = tuple(token_ids)
+    if ids and not (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID):
+        bad = next(t for t in ids if not 0 <= t <= MAX_TOKEN_ID)
+        raise InvalidRequest(f"{name}: token id {bad} out of range [0, {MAX_TOKEN_ID}]")
+    return ids
+
+
+class SegmentService:
+    """Segments: put/get/delete, prefix lookup, similarity search, per-namespace stats."""
+
+    def __init__(
+        self,
+        store: TieredStore,
+        exact: ExactIndex,
+        similar: SimilarityIndex,
+        config: SegmentServiceConfig,
+    ) -> None:
+        self._store = store
+        self._exact = exact
+        self._similar = similar
+        self.config = config
+        self._hits: defaultdict[str, int] = defaultdict(int)
+        self._misses: defaultdict[str, int] = defaultdict(int)
+        self._ready = False
+        store.add_removal_listener(self._on_removed)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def rebuild_indexes(self) -> int:
+        """Index every stored segment (called once at start); returns how many."""
+        num_indexed = 0
+        for meta in self._store.iter_meta():
+            self._index(meta)
+            num_indexed += 1
+        self._ready = True
+        logger.info("indexes rebuilt from the store: %d segments", num_indexed)
+        return num_indexed
+
+    def is_ready(self) -> bool:
+        return self._ready
+
+    def mark_draining(self) -> None:
+        """Report not-ready from now on (shutdown has begun)."""
+        self._ready = False
+
+    # -- segments ---------------------------------------------------------------------
+
+    def check_header(self, meta: SegmentMeta) -> SegmentMeta:
+        """Validate a put's header before its payload arrives; returns it as it will be stored."""
+        limits = self.config
+        check_token_ids("token_ids", meta.token_ids, limits.max_segment_tokens)
+        if not 0 < meta.payload_nbytes <= limits.max_payload_nbytes:
+            raise InvalidRequest(
+                f"payload_nbytes {meta.payload_nbytes} not in [1, {limits.max_payload_nbytes}]"
+            )
+        if meta.layer_end > limits.max_layers or any(
+            b >= limits.max_layers for b in meta.boundary_layers
+        ):
+            raise InvalidRequest(f"layers must be < {limits.max_layers}")
+        if len(meta.index_text) > limits.max_index_text_chars:
+            raise InvalidRequest(
+                f"index_text holds {len(meta.index_text)} chars > {limits.max_index_text_chars}"
+            )
+        if len(meta.labels) > limits.max_labels:
+            raise InvalidRequest(f"{len(meta.labels)} labels > limit {limits.max_labels}")
+        _check_chain(meta)
+        ttl_s = meta.ttl_s if meta.ttl_s is not None else limits.default_ttl_s
+        return replace(meta, ttl_s=ttl_s, created_at_s=time.time())
+
+    def put(self, meta: SegmentMeta, payload: bytes) -> SegmentMeta:
+        """Verify `payload` against `meta`, store it, then index it (readers never see
+        an indexed segment the store lacks)."""
+        meta = self.check_header(meta)
+        if len(payload) != meta.payload_nbytes:
+            raise CorruptPayload(
+                f"received {len(payload)} payload bytes, header says {meta.payload_nbytes}"
+            )
+        if xxhash.xxh3_64_intdigest(payload) != meta.checksum:
+            raise CorruptPayload(f"payload checksum mismatch for segment {meta.segment_id}")
+        self._store.put(meta, payload)
+        self._index(meta)
+        return meta
+
+    def get(self, namespace: str, key: bytes, model_fingerprint: str = "") -> StoredSegment | None:
+        """The stored segment or None; FingerprintMismatch if it belongs to another model."""
+        check_namespace(namespace)
+        check_key("context_key", key)
+        if model_fingerprint:
+            check_fingerprint(model_fingerprint)
+        stored = self._store.get(namespace, key)  # the store counts this hit or miss
+        if (
+            stored is not None
+            and model_fingerprint
+            and stored.meta.model_fingerprint != model_fingerprint
+        ):
+            raise FingerprintMismatch(
+                f"segment {key.hex()} belongs to {stored.meta.model_fingerprint}, not {model_fingerprint}"
+            )
+        return stored
+
+    def delete(self, namespace: str, key: bytes) -> bool:
+        check_namespace(namespace)
+        deleted = self._store.delete(namespace, check_key("context_key", key))
+        self._unindex(namespace, key)  # idempotent; the removal listener may have done it
+        return deleted
+
+    def lookup_prefix(
+        self, namespace: str, fingerprint: str, token_ids: Sequence[int]
+    ) -> PrefixMatch:
+        """The longest run of stored segments covering `token_ids` from position 0."""
+        check_namespace(namespace)
+        check_fingerprint(fingerprint)
+        tokens = check_token_ids("token_ids", token_ids, self.config.max_query_tokens)
+        match = self._exact.lookup_prefix(namespace, fingerprint, tokens)
+        match = self._stored_prefix(namespace, match)
+        self._count(namespace, match.num_matched_tokens > 0)
+        return match
+
+    def find_similar(self, query: SimilarQuery) -> list[SimilarMatch]:
+        """Verified similar segments, best first, at most `query.limit` (or the default)."""
+        namespace = check_namespace(query.namespace)
+        check_fingerprint(query.model_fingerprint)
+        limits = self.config
+        tokens = check_token_ids("token_ids", query.token_ids, limits.max_query_tokens)
+        left = check_token_ids("left_context_ids", query.left_context_ids, limits.max_query_tokens)
+        if len(query.text) > limits.max_index_text_chars:
+            raise InvalidRequest(
+                f"text holds {len(query.text)} chars > {limits.max_index_text_chars}"
+            )
+        if not 0 <= query.limit <= limits.max_similar_limit:
+            raise InvalidRequest(f"limit {query.limit} not in [0, {limits.max_similar_limit}]")
+        parent = check_key("parent_key", query.parent_key) if query.parent_key else None
+        matches = self._similar.find_similar(
+            namespace,
+            query.model_fingerprint,
+            tokens,
+            text=query.text,
+            left_context_ids=left,
+            parent_key=parent,
+            limit=query.limit or limits.default_similar_limit,
+        )
+        matches = [m for m in matches if self._still_stored(m.meta)]
+        self._count(namespace, bool(matches))
+        return matches
+
+    # -- stats (also the admin API's `AdminSource`) ------------------------------------
+
+    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+        """Stats of `namespace`, or of every namespace known to the store or counters."""
+        usage = self._store.namespace_usage()
+        names = (
+            [check_namespace(namespace)]
+            if namespace is not None
+            else sorted(set(usage) | set(self._hits) | set(self._misses))
+        )
+        return [self._stats_of(name, usage) for name in names]
+
+    def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
+        check_namespace(namespace)
+        metas = self._store.list_segments(namespace, offset, limit)
+        return [SegmentSummary.from_meta(meta) for meta in metas]
+
+    # -- internals --------------------------------------------------------------------
+
+    def _stats_of(self, namespace: str, usage: dict[str, NamespaceUsage]) -> NamespaceStats:
+        # The store counts segment reads; the service counts index lookups.
+        ns_usage = usage.get(namespace, _NO_USAGE)
+        return NamespaceStats(
+            namespace=namespace,
+            num_segments=ns_usage.segments,
+            stored_bytes=ns_usage.bytes,
+            num_hits=ns_usage.hits + self._hits.get(namespace, 0),
+            num_misses=ns_usage.misses + self._misses.get(namespace, 0),
+        )
+
+    def _count(self, namespace: str, hit: bool) -> None:
+        (self._hits if hit else self._misses)[namespace] += 1
+
+    def _index(self, meta: SegmentMeta) -> None:
+        self._exact.add(meta)
+        self._similar.add(meta)
+
+    def _unindex(self, namespace: str, key: bytes) -> None:
+        self._exact.remove(namespace, key)
+        self._similar.remove(namespace, key)
+
+    def _on_removed(self, meta: SegmentMeta) -> None:
+        self._unindex(meta.namespace, meta.context_key)
+
+    def _still_stored(self, meta: SegmentMeta) -> bool:
+        """Defensive: an index entry whose segment the store lost is dropped, not served."""
+        if self._store.get_meta(meta.namespace, meta.context_key) is not None:
+            return True
+        logger.warning("index held segment %s that the store lacks; unindexed", meta.segment_id)
+        self._unindex(meta.namespace, meta.context_key)
+        return False
+
+    def _stored_prefix(self, namespace: str, match: PrefixMatch) -> PrefixMatch:
+        """`match` cut at its first segment the store no longer holds."""
+        kept: list[SegmentMeta] = []
+        for meta in match.segments:
+            if not self._still_stored(meta):
+                break
+            kept.append(meta)
+        if len(kept) == len(match.segments):
+            return match
+        return PrefixMatch(tuple(kept), kept[-1].end_position if kept else 0)
+
+
+def _check_chain(meta: SegmentMeta) -> None:
+    """Keys must be the hashes of the tokens they name (else a writer could poison a key)."""
+    if context_key(meta.parent_key, meta.token_ids) != meta.context_key:
+        raise InvalidRequest(
+            f"context_key {meta.segment_id} is not context_key(parent_key, token_ids)"
+        )
+    if content_key(meta.token_ids) != meta.content_key:
+        raise InvalidRequest("content_key is not content_key(token_ids)")
+    if meta.parent_key == root_key(meta.model_fingerprint) and meta.start_position != 0:
+        raise InvalidRequest(
+            f"a segment chained from the root starts at 0, not {meta.start_position}"
+        )

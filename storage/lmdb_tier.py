@@ -1,0 +1,185 @@
+"""The durable tier: sealed records in one LMDB environment on local disk.
+
+Owns transactions (none leaks out: every read is copied out of its transaction
+before it ends) and map-full handling; it never evicts on its own: when the map
+is full it raises `ResourceExhausted` and the store decides what to evict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import lmdb
+
+from kvsplice.common.errors import (
+    CorruptPayload,
+    InvalidRequest,
+    ResourceExhausted,
+    StoreUnavailable,
+)
+from kvsplice.storage.config import LMDBTierConfig
+from kvsplice.storage.record import body_prefix, open_record, seal
+from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
+
+logger = logging.getLogger(__name__)
+
+_DB_NAME = b"records"
+_KEY_BATCH = 1024
+
+
+class LMDBTier:
+    """`StorageTier` over LMDB; `used_bytes` counts the pages holding live records.
+
+    `on_evict` is accepted for symmetry with the other tiers and never called:
+    this tier removes nothing on its own.
+    """
+
+    def __init__(
+        self,
+        config: LMDBTierConfig,
+        on_evict: EvictionCallback | None = None,
+        name: str = "lmdb",
+    ) -> None:
+        self.name = name
+        self._config = config
+        self._counters = TierCounters()
+        self._closed = False
+        os.makedirs(config.path, exist_ok=True)
+        self._env = lmdb.open(
+            config.path,
+            map_size=config.map_size_bytes,
+            subdir=True,
+            max_dbs=1,
+            sync=config.sync,
+            metasync=config.sync,
+            readahead=False,  # random reads of large values; readahead only evicts page cache
+            lock=True,
+        )
+        self._db = self._env.open_db(_DB_NAME)
+
+    def put(self, key: bytes, value: bytes | memoryview) -> None:
+        record = seal(value, compress=self._config.compress)
+        self._check_open()
+        try:
+            with self._env.begin(write=True, db=self._db) as txn:
+                txn.put(key, record)
+        except lmdb.MapFullError as exc:
+            raise ResourceExhausted(
+                f"{self.name}: map of {self._config.map_size_bytes} bytes is full "
+                f"(record of {len(record)} bytes)"
+            ) from exc
+        except lmdb.BadValsizeError as exc:
+            raise InvalidRequest(f"{self.name}: key of {len(key)} bytes is too long") from exc
+        self._counters.add(puts=1, bytes_in=len(value))
+
+    def get(self, key: bytes) -> bytes | memoryview | None:
+        self._check_open()
+        corrupt: CorruptPayload | None = None
+        body: bytes | None = None
+        # NOTE: with buffers=True `raw` aliases the map and dies with the transaction,
+        # so the body is verified in place and copied out before the `with` ends.
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            raw = txn.get(key)
+            if raw is not None:
+                try:
+                    body = bytes(open_record(raw))
+                except CorruptPayload as exc:
+                    corrupt = exc
+        if corrupt is not None:
+            self._discard_corrupt(key, corrupt)
+        if body is None:
+            self._counters.add(misses=1)
+            return None
+        self._counters.add(hits=1, bytes_out=len(body))
+        return body
+
+    def get_prefix(self, key: bytes, max_nbytes: int) -> bytes | None:
+        self._check_open()
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            raw = txn.get(key)
+            if raw is None:
+                return None
+            try:
+                return body_prefix(raw, max_nbytes)
+            except CorruptPayload as exc:
+                corrupt = exc
+        self._discard_corrupt(key, corrupt)
+        return None
+
+    def delete(self, key: bytes) -> bool:
+        self._check_open()
+        with self._env.begin(write=True, db=self._db) as txn:
+            return bool(txn.delete(key))
+
+    def contains(self, key: bytes) -> bool:
+        self._check_open()
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            return txn.get(key) is not None
+
+    def keys(self, prefix: bytes = b"") -> Iterator[bytes]:
+        # Batches in short read transactions: a long-lived reader would pin old
+        # pages and make the map grow while a slow consumer iterates.
+        start = prefix
+        while True:
+            batch = self._key_batch(start, prefix)
+            yield from batch
+            if len(batch) < _KEY_BATCH:
+                return
+            start = batch[-1] + b"\x00"  # the smallest key after the last one seen
+
+    def used_bytes(self) -> int:
+        self._check_open()
+        with self._env.begin() as txn:
+            stat = txn.stat(self._db)
+        num_pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        return int(num_pages * stat["psize"])
+
+    def capacity_bytes(self) -> int | None:
+        return self._config.map_size_bytes
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._config.sync:
+            self._env.sync(True)
+        self._env.close()
+
+    def stats(self) -> TierStats:
+        return self._counters.snapshot()
+
+    def _key_batch(self, start: bytes, prefix: bytes) -> list[bytes]:
+        self._check_open()
+        batch: list[bytes] = []
+        with self._env.begin(db=self._db) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(start):
+                return batch
+            for key in cursor.iternext(keys=True, values=False):
+                if not key.startswith(prefix) or len(batch) == _KEY_BATCH:
+                    break
+                batch.append(key)
+        return batch
+
+    def _discard_corrupt(self, key: bytes, exc: CorruptPayload) -> None:
+        """Delete `key` if it still fails verification (a writer may have replaced it)."""
+        with self._env.begin(write=True, db=self._db, buffers=True) as txn:
+            raw = txn.get(key)
+            if raw is not None and not _verifies(raw):
+                txn.delete(key)
+        self._counters.add(checksum_failures=1)
+        logger.warning("%s: dropped corrupt record %s: %s", self.name, key.hex(), exc)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"{self.name} tier is closed")
+
+
+def _verifies(raw: bytes | memoryview) -> bool:
+    try:
+        open_record(raw)
+    except CorruptPayload:
+        return False
+    return True

@@ -1,0 +1,182 @@
+"""Bodies of the records the store writes: a segment (meta + payload) or a blob.
+
+Segment body: meta_len u32 | xxh3_64(meta) u64 | meta | payload, so ONE value
+holds both and the meta can be read (and verified) without touching the payload.
+Meta: version u8 | json_len u32 | JSON | n u32 | token_ids int32[n] | m u32 | left_tail int32[m].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from kvsplice.common.errors import CorruptPayload, InvalidRequest
+from kvsplice.common.segment import SegmentMeta
+
+META_VERSION = 1
+BLOB_VERSION = 1
+_BODY_HEADER = struct.Struct("<IQ")
+_META_HEADER = struct.Struct("<BI")
+_COUNT = struct.Struct("<I")
+_BLOB_HEADER = struct.Struct("<Bdd")
+BODY_HEADER_NBYTES = _BODY_HEADER.size
+_KEY_FIELDS = ("context_key", "parent_key", "content_key")
+
+
+def encode_meta(meta: SegmentMeta) -> bytes:
+    fields = {
+        "namespace": meta.namespace,
+        "model_fingerprint": meta.model_fingerprint,
+        **{name: getattr(meta, name).hex() for name in _KEY_FIELDS},
+        "start_position": meta.start_position,
+        "layer_start": meta.layer_start,
+        "layer_end": meta.layer_end,
+        "boundary_layers": list(meta.boundary_layers),
+        "payload_nbytes": meta.payload_nbytes,
+        "checksum": meta.checksum,
+        "ttl_s": meta.ttl_s,
+        "created_at_s": meta.created_at_s,
+        "index_text": meta.index_text,
+        "labels": [list(pair) for pair in meta.labels],
+    }
+    text = json.dumps(fields, separators=(",", ":")).encode()
+    return b"".join(
+        (
+            _META_HEADER.pack(META_VERSION, len(text)),
+            text,
+            _pack_ids(meta.token_ids),
+            _pack_ids(meta.left_tail_ids),
+        )
+    )
+
+
+def decode_meta(raw: bytes | memoryview) -> SegmentMeta:
+    """Inverse of `encode_meta`; raises `CorruptPayload` on anything malformed."""
+    try:
+        version, text_nbytes = _META_HEADER.unpack_from(raw)
+        if version != META_VERSION:
+            raise CorruptPayload(f"unknown segment meta version {version}")
+        offset = _META_HEADER.size + text_nbytes
+        fields = json.loads(bytes(raw[_META_HEADER.size : offset]))
+        token_ids, offset = _unpack_ids(raw, offset)
+        left_tail_ids, offset = _unpack_ids(raw, offset)
+        if offset != len(raw):
+            raise CorruptPayload(f"segment meta has {len(raw) - offset} trailing bytes")
+        return _meta_from_fields(fields, token_ids, left_tail_ids)
+    except (ValueError, KeyError, TypeError, struct.error) as exc:  # json/struct/validation
+        raise CorruptPayload(f"segment meta does not decode: {exc}") from exc
+
+
+def payload_view(meta: SegmentMeta, payload: bytes | memoryview) -> memoryview:
+    """`payload` as flat bytes; `InvalidRequest` unless its size and xxh3-64 match `meta`."""
+    try:
+        view = memoryview(payload)
+    except TypeError as exc:
+        raise InvalidRequest(f"payload of type {type(payload).__name__} is not bytes-like") from exc
+    if not view.c_contiguous:
+        raise InvalidRequest("payload is not a contiguous buffer")
+    view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    if view.nbytes != meta.payload_nbytes:
+        raise InvalidRequest(f"payload holds {view.nbytes} bytes, meta says {meta.payload_nbytes}")
+    if xxhash.xxh3_64_intdigest(view) != meta.checksum:
+        raise InvalidRequest("payload checksum does not match meta.checksum (xxh3-64)")
+    return view
+
+
+def encode_segment(meta: SegmentMeta, payload: bytes | memoryview) -> bytes:
+    """The record body holding `meta` and `payload`."""
+    meta_raw = encode_meta(meta)
+    header = _BODY_HEADER.pack(len(meta_raw), xxhash.xxh3_64_intdigest(meta_raw))
+    return b"".join((header, meta_raw, payload))
+
+
+def meta_span(head: bytes | memoryview) -> int:
+    """How many leading body bytes `read_meta` needs, from at least the body header."""
+    if len(head) < BODY_HEADER_NBYTES:
+        raise CorruptPayload(f"segment body of {len(head)} bytes is shorter than its header")
+    meta_nbytes, _ = _BODY_HEADER.unpack_from(head)
+    return int(BODY_HEADER_NBYTES + meta_nbytes)
+
+
+def meta_digest(body: bytes | memoryview) -> int:
+    """The checksum of the meta section: identifies the meta version a body carries."""
+    meta_span(body)
+    return int(_BODY_HEADER.unpack_from(body)[1])
+
+
+def read_meta(head: bytes | memoryview) -> SegmentMeta:
+    """The verified meta of a segment body, reading only its first `meta_span` bytes."""
+    end = meta_span(head)
+    if len(head) < end:
+        raise CorruptPayload(f"segment body of {len(head)} bytes is shorter than its meta ({end})")
+    meta_raw = memoryview(head)[BODY_HEADER_NBYTES:end]
+    if xxhash.xxh3_64_intdigest(meta_raw) != meta_digest(head):
+        raise CorruptPayload("segment meta checksum mismatch")
+    return decode_meta(meta_raw)
+
+
+def segment_payload(body: bytes | memoryview, meta: SegmentMeta) -> memoryview:
+    """Zero-copy view of the payload in `body`; its size must match `meta`."""
+    payload = memoryview(body)[meta_span(body) :]
+    if len(payload) != meta.payload_nbytes:
+        raise CorruptPayload(f"payload holds {len(payload)} bytes, meta says {meta.payload_nbytes}")
+    return payload
+
+
+@dataclass(frozen=True)
+class BlobHeader:
+    created_at_s: float
+    ttl_s: float | None
+
+    def expired(self, now_s: float) -> bool:
+        return self.ttl_s is not None and self.created_at_s + self.ttl_s < now_s
+
+
+def encode_blob(data: bytes | memoryview, created_at_s: float, ttl_s: float | None) -> bytes:
+    ttl_field = math.nan if ttl_s is None else ttl_s
+    return b"".join((_BLOB_HEADER.pack(BLOB_VERSION, created_at_s, ttl_field), data))
+
+
+def decode_blob(body: bytes | memoryview) -> tuple[BlobHeader, memoryview]:
+    if len(body) < _BLOB_HEADER.size:
+        raise CorruptPayload(f"blob body of {len(body)} bytes is shorter than its header")
+    version, created_at_s, ttl_field = _BLOB_HEADER.unpack_from(body)
+    if version != BLOB_VERSION:
+        raise CorruptPayload(f"unknown blob version {version}")
+    ttl_s = None if math.isnan(ttl_field) else ttl_field
+    return BlobHeader(created_at_s, ttl_s), memoryview(body)[_BLOB_HEADER.size :]
+
+
+def _pack_ids(ids: tuple[int, ...]) -> bytes:
+    return _COUNT.pack(len(ids)) + np.asarray(ids, dtype="<i4").tobytes()
+
+
+def _unpack_ids(raw: bytes | memoryview, offset: int) -> tuple[tuple[int, ...], int]:
+    (count,) = _COUNT.unpack_from(raw, offset)
+    start = offset + _COUNT.size
+    end = start + 4 * count
+    if end > len(raw):
+        raise CorruptPayload(f"segment meta truncated: {count} ids need {end} > {len(raw)} bytes")
+    ids = np.frombuffer(raw, dtype="<i4", count=count, offset=start)
+    return tuple(ids.tolist()), end
+
+
+def _meta_from_fields(
+    fields: dict, token_ids: tuple[int, ...], left_tail_ids: tuple[int, ...]
+) -> SegmentMeta:
+    keys = {name: bytes.fromhex(fields.pop(name)) for name in _KEY_FIELDS}
+    boundary_layers = tuple(fields.pop("boundary_layers"))
+    labels = tuple((str(k), str(v)) for k, v in fields.pop("labels"))
+    return SegmentMeta(
+        **fields,
+        **keys,
+        token_ids=token_ids,
+        left_tail_ids=left_tail_ids,
+        boundary_layers=boundary_layers,
+        labels=labels,
+    )

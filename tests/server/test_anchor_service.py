@@ -1,0 +1,137 @@
+"""AnchorService: pools over store blobs — eviction frees payloads, state survives a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from store_factories import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_store
+
+from kvsplice.common.errors import InvalidRequest
+from kvsplice.index.anchor_pool import AnchorPoolConfig
+from kvsplice.server.anchor_service import POOLS_BLOB, AnchorService, AnchorWrite
+from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.storage.tiered_store import TieredStore
+
+
+def make_anchors(
+    store: TieredStore | None = None, capacity: int = 3, **limits: int
+) -> AnchorService:
+    return AnchorService(
+        store or make_store(),
+        AnchorPoolConfig(capacity=capacity, window=capacity),
+        SegmentServiceConfig(**limits),
+    )
+
+
+def make_write(
+    anchor_id: str,
+    agents: Mapping[str, bytes] | None = None,
+    *,
+    placeholder_id: str = "question",
+    base: bytes | None = None,
+    fingerprint: str = FINGERPRINT,
+) -> AnchorWrite:
+    return AnchorWrite(
+        namespace=NAMESPACE,
+        model_fingerprint=fingerprint,
+        placeholder_id=placeholder_id,
+        anchor_id=anchor_id,
+        base_payload=base if base is not None else f"base-{anchor_id}".encode(),
+        agent_payloads=dict(
+            agents if agents is not None else {"critic": f"off-{anchor_id}".encode()}
+        ),
+        num_tokens=12,
+    )
+
+
+def test_put_then_get_returns_payloads_in_insertion_order() -> None:
+    anchors = make_anchors()
+    assert anchors.put(make_write("a1")) == []
+    assert anchors.put(make_write("a2", {"critic": b"c2", "judge": b"j2"})) == []
+    records = anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=True)
+    assert [r.anchor_id for r in records] == ["a1", "a2"]
+    assert records[1].base_payload == b"base-a2"
+    assert dict(records[1].agent_payloads) == {"critic": b"c2", "judge": b"j2"}
+    assert records[0].created_seq < records[1].created_seq
+
+
+def test_without_payloads_only_bookkeeping_is_returned() -> None:
+    anchors = make_anchors()
+    anchors.put(make_write("a1"))
+    (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=False)
+    assert (record.base_payload, dict(record.agent_payloads), record.num_tokens) == (b"", {}, 12)
+
+
+def test_a_full_pool_evicts_and_deletes_the_victims_blobs() -> None:
+    store = make_store()
+    anchors = make_anchors(store, capacity=2)
+    anchors.put(make_write("a1"))
+    anchors.put(make_write("a2"))
+    anchors.touch(NAMESPACE, FINGERPRINT, "question", ["a1"])  # a2 becomes least used
+    assert anchors.put(make_write("a3")) == ["a2"]
+    ids = [r.anchor_id for r in anchors.get(NAMESPACE, FINGERPRINT, "question", True)]
+    assert ids == ["a1", "a3"]
+    names = set(store.iter_blob_names(NAMESPACE, "anchors/"))
+    assert not any("/a2/" in name for name in names)
+    assert POOLS_BLOB in names
+
+
+def test_touch_counts_only_pooled_ids() -> None:
+    anchors = make_anchors()
+    anchors.put(make_write("a1"))
+    assert anchors.touch(NAMESPACE, FINGERPRINT, "question", ["a1", "gone"]) == 1
+    assert anchors.touch(NAMESPACE, FINGERPRINT, "other-placeholder", ["a1"]) == 0
+    (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", False)
+    assert record.activation_count == 1
+
+
+def test_pools_are_scoped_by_fingerprint() -> None:
+    anchors = make_anchors()
+    anchors.put(make_write("a1"))
+    assert anchors.get(NAMESPACE, OTHER_FINGERPRINT, "question", True) == []
+
+
+def test_replacing_an_anchor_drops_agents_it_no_longer_has() -> None:
+    store = make_store()
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1", {"critic": b"c", "judge": b"j"}))
+    anchors.put(make_write("a1", {"judge": b"j2"}, base=b"new-base"))
+    (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", True)
+    assert (record.base_payload, dict(record.agent_payloads)) == (b"new-base", {"judge": b"j2"})
+    assert not any(name.endswith("/critic") for name in store.iter_blob_names(NAMESPACE))
+
+
+def test_pool_state_and_payloads_survive_a_restart(tmp_path) -> None:
+    store = make_store(str(tmp_path))
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1"))
+    anchors.touch(NAMESPACE, FINGERPRINT, "question", ["a1"])
+    store.close()
+    reopened = make_anchors(make_store(str(tmp_path)))
+    (record,) = reopened.get(NAMESPACE, FINGERPRINT, "question", True)
+    assert (record.anchor_id, record.activation_count, record.base_payload) == ("a1", 1, b"base-a1")
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (make_write("a/1"), "anchor_id"),
+        (make_write("a1", placeholder_id=""), "placeholder_id"),
+        (make_write("a1", {"bad agent": b"x"}), "agent_id"),
+        (make_write("a1", base=b""), "base_payload"),
+        (make_write("a1", fingerprint="nope"), "fingerprint"),
+        (make_write("a1", base=b"x" * 2048), "bytes"),
+    ],
+)
+def test_bad_writes_are_invalid_requests(write: AnchorWrite, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        make_anchors(max_anchor_nbytes=1024).put(write)
+
+
+def test_unreadable_pool_state_starts_empty_instead_of_failing() -> None:
+    store = make_store()
+    store.put_blob(NAMESPACE, POOLS_BLOB, b"not json")
+    anchors = make_anchors(store)
+    assert anchors.get(NAMESPACE, FINGERPRINT, "question", True) == []
+    assert anchors.put(make_write("a1")) == []
