@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         stale = _stale_files(generated)
         if stale:
             print(
-                f"generated code is stale: {', '.join(stale)} differ from {PROTO_FILES}; "
+                f"generated code is stale: {', '.join(stale)} differ from {', '.join(PROTO_FILES)}; "
                 "run `python scripts/gen_proto.py` and commit the result",
                 file=sys.stderr,
             )

@@ -46,10 +46,12 @@ class StoreServer:
     metrics: StoreMetrics
     address: str
     admin: AdminServer | None = None
+    sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
         await self.server.start()
+        self.sweeper = asyncio.create_task(self._sweep_expired(), name="kvsplice-ttl-sweeper")
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.config.admin_port is not None:
@@ -64,6 +66,8 @@ class StoreServer:
         logger.info("shutting down: draining RPCs for up to %.1f s", self.config.grace_period_s)
         await self.health.enter_graceful_shutdown()
         self.segments.mark_draining()
+        if self.sweeper is not None:
+            self.sweeper.cancel()
         try:
             await self.server.stop(self.config.grace_period_s)
             if self.admin is not None:
@@ -71,6 +75,18 @@ class StoreServer:
         finally:
             self.store.close()
         logger.info("kvsplice store stopped")
+
+    async def _sweep_expired(self) -> None:
+        """Reclaim expired segments now and then (reads also drop them lazily)."""
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            try:
+                num_removed = self.store.sweep_expired()
+            except Exception:  # the next sweep retries; serving goes on meanwhile
+                logger.exception("TTL sweep failed")
+                continue
+            if num_removed:
+                logger.info("TTL sweep removed %d expired segments", num_removed)
 
 
 def _bind(server: aio.Server, listen_address: str) -> str:

@@ -92,6 +92,7 @@ class ServerConfig:
     auth_token: str | None = None
     chunk_nbytes: int = 4 * MIB
     grace_period_s: float = 10.0
+    sweep_interval_s: float = 60.0
     max_concurrent_rpcs: int | None = None
     enable_reflection: bool = True
     admin_host: str = "127.0.0.1"
@@ -115,6 +116,7 @@ class ServerConfig:
         _require(
             self.grace_period_s >= 0, f"grace_period_s must be >= 0, got {self.grace_period_s}"
         )
+        _require(self.sweep_interval_s > 0, f"sweep_interval_s must be > 0, got {self.sweep_interval_s}")
         _require(
             self.max_concurrent_rpcs is None or self.max_concurrent_rpcs > 0,
             f"max_concurrent_rpcs must be None or > 0, got {self.max_concurrent_rpcs}",

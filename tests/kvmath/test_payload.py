@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import struct
-import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -307,42 +305,13 @@ def test_encode_refuses_what_it_cannot_store(seg: SegmentKV, kwargs: dict, messa
         encode_payload(seg, **kwargs)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("quant", ["none", "int8"])
-def test_smollm2_sized_payload_overhead_and_throughput(quant: str) -> None:
-    """A [30, 3, 1024, 64] float32 segment: size overhead and encode/decode GB/s of raw K/V bytes."""
+def test_smollm2_sized_payload_overhead(quant: str) -> None:
+    """A [30, 3, 1024, 64] float32 segment costs its elements plus scales and a small header."""
     seg = make_segment((30, 3, 1024, 64), boundary_offsets=())
     raw_nbytes = 2 * seg.keys.numel() * 4
     element_nbytes = raw_nbytes // 4 if quant == "int8" else raw_nbytes
     payload = encode_payload(seg, model_fingerprint=FP, quant=quant)
-    shared = bytearray(payload)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # comparable figures on a shared 2-core machine
-    try:
-        encode_s = best_of(lambda: encode_payload(seg, model_fingerprint=FP, quant=quant))
-        decode_s = best_of(lambda: decode_payload(payload))
-        shared_s = best_of(lambda: decode_payload(shared))
-    finally:
-        torch.set_num_threads(previous)
     overhead = len(payload) / element_nbytes - 1
-    print(
-        f"\n{quant}: payload {len(payload)} B = {len(payload) / raw_nbytes:.2%} of float32 K/V, "
-        f"{overhead:.3%} over its {element_nbytes} B of elements; encode {gbps(raw_nbytes, encode_s)}, "
-        f"decode from bytes {gbps(raw_nbytes, decode_s)}, from bytearray {gbps(raw_nbytes, shared_s)}"
-    )
     # int8: float32 value scales are 4 B per 64 values of V; key scales 4 B per 1024 of K.
     assert overhead <= (4 / 64 + 4 / 1024) / 2 + 0.001 if quant == "int8" else overhead <= 0.001
-
-
-def gbps(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f} GB/s"
-
-
-def best_of(fn: Callable[[], object], repeats: int = 7) -> float:
-    """Minimum wall time of `fn` over `repeats` runs (the machine is shared)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 import torch
@@ -173,47 +170,3 @@ def test_stored_tensor_rejects_inconsistent_parts() -> None:
         StoredTensor(np.zeros(3, np.float32), "int8", np.ones(1, np.float32))
     with pytest.raises(ValueError, match="scale"):
         StoredTensor(np.zeros(3, np.int8), "int8")
-
-
-@pytest.mark.slow
-def test_dequantize_throughput_is_at_least_a_quarter_of_memcpy() -> None:
-    """[30, 3, 1024, 64] int8 K and V -> float32 vs numpy.copyto of the same output bytes.
-
-    One torch thread, like numpy.copyto: on a shared 2-core machine a second
-    thread measures the neighbours' load, not the kernel.
-    """
-    shape = (30, 3, 1024, 64)
-    k = make_kv(shape, seed=4, log2_scale=0, dtype=torch.float32, pattern="outlier_channels")
-    qk, sk = quantize_int8(k, KEY_GROUP_DIM)
-    qv, sv = quantize_int8(k, VALUE_GROUP_DIM)
-    src, dst = np.ones(shape, np.float32), np.empty(shape, np.float32)
-    out_nbytes = 2 * k.numel() * 4
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        copy_s = best_of(lambda: (np.copyto(dst, src), np.copyto(dst, src)))
-        fresh_s = best_of(
-            lambda: (np.copyto(np.empty_like(dst), src), np.copyto(np.empty_like(dst), src))
-        )
-        deq_s = best_of(lambda: (dequantize_int8(qk, sk), dequantize_int8(qv, sv)))
-    finally:
-        torch.set_num_threads(previous)
-    print(
-        f"\nnumpy.copyto {gbps(out_nbytes, copy_s)} "
-        f"(into fresh memory {gbps(out_nbytes, fresh_s)}), dequantize {gbps(out_nbytes, deq_s)}"
-    )
-    assert deq_s <= 4 * fresh_s
-
-
-def gbps(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f} GB/s"
-
-
-def best_of(fn: Callable[[], object], repeats: int = 15) -> float:
-    """Minimum wall time of `fn` over `repeats` runs (the machine is shared)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)

@@ -346,3 +346,20 @@ def test_shutdown_turns_health_not_serving_and_drains_an_in_flight_put(tmp_path:
             assert get(store_pb2_grpc.SegmentStoreStub(channel), meta) == payload  # ... so not lost
     finally:
         reopened.stop()
+
+
+def test_expired_segments_are_swept_without_being_read(tmp_path: Path) -> None:
+    embedded = start_store(tmp_path / "lmdb", sweep_interval_s=0.05)
+    try:
+        with grpc.insecure_channel(embedded.target) as channel:
+            stub = store_pb2_grpc.SegmentStoreStub(channel)
+            payload = make_payload(100)
+            put(stub, make_meta([1, 2], payload, ttl_s=0.1), payload)
+            stats = pb.StatsRequest(namespace=NAMESPACE)
+            assert stub.Stats(stats, timeout=5).num_segments == 1
+            deadline = time.monotonic() + 5
+            while stub.Stats(stats, timeout=5).num_segments and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert stub.Stats(stats, timeout=5).num_segments == 0
+    finally:
+        embedded.stop()
