@@ -1,8 +1,7 @@
 """The asyncio store client: the same calls and miss semantics as `StoreClient`.
 
-Construct it inside the event loop that uses it (grpc.aio channels bind to one
-loop). Unreachable or slow store → a miss and one rate-limited warning; server
-faults raise `kvsplice.common.errors` classes. No torch here.
+Construct it inside the event loop that uses it (grpc.aio channels bind to one loop).
+No torch here.
 """
 
 from __future__ import annotations
@@ -147,11 +146,8 @@ class AsyncStoreClient:
     async def get_anchors(
         self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
     ) -> list[AnchorEntry]:
-        request = wire.pb.GetAnchorsRequest(
-            namespace=self.namespace,
-            model_fingerprint=model_fingerprint,
-            placeholder_id=placeholder_id,
-            include_payloads=include_payloads,
+        request = wire.get_anchors_request(
+            self.namespace, model_fingerprint, placeholder_id, include_payloads
         )
         call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
         return await self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
@@ -159,23 +155,20 @@ class AsyncStoreClient:
     async def touch_anchors(
         self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
     ) -> int:
-        request = wire.pb.TouchAnchorsRequest(
-            namespace=self.namespace,
-            model_fingerprint=model_fingerprint,
-            placeholder_id=placeholder_id,
-            anchor_ids=anchor_ids,
+        request = wire.touch_anchors_request(
+            self.namespace, model_fingerprint, placeholder_id, anchor_ids
         )
         call = self._unary(self._stub.TouchAnchors, request, lambda r: int(r.num_touched))
         return await self._once("touch_anchors", call, self.config.lookup_timeout_s, 0)
 
     async def delete(self, segment_id_or_context_key: str | bytes) -> bool:
         key = wire.to_context_key(segment_id_or_context_key)
-        request = wire.pb.DeleteRequest(namespace=self.namespace, context_key=key)
+        request = wire.delete_request(self.namespace, key)
         call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
         return await self._once("delete", call, self.config.lookup_timeout_s, False)
 
     async def stats(self) -> StoreStats | None:
-        request = wire.pb.StatsRequest(namespace=self.namespace)
+        request = wire.stats_request(self.namespace)
         call = self._unary(self._stub.Stats, request, wire.stats_result)
         return await self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 

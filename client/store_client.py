@@ -1,10 +1,7 @@
 """The synchronous store client: one channel, per-call deadlines, retries, graceful misses.
 
-If the store is unreachable or past its deadline, a call returns a miss
-(`None`, empty, `False`) and the client logs one rate-limited warning, so the
-worker falls back to dense prefill. Server faults (bad request, fingerprint
-mismatch, bad token) raise `kvsplice.common.errors` classes. No torch here.
-GetSegment's NOT_FOUND status is a miss; a payload failing its checksum too.
+Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
+for faults), so the worker falls back to dense; server faults raise our errors. No torch.
 """
 
 from __future__ import annotations
@@ -159,11 +156,8 @@ class StoreClient:
     def get_anchors(
         self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
     ) -> list[AnchorEntry]:
-        request = wire.pb.GetAnchorsRequest(
-            namespace=self.namespace,
-            model_fingerprint=model_fingerprint,
-            placeholder_id=placeholder_id,
-            include_payloads=include_payloads,
+        request = wire.get_anchors_request(
+            self.namespace, model_fingerprint, placeholder_id, include_payloads
         )
         call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
         return self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
@@ -172,11 +166,8 @@ class StoreClient:
         self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
     ) -> int:
         """Count an activation of each anchor; the number found (0 when degraded)."""
-        request = wire.pb.TouchAnchorsRequest(
-            namespace=self.namespace,
-            model_fingerprint=model_fingerprint,
-            placeholder_id=placeholder_id,
-            anchor_ids=anchor_ids,
+        request = wire.touch_anchors_request(
+            self.namespace, model_fingerprint, placeholder_id, anchor_ids
         )
         call = self._unary(self._stub.TouchAnchors, request, lambda r: int(r.num_touched))
         return self._once("touch_anchors", call, self.config.lookup_timeout_s, 0)
@@ -184,12 +175,12 @@ class StoreClient:
     def delete(self, segment_id_or_context_key: str | bytes) -> bool:
         """Whether a segment was deleted (False if absent or the store is unreachable)."""
         key = wire.to_context_key(segment_id_or_context_key)
-        request = wire.pb.DeleteRequest(namespace=self.namespace, context_key=key)
+        request = wire.delete_request(self.namespace, key)
         call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
         return self._once("delete", call, self.config.lookup_timeout_s, False)
 
     def stats(self) -> StoreStats | None:
-        request = wire.pb.StatsRequest(namespace=self.namespace)
+        request = wire.stats_request(self.namespace)
         call = self._unary(self._stub.Stats, request, wire.stats_result)
         return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 

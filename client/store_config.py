@@ -1,8 +1,7 @@
 """Configuration of the store clients: deadlines, retries, chunking, channel options.
 
-Owns only values and their validation; the sync and async clients read it. The
-message-size limit is the chunk size plus slack, never unlimited, and must match
-the server's (both sides derive it with `max_message_nbytes`).
+Values and validation only. The message-size limit is one chunk plus slack, never
+unlimited, like the server's (`max_message_nbytes`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """How the store clients treat failures: status → error class, retry backoff, one warning.
 
-Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) become misses so a worker
-falls back to dense prefill; real faults from the server raise our own errors.
-Shared by the sync and async clients; it knows nothing about messages.
+Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) become misses; server faults raise
+our own errors. Shared by the sync and async clients; knows nothing about messages.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Client-side protobuf ⇄ domain conversion; protobuf never leaves this module.
 
-Builds requests from `SegmentMeta` and plain values, chunks payloads, and turns
-responses into `store_types` records. A segment read back is verified (length
-and xxh3-64 against its header) before it is returned.
+Builds requests, chunks payloads, turns responses into `store_types` records, and
+verifies a segment read back (length and xxh3-64 against its header).
 """
 
 from __future__ import annotations
@@ -190,6 +189,36 @@ def put_anchor_request(
         agent_payloads=dict(agent_payloads),
         num_tokens=num_tokens,
     )
+
+
+def get_anchors_request(
+    namespace: str, fingerprint: str, placeholder_id: str, include_payloads: bool
+) -> pb.GetAnchorsRequest:
+    return pb.GetAnchorsRequest(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        placeholder_id=placeholder_id,
+        include_payloads=include_payloads,
+    )
+
+
+def touch_anchors_request(
+    namespace: str, fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
+) -> pb.TouchAnchorsRequest:
+    return pb.TouchAnchorsRequest(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        placeholder_id=placeholder_id,
+        anchor_ids=anchor_ids,
+    )
+
+
+def delete_request(namespace: str, key: bytes) -> pb.DeleteRequest:
+    return pb.DeleteRequest(namespace=namespace, context_key=key)
+
+
+def stats_request(namespace: str) -> pb.StatsRequest:
+    return pb.StatsRequest(namespace=namespace)
 
 
 def _ref(ref: pb.SegmentRef) -> SegmentRef:

@@ -204,33 +204,37 @@ class SimilarityIndex:
         probes = [self._signer.sign_text(text)] if text else []
         if token_ids:
             probes.append(self._signer.sign_tokens(token_ids))
-        jaccard_by_key: dict[bytes, float] = {}
+        keys: list[bytes] = []
+        jaccards: list[np.ndarray] = []
+        # NOTE: a segment sits in exactly one kind's LSH, so probes never return the same key.
         for probe in probes:
-            if probe is None:
-                continue
-            for key, jaccard in self._probe(namespace, fingerprint, probe):
-                jaccard_by_key[key] = max(jaccard, jaccard_by_key.get(key, 0.0))
-        best = sorted(jaccard_by_key.items(), key=lambda item: (-item[1], item[0]))
-        return dict(best[: self.config.max_candidates])
+            if probe is not None:
+                probe_keys, probe_jaccards = self._probe(namespace, fingerprint, probe)
+                keys += probe_keys
+                jaccards.append(probe_jaccards)
+        if not keys:
+            return {}
+        all_jaccards = np.concatenate(jaccards)
+        kept = np.flatnonzero(all_jaccards >= self.config.min_jaccard)
+        if len(kept) > self.config.max_candidates:
+            # Top-k without sorting every candidate (templated workloads return many).
+            top = np.argpartition(-all_jaccards[kept], self.config.max_candidates - 1)
+            kept = kept[top[: self.config.max_candidates]]
+        return {keys[i]: float(all_jaccards[i]) for i in kept.tolist()}
 
     def _probe(
         self, namespace: str, fingerprint: str, probe: Signature
-    ) -> list[tuple[bytes, float]]:
+    ) -> tuple[list[bytes], np.ndarray]:
+        """LSH hits of `probe` and their estimated Jaccard (MinHash.jaccard, vectorized)."""
         lsh = self._lsh_by_key.get((namespace, fingerprint, probe.kind))
-        if lsh is None:
-            return []
-        keys = lsh.query(probe.minhash)
+        keys = lsh.query(probe.minhash) if lsh is not None else []
         if not keys:
-            return []
-        # MinHash.jaccard, vectorized over all candidates at once.
+            return [], np.empty(0)
         stacked = np.stack(
             [self._entries[(namespace, k)].signature.minhash.hashvalues for k in keys]
         )
-        jaccards = (
-            np.count_nonzero(stacked == probe.minhash.hashvalues, axis=1) / self.config.num_perm
-        )
-        floor = self.config.min_jaccard
-        return [(k, float(j)) for k, j in zip(keys, jaccards.tolist(), strict=True) if j >= floor]
+        matching = np.count_nonzero(stacked == probe.minhash.hashvalues, axis=1)
+        return keys, matching / self.config.num_perm
 
     @staticmethod
     def _verify(

@@ -24,7 +24,9 @@ ModelCacheOpt = Annotated[
 ]
 ModelOpt = Annotated[
     str,
-    typer.Option("--model", envvar="KVSPLICE_MODEL", help="'smollm2' or a local HF model directory."),
+    typer.Option(
+        "--model", envvar="KVSPLICE_MODEL", help="'smollm2' or a local HF model directory."
+    ),
 ]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="KVSPLICE_LOG_LEVEL")]
 
@@ -35,7 +37,7 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _load_model(model: str, model_cache: Path):  # noqa: ANN202 - torch types stay lazy
+def _load_model(model: str, model_cache: Path):
     from kvsplice.client.models import ModelConfig, load_model
 
     return load_model(ModelConfig(source=model, cache_dir=model_cache))
@@ -62,6 +64,185 @@ def health(
     raise typer.Exit(0 if status == "SERVING" else 1)
 
 
+def _split_host_port(address: str, flag: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(f"{flag} {address!r} must be host:port")
+    return host.strip("[]"), int(port)
+
+
+@app.command()
+def serve(
+    listen: Annotated[
+        str, typer.Option(envvar="KVSPLICE_LISTEN", help="host:port or unix:/path")
+    ] = "127.0.0.1:50051",
+    admin_listen: Annotated[
+        str,
+        typer.Option(
+            envvar="KVSPLICE_ADMIN_LISTEN", help="host:port of the admin HTTP API, or 'off'"
+        ),
+    ] = "127.0.0.1:8081",
+    lmdb_path: Annotated[
+        Path, typer.Option(envvar="KVSPLICE_LMDB_PATH", help="Durable tier directory.")
+    ] = Path("kvsplice-data/lmdb"),
+    lmdb_map_size_mib: Annotated[
+        int, typer.Option(envvar="KVSPLICE_LMDB_MAP_SIZE_MIB", min=1)
+    ] = 4096,
+    lmdb_sync: Annotated[
+        bool, typer.Option(envvar="KVSPLICE_LMDB_SYNC", help="fsync every commit.")
+    ] = True,
+    memory_mib: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_MEMORY_MIB", min=0, help="Memory tier budget; 0 disables it."
+        ),
+    ] = 1024,
+    memory_policy: Annotated[
+        str, typer.Option(envvar="KVSPLICE_MEMORY_POLICY", help="lru or lfu")
+    ] = "lru",
+    compress: Annotated[
+        bool,
+        typer.Option(
+            envvar="KVSPLICE_COMPRESS", help="zstd on the LMDB tier (rarely pays on int8 KV)."
+        ),
+    ] = False,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSPLICE_REDIS_URL", help="Shared Redis/Valkey tier, e.g. redis://valkey:6379/0"
+        ),
+    ] = None,
+    quota_mib: Annotated[
+        int | None, typer.Option(envvar="KVSPLICE_QUOTA_MIB", help="Per-namespace byte quota.")
+    ] = None,
+    default_ttl_s: Annotated[float | None, typer.Option(envvar="KVSPLICE_DEFAULT_TTL_S")] = None,
+    max_payload_mib: Annotated[int, typer.Option(envvar="KVSPLICE_MAX_PAYLOAD_MIB", min=1)] = 256,
+    chunk_mib: Annotated[int, typer.Option(envvar="KVSPLICE_CHUNK_MIB", min=1, max=64)] = 4,
+    auth_token: Annotated[
+        str | None, typer.Option(envvar="KVSPLICE_AUTH_TOKEN", help="Require 'Bearer <token>'.")
+    ] = None,
+    grace_period_s: Annotated[float, typer.Option(envvar="KVSPLICE_GRACE_PERIOD_S", min=0)] = 10.0,
+    lsh_threshold: Annotated[float, typer.Option(envvar="KVSPLICE_LSH_THRESHOLD")] = 0.6,
+    lsh_num_perm: Annotated[int, typer.Option(envvar="KVSPLICE_LSH_NUM_PERM")] = 128,
+    anchor_capacity: Annotated[int, typer.Option(envvar="KVSPLICE_ANCHOR_CAPACITY", min=1)] = 20,
+    anchor_window: Annotated[int, typer.Option(envvar="KVSPLICE_ANCHOR_WINDOW", min=1)] = 5,
+    log_level: LogLevelOpt = "INFO",
+) -> None:
+    """Run the store sidecar (gRPC + admin HTTP API) until SIGTERM."""
+    from kvsplice.index.anchor_pool import AnchorPoolConfig
+    from kvsplice.index.similarity_index import SimilarityConfig
+    from kvsplice.server.app import serve as run_server
+    from kvsplice.server.config import MIB, SegmentServiceConfig, ServerConfig
+    from kvsplice.storage.config import (
+        LMDBTierConfig,
+        MemoryTierConfig,
+        RedisTierConfig,
+        StoreConfig,
+    )
+
+    _setup_logging(log_level)
+    admin_host, admin_port = (
+        (None, None) if admin_listen == "off" else _split_host_port(admin_listen, "--admin-listen")
+    )
+    lmdb_path.mkdir(parents=True, exist_ok=True)
+    store = StoreConfig(
+        memory=MemoryTierConfig(max_bytes=memory_mib * MIB, policy=memory_policy)
+        if memory_mib
+        else None,
+        lmdb=LMDBTierConfig(
+            path=str(lmdb_path),
+            map_size_bytes=lmdb_map_size_mib * MIB,
+            compress=compress,
+            sync=lmdb_sync,
+        ),
+        redis=RedisTierConfig(url=redis_url) if redis_url else None,
+        default_quota_bytes=quota_mib * MIB if quota_mib else None,
+    )
+    config = ServerConfig(
+        listen_address=listen,
+        store=store,
+        similarity=SimilarityConfig(threshold=lsh_threshold, num_perm=lsh_num_perm),
+        anchor_pool=AnchorPoolConfig(capacity=anchor_capacity, window=anchor_window),
+        service=SegmentServiceConfig(
+            default_ttl_s=default_ttl_s, max_payload_nbytes=max_payload_mib * MIB
+        ),
+        auth_token=auth_token or None,
+        chunk_nbytes=chunk_mib * MIB,
+        grace_period_s=grace_period_s,
+        admin_host=admin_host or "127.0.0.1",
+        admin_port=admin_port,
+    )
+    run_server(config)
+
+
+AdminUrlOpt = Annotated[str, typer.Option("--admin-url", envvar="KVSPLICE_ADMIN_URL")]
+TokenOpt = Annotated[str | None, typer.Option("--auth-token", envvar="KVSPLICE_AUTH_TOKEN")]
+
+
+def _admin_get(admin_url: str, path: str, params: dict[str, object], token: str | None) -> dict:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        reply = httpx.get(
+            f"{admin_url.rstrip('/')}{path}", params=params, headers=headers, timeout=5.0
+        )
+    except httpx.HTTPError as exc:
+        typer.echo(f"cannot reach the admin API at {admin_url}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if reply.status_code != 200:
+        typer.echo(f"{path}: HTTP {reply.status_code} {reply.text}", err=True)
+        raise typer.Exit(1)
+    return reply.json()
+
+
+@app.command()
+def stats(
+    admin_url: AdminUrlOpt = "http://127.0.0.1:8081",
+    namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+    auth_token: TokenOpt = None,
+) -> None:
+    """Per-namespace segments, bytes and hit rate from a running sidecar."""
+    from rich.console import Console
+    from rich.table import Table
+
+    params = {"namespace": namespace} if namespace else {}
+    body = _admin_get(admin_url, "/v1/stats", params, auth_token)
+    table = Table("namespace", "segments", "bytes", "hits", "misses", "hit rate")
+    for row in body.get("namespaces", []):
+        rate = row.get("hit_rate")
+        table.add_row(
+            row["namespace"], str(row["num_segments"]), str(row["stored_bytes"]),
+            str(row["num_hits"]), str(row["num_misses"]), "-" if rate is None else f"{rate:.1%}",
+        )  # fmt: skip
+    Console().print(table)
+
+
+@app.command("ls")
+def list_segments(
+    namespace: Annotated[str, typer.Option("--namespace", "-n")],
+    admin_url: AdminUrlOpt = "http://127.0.0.1:8081",
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    auth_token: TokenOpt = None,
+) -> None:
+    """List a namespace's segments, one page at a time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    params = {"namespace": namespace, "offset": offset, "limit": limit}
+    body = _admin_get(admin_url, "/v1/segments", params, auth_token)
+    table = Table("segment id", "tokens", "start", "layers", "bytes", "ttl s")
+    for seg in body.get("segments", []):
+        table.add_row(
+            seg["segment_id"][:16], str(seg["num_tokens"]), str(seg["start_position"]),
+            f"{seg['layer_start']}-{seg['layer_end']}", str(seg["payload_nbytes"]), str(seg.get("ttl_s") or "-"),
+        )  # fmt: skip
+    Console().print(table)
+    if body.get("next_offset") is not None:
+        typer.echo(f"more: --offset {body['next_offset']}")
+
+
 @bench_app.command("core")
 def bench_core(
     model: ModelOpt = "smollm2",
@@ -77,7 +258,9 @@ def bench_core(
 
     _setup_logging(log_level)
     loaded = _load_model(model, model_cache)
-    rows = run_core_bench(loaded, lengths=tuple(int(x) for x in lengths.split(",")), repeats=repeats)
+    rows = run_core_bench(
+        loaded, lengths=tuple(int(x) for x in lengths.split(",")), repeats=repeats
+    )
     Console().print(render_core_bench(rows))
 
 

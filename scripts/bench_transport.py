@@ -1,9 +1,7 @@
 """Measure unary vs streamed payload transfer over loopback gRPC in Python.
 
-Uses the contract's real message types (PutSegmentRequest / GetSegmentResponse)
-on a throwaway grpc.aio server with generic handlers, so the numbers include
-protobuf `bytes` copies. Prints median milliseconds and MB/s per direction.
-Usage: python scripts/bench_transport.py [--sizes-mib 1 8 32] [--chunk-mib 4]
+Real contract message types on a throwaway grpc.aio server (protobuf copies included);
+prints median ms per direction. Usage: bench_transport.py [--sizes-mib 1 8 32] [--chunk-mib 4]
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Regenerate the protobuf/gRPC Python code from proto/kvsplice/v1/store.proto.
+"""Regenerate store_pb2.py, store_pb2_grpc.py, store_pb2.pyi from proto/kvsplice/v1/store.proto.
 
-Writes store_pb2.py, store_pb2_grpc.py and store_pb2.pyi into proto/ (the one
-place generated code lives) with imports rewritten to `kvsplice.proto`.
-`--check` regenerates into a temporary directory and exits 1 if the committed
-files differ. Never edit the generated files by hand; edit the .proto and rerun.
+Output goes to proto/ (the one place generated code lives), imports rewritten to
+`kvsplice.proto`. `--check` regenerates into a temp dir and exits 1 if proto/ is stale.
 """
 
 from __future__ import annotations

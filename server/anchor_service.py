@@ -1,9 +1,7 @@
-"""Anchor pools (KVComm) as a store service: payloads and pool state live in store blobs.
+"""Anchor pools (KVComm) as a store service: pool state and payloads live in store blobs.
 
-Each namespace's pools are one blob (`anchors/pools`), loaded on first use, so
-they survive restarts; each anchor's base and per-agent offset payloads are
-blobs of their own. The offset math belongs to the client; the eviction rule to
-`index.anchor_pool`. No gRPC here; not thread-safe (event loop only).
+Per namespace, one blob holds the pools (loaded on first use, so they survive restarts)
+and each anchor payload is a blob. Offset math is the client's; eviction `index.anchor_pool`'s.
 """
 
 from __future__ import annotations

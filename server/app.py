@@ -1,8 +1,7 @@
 """Wiring of the store sidecar: `build(config)` constructs everything, `serve(config)` runs it.
 
-`StoreServer.stop()` is the graceful shutdown SIGTERM triggers: health turns
-NOT_SERVING, in-flight RPCs drain for `grace_period_s`, then the store (LMDB)
-closes. Call `build` inside the event loop that will run the server.
+SIGTERM → `StoreServer.stop()`: health NOT_SERVING, in-flight RPCs drain for
+`grace_period_s`, the store (LMDB) closes. Call `build` inside the loop that serves.
 """
 
 from __future__ import annotations
@@ -101,43 +100,45 @@ def build(config: ServerConfig) -> StoreServer:
     """Construct the store, indexes, services, gRPC server and interceptors (not started)."""
     store = build_store(config.store)
     try:
-        segments = SegmentService(
-            store,
-            ExactIndex(config.exact_index),
-            SimilarityIndex(config.similarity),
-            config.service,
-        )
+        exact, similar = ExactIndex(config.exact_index), SimilarityIndex(config.similarity)
+        segments = SegmentService(store, exact, similar, config.service)
         anchors = AnchorService(store, config.anchor_pool, config.service)
         metrics = StoreMetrics(RPC_METHODS)
         metrics.bind_usage(lambda: _usage(store))
-        interceptors: list[aio.ServerInterceptor] = [FaultInterceptor(metrics)]
-        if config.auth_token is not None:
-            interceptors.append(BearerAuthInterceptor(config.auth_token))
-        limit = config.max_message_nbytes
-        server = aio.server(
-            interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-            ],
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-        )
         servicer = SegmentStoreServicer(segments, anchors, metrics, config.chunk_nbytes)
-        store_pb2_grpc.add_SegmentStoreServicer_to_server(servicer, server)
-        health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        if config.enable_reflection:
-            names = (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            )
-            reflection.enable_server_reflection(names, server)
+        server, health = _grpc_server(config, servicer, metrics)
         address = _bind(server, config.listen_address)
     except BaseException:
         store.close()
         raise
     return StoreServer(config, server, health, store, segments, anchors, metrics, address)
+
+
+def _grpc_server(
+    config: ServerConfig, servicer: SegmentStoreServicer, metrics: StoreMetrics
+) -> tuple[aio.Server, health_aio.HealthServicer]:
+    """The aio server with its interceptors (faults outermost, then auth) and services."""
+    interceptors: list[aio.ServerInterceptor] = [FaultInterceptor(metrics)]
+    if config.auth_token is not None:
+        interceptors.append(BearerAuthInterceptor(config.auth_token))
+    limit = config.max_message_nbytes
+    server = aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
+    store_pb2_grpc.add_SegmentStoreServicer_to_server(servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if config.enable_reflection:
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_name, reflection.SERVICE_NAME), server
+        )
+    return server, health
 
 
 def _usage(store: TieredStore) -> tuple[int, int]:

@@ -1,8 +1,7 @@
 """Configuration of the store sidecar: the service's limits and the server around it.
 
-`ServerConfig` nests the component configs (store tiers, indexes, service
-limits) and adds transport settings; the CLI fills it, `server.app.build` reads
-it. Nothing here reads flags or environment variables.
+`ServerConfig` nests the component configs (tiers, indexes, limits) plus transport
+settings; the CLI fills it, `server.app.build` reads it. No flags or env vars here.
 """
 
 from __future__ import annotations
@@ -116,7 +115,9 @@ class ServerConfig:
         _require(
             self.grace_period_s >= 0, f"grace_period_s must be >= 0, got {self.grace_period_s}"
         )
-        _require(self.sweep_interval_s > 0, f"sweep_interval_s must be > 0, got {self.sweep_interval_s}")
+        _require(
+            self.sweep_interval_s > 0, f"sweep_interval_s must be > 0, got {self.sweep_interval_s}"
+        )
         _require(
             self.max_concurrent_rpcs is None or self.max_concurrent_rpcs > 0,
             f"max_concurrent_rpcs must be None or > 0, got {self.max_concurrent_rpcs}",

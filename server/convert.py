@@ -1,8 +1,7 @@
 """Server-side protobuf ⇄ domain conversion, including the segment stream protocol.
 
-Protobuf messages stop here: the servicer hands domain types to the services
-and gets domain types back. A malformed message raises `InvalidRequest`; a
-payload stream whose bytes disagree with its header raises `CorruptPayload`.
+Protobuf stops here. A malformed message raises `InvalidRequest`; a payload stream
+whose bytes disagree with its header raises `CorruptPayload`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """An in-process store: the real grpc.aio server on a background thread with its own loop.
 
-Used by the demo's "embedded store" and by tests. It serves on loopback (a free
-port by default) or a unix socket; `stop()` runs the same graceful shutdown as
-SIGTERM. It owns the thread and loop, nothing else.
+For the demo's embedded store and for tests: loopback (free port) or unix socket;
+`stop()` is the same graceful shutdown as SIGTERM. Owns the thread and loop only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The server's two grpc.aio interceptors: bearer-token auth and fault → status mapping.
 
-`FaultInterceptor` is the one place a `KvspliceError` becomes a gRPC status
-(via its `status_name`) and the one place a fault is logged; it also times every
-RPC for metrics. Servicer methods raise, they never set status codes themselves.
+`FaultInterceptor` is the one place a `KvspliceError` becomes a status code (its
+`status_name`) and is logged; it also times every RPC. Servicers only raise.
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ class FaultInterceptor(aio.ServerInterceptor):
         )
 
     def _wrap_coroutine(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
-        async def unary(request: Any, context: aio.ServicerContext) -> Any:
+        async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
             call = _Call(method, self._metrics)
             cancelled = False
             try:
@@ -129,10 +128,12 @@ class FaultInterceptor(aio.ServerInterceptor):
             finally:
                 call.finish(cancelled)
 
-        return unary
+        return wrapped
 
     def _wrap_generator(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
-        async def stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        async def wrapped_generator(
+            request: Any, context: aio.ServicerContext
+        ) -> AsyncIterator[Any]:
             call = _Call(method, self._metrics)
             cancelled = False
             try:
@@ -148,7 +149,7 @@ class FaultInterceptor(aio.ServerInterceptor):
             finally:
                 call.finish(cancelled)
 
-        return stream
+        return wrapped_generator
 
 
 class BearerAuthInterceptor(aio.ServerInterceptor):

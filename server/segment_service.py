@@ -1,10 +1,7 @@
 """The store's domain layer: validate, store, index, look up, count. No gRPC here.
 
-`SegmentService` owns the rules every request obeys (sizes, token ranges,
-chained keys, fingerprints) and keeps the indexes in step with the store
-(put → store then index; removal listener → unindex; rebuild at start). Faults
-raise `kvsplice.common.errors`; a miss is `None` or an empty result.
-Not thread-safe: the server calls it from its event loop only (as the indexes require).
+Owns the request rules (sizes, token ranges, chained keys, fingerprints) and keeps
+the indexes in step with the store. Not thread-safe: event loop only, like the indexes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The grpc.aio servicer of `kvsplice.v1.SegmentStore`: decode, call the domain, encode.
 
-Methods raise domain errors; `interceptors.FaultInterceptor` turns them into
-status codes. Metrics of payload bytes and lookup outcomes are recorded here.
-A GetSegment miss ends the call with NOT_FOUND (clients map it to a miss).
+Methods raise domain errors (`interceptors.FaultInterceptor` maps them); a GetSegment
+miss ends with NOT_FOUND, which clients read as a miss. Records byte and lookup metrics.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ def test_accepted_listen_addresses(address: str) -> None:
         ({"auth_token": "bad\ntoken"}, "auth_token"),
         ({"chunk_nbytes": 1024}, "chunk_nbytes"),
         ({"grace_period_s": -1.0}, "grace_period_s"),
+        ({"sweep_interval_s": 0.0}, "sweep_interval_s"),
         ({"max_concurrent_rpcs": 0}, "max_concurrent_rpcs"),
         ({"admin_port": 70000}, "admin_port"),
         ({"chunk_nbytes": 64 * 1024, "service": SegmentServiceConfig()}, "max_anchor_nbytes"),

@@ -1,0 +1,223 @@
+"""The layerwise plan: per token span, which layers are computed and from what state.
+
+Owns the plan data model: `LayerwiseSpan` (start layer, provided K/V, initial
+hidden state), `SubsetRule` (CacheBlend-style token selection at a check
+layer) and `LayerwisePlan`. Deciding a plan is a policy's job; running it is
+the executor's. Model-dependent checks happen in `check_fits`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+KVPair = tuple[torch.Tensor, torch.Tensor]
+
+
+class TokenSelector(Protocol):
+    """Chooses which candidate tokens keep being computed after a check layer.
+
+    new_kv: (keys, values) [H_kv, M, D] just computed for the M candidates;
+    old_kv: the provided (reused) K/V of the same candidates, same shape; keys
+    of both are post-RoPE at the same positions. Candidates are in ascending
+    slot order. Returns indices into [0, M) (any order; duplicates ignored).
+    """
+
+    def __call__(self, layer_idx: int, new_kv: KVPair, old_kv: KVPair) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class SubsetRule:
+    """At `check_layer`, compute every active token, then keep only a selected subset.
+
+    Candidates are active tokens whose span provides K/V for every layer from
+    `check_layer` on (their old K/V can stand in), minus the logits tokens.
+    Dropped candidates keep their *old* K/V at `check_layer` too (as LMCache's
+    blender does: `old_k[imp] = k`), so selecting nothing reproduces reuse of the
+    old K/V from `check_layer` on, and selecting everything reproduces dense.
+    """
+
+    check_layer: int
+    select: TokenSelector
+
+    def __post_init__(self) -> None:
+        if self.check_layer < 0:
+            raise ValueError(f"check_layer {self.check_layer} must be >= 0")
+
+
+@dataclass(frozen=True, eq=False)
+class LayerwiseSpan:
+    """Tokens [start, end): layers < start_layer read `keys`/`values`, layers >= it are computed.
+
+    keys, values: [L_kv, H_kv, T, D] for layers [0, L_kv), keys post-RoPE at the
+    span's target positions (`position_offset + start ..`); L_kv >= start_layer.
+    Layers in [start_layer, L_kv) are pre-filled too and then overwritten by
+    computation (a subset rule may keep them). hidden: [T, hidden], the residual
+    stream entering `start_layer` (None: the token embeddings, start_layer 0).
+    start_layer == num_layers means nothing is computed for the span.
+    """
+
+    start: int
+    end: int
+    start_layer: int = 0
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"span {self.name!r} [{self.start}, {self.end}) is empty or negative")
+        if self.start_layer < 0:
+            raise ValueError(f"span {self.name!r} start_layer {self.start_layer} < 0")
+        _check_kv(self)
+        if self.start_layer > self.num_kv_layers:
+            raise ValueError(
+                f"span {self.name!r} starts at layer {self.start_layer} "
+                f"but provides K/V for {self.num_kv_layers} layers"
+            )
+        if self.hidden is not None and (
+            self.hidden.dim() != 2 or self.hidden.shape[0] != self.num_tokens
+        ):
+            raise ValueError(f"span {self.name!r} hidden must be [T={self.num_tokens}, hidden]")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def num_kv_layers(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[0])
+
+
+def _check_kv(span: LayerwiseSpan) -> None:
+    if (span.keys is None) != (span.values is None):
+        raise ValueError(f"span {span.name!r} needs both keys and values, or neither")
+    if span.keys is None or span.values is None:
+        return
+    if span.keys.dim() != 4 or span.keys.shape != span.values.shape:
+        raise ValueError(
+            f"span {span.name!r} keys {tuple(span.keys.shape)} / values "
+            f"{tuple(span.values.shape)} must both be [L_kv, H_kv, T, D]"
+        )
+    if span.keys.shape[2] != span.num_tokens:
+        raise ValueError(
+            f"span {span.name!r} K/V hold {span.keys.shape[2]} tokens, not {span.num_tokens}"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class LayerwisePlan:
+    """Spans tiling `token_ids` in order, at positions `position_offset + slot`.
+
+    capture_layers: layers l in [0, L] whose entering residual stream is returned
+    for the tokens computed there (l == L: the final norm's input).
+    logits_slots: tokens whose logits are returned (default: the last one),
+    stored sorted; each must be computed through the last layer.
+    """
+
+    token_ids: tuple[int, ...]
+    spans: tuple[LayerwiseSpan, ...]
+    position_offset: int = 0
+    subsets: tuple[SubsetRule, ...] = ()
+    capture_layers: tuple[int, ...] = ()
+    logits_slots: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("a plan needs at least one prompt token")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset {self.position_offset} < 0")
+        cursor = 0
+        for span in self.spans:
+            if span.start != cursor:
+                raise ValueError(f"span {span.name!r} starts at {span.start}, expected {cursor}")
+            cursor = span.end
+        if cursor != len(self.token_ids):
+            raise ValueError(f"plan covers {cursor} of {len(self.token_ids)} prompt tokens")
+        # Sorted and distinct, so result rows follow slot order.
+        slots = tuple(sorted(set(self.logits_slots))) or (len(self.token_ids) - 1,)
+        object.__setattr__(self, "logits_slots", slots)
+        if not all(0 <= s < len(self.token_ids) for s in self.logits_slots):
+            raise ValueError(f"logits_slots {self.logits_slots} outside the prompt")
+        if len({r.check_layer for r in self.subsets}) != len(self.subsets):
+            raise ValueError("at most one subset rule per check layer")
+
+    @classmethod
+    def all_compute(cls, token_ids: Sequence[int], **kwargs: object) -> LayerwisePlan:
+        """Every token computed from its embedding through every layer (dense prefill)."""
+        ids = tuple(int(t) for t in token_ids)
+        return cls(ids, (LayerwiseSpan(0, len(ids), name="prompt"),), **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def span_of(self, slot: int) -> LayerwiseSpan:
+        return next(s for s in self.spans if s.start <= slot < s.end)
+
+
+def check_fits(plan: LayerwisePlan, num_layers: int, kv_shape: tuple[int, int]) -> None:
+    """ValueError unless `plan` can run on a model with `num_layers` and (H_kv, D) = kv_shape."""
+    for span in plan.spans:
+        _check_span_fits(span, num_layers, kv_shape)
+    for slot in plan.logits_slots:
+        if plan.span_of(slot).start_layer >= num_layers:
+            raise ValueError(f"logits slot {slot} is in a span that computes no layer")
+    for rule in plan.subsets:
+        if rule.check_layer >= num_layers:
+            raise ValueError(f"check_layer {rule.check_layer} >= num_layers {num_layers}")
+    if not all(0 <= layer <= num_layers for layer in plan.capture_layers):
+        raise ValueError(f"capture_layers {plan.capture_layers} outside [0, {num_layers}]")
+
+
+def _check_span_fits(span: LayerwiseSpan, num_layers: int, kv_shape: tuple[int, int]) -> None:
+    if span.start_layer > num_layers or span.num_kv_layers > num_layers:
+        raise ValueError(
+            f"span {span.name!r} start_layer {span.start_layer} / {span.num_kv_layers} K/V "
+            f"layers exceed the model's {num_layers}"
+        )
+    if span.keys is not None and tuple(span.keys.shape[1::2]) != kv_shape:
+        raise ValueError(
+            f"span {span.name!r} K/V heads and head_dim {tuple(span.keys.shape[1::2])} != {kv_shape}"
+        )
+    if 0 < span.start_layer < num_layers and span.hidden is None:
+        raise ValueError(
+            f"span {span.name!r} starts at layer {span.start_layer} without a hidden state"
+        )
+
+
+def segment_span(
+    segment: SegmentKV,
+    start: int,
+    rope: RopeSpec,
+    *,
+    start_layer: int,
+    position_offset: int = 0,
+    name: str = "",
+) -> LayerwiseSpan:
+    """A span at slots [start, start + T) fed from a stored segment.
+
+    Keys are Δ-shifted to the target positions (Δ = position_offset + start −
+    segment.start_position; Δ = 0 is a bit-exact copy). The hidden state is the
+    segment's boundary state at `start_layer` when it stored one.
+    """
+    if segment.layer_start != 0:
+        raise ValueError(
+            f"segment starts at layer {segment.layer_start}; a span needs layers from 0"
+        )
+    delta = position_offset + start - segment.start_position
+    keys = rope.shift_layers(segment.keys, delta, layer_start=0)
+    return LayerwiseSpan(
+        start, start + segment.num_tokens, start_layer, keys, segment.values,
+        segment.boundary_states.get(start_layer), name,
+    )  # fmt: skip
