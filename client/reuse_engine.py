@@ -145,7 +145,8 @@ class ReuseEngine:
             store=self.store,
             fingerprint=self.loaded.fingerprint,
             executor=self.executor,
-            dtype=self.loaded.model.dtype,
+            # Decoded in fp32 so a half-precision model's keys are shifted, then cast, once.
+            decode_dtype=torch.float32,
             timings=timings,
             decode_text=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
             quant=self.config.quant,

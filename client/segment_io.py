@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from kvsplice.client.call_timings import CallTimings, timed
-from kvsplice.client.store_types import PrefixLookup, SimilarCandidate
+from kvsplice.client.store_types import ClientCounters, PrefixLookup, SimilarCandidate
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import MAX_TOKEN_ID, content_key, context_key
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta
@@ -36,6 +36,7 @@ class SegmentStore(Protocol):
     """The store client calls the reuse path makes (`StoreClient` satisfies it)."""
 
     namespace: str
+    counters: ClientCounters  # calls served as misses because the store was unreachable
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool: ...
 

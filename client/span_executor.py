@@ -78,12 +78,15 @@ class SpanExecutor:
         cache = full_length_cache()
         logits: torch.Tensor | None = None
         for group in _group_compute_runs(plan.spans):
-            if isinstance(group[0].action, Reuse):
+            action = group[0].action
+            if isinstance(action, Reuse):
                 self._append_reused(cache, group[0], timings)
-            else:
+            elif isinstance(action, Compute):
                 ids = plan.token_ids[group[0].start : group[-1].end]
                 with timed(timings, "prefill_s"):
                     logits = self.forward(ids, group[0].start, cache)
+            else:  # a newer action type needs its own runner (e.g. a layerwise executor)
+                raise NotImplementedError(f"SpanExecutor cannot run {type(action).__name__}")
         assert logits is not None  # ReusePlan guarantees a computed last span
         with timed(timings, "first_decode_s"):
             first = int(torch.argmax(logits))
@@ -127,14 +130,15 @@ class SpanExecutor:
         assert isinstance(span.action, Reuse)
         segment = span.action.segment
         check_segment_layout(segment, self._layout)
-        # keys: [L, H_kv, T, D]; Δ = new − old position, Δ = 0 a bit-exact copy.
+        dtype, device = self._model.dtype, self._model.device
+        # keys: [L, H_kv, T, D]; Δ = new − old position, Δ = 0 a bit-exact copy. Shifted
+        # on the model's device, in fp32 at least (RopeSpec), before the cast.
         with timed(timings, "shift_s"):
             keys = self._rope.shift_layers(
-                segment.keys, span.delta, layer_start=segment.layer_start
+                segment.keys.to(device), span.delta, layer_start=segment.layer_start
             )
         with timed(timings, "splice_s"):
-            dtype, device = self._model.dtype, self._model.device
-            append_layers(cache, keys.to(device, dtype), segment.values.to(device, dtype))
+            append_layers(cache, keys.to(dtype), segment.values.to(device, dtype))
 
     @staticmethod
     def _done(generated: list[int], config: GenerationConfig) -> bool:

@@ -22,6 +22,9 @@ POOLS_FORMAT_VERSION = 1
 
 @dataclass
 class AnchorEntry:
+    """One anchor of a placeholder: its stored id, base length, creation order,
+    how often the client's weighting used it, and the agents holding offsets for it."""
+
     anchor_id: str
     num_tokens: int
     created_seq: int

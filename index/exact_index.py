@@ -123,24 +123,28 @@ class _PrefixSearch:
     def run(self, root: bytes, max_nodes: int) -> None:
         """Explore runs from `root`. The first (greedy) run is free; after it,
         at most `max_nodes` more segments are visited."""
+        # NOTE: positions grow along a path, so the best run ends where a path
+        # stops: record only there (no copy of the run per step).
         run: list[SegmentMeta] = []
         frames = [(iter(self._verified_children(root, 0)), 0)]  # (children, position)
         greedy, budget = True, max_nodes
         while frames:
             children, position = frames[-1]
-            meta = next(children, None) if position < len(self._token_ids) else None
-            # NOTE: positions grow along a path, so the best run ends at a dead
-            # end or where the search stops: record only there (no copy per step).
-            if meta is None or (not greedy and budget == 0):
+            if position == len(self._token_ids):  # the whole prompt is covered
                 self._record(run, position)
-                if meta is not None or position == len(self._token_ids):
-                    return
+                return
+            meta = next(children, None)
+            if meta is None:  # dead end: backtrack
+                self._record(run, position)
                 frames.pop()
                 if run:
                     run.pop()
                 greedy = False  # the first dead end completes the greedy run
                 continue
             if not greedy:
+                if budget == 0:
+                    self._record(run, position)
+                    return
                 budget -= 1
             run.append(meta)
             end = position + meta.num_tokens

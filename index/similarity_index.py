@@ -18,6 +18,7 @@ from datasketch import MinHashLSH
 from kvsplice.common.keys import content_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.signature import Signature, SignatureKind, Signer
+from kvsplice.index.signature_table import SignatureTable
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,15 @@ class SimilarMatch:
 @dataclass(frozen=True)
 class _Entry:
     meta: SegmentMeta
-    signature: Signature
+    kind: SignatureKind
+
+
+@dataclass(frozen=True)
+class _LshGroup:
+    """The LSH buckets and signature rows of one (namespace, fingerprint, kind)."""
+
+    lsh: MinHashLSH
+    table: SignatureTable
 
 
 _LshKey = tuple[str, str, SignatureKind]  # namespace, fingerprint, kind
@@ -107,7 +116,7 @@ class SimilarityIndex:
         self.config = config or SimilarityConfig()
         self._signer = self.config.build_signer()
         self._entries: dict[tuple[str, bytes], _Entry] = {}
-        self._lsh_by_key: dict[_LshKey, MinHashLSH] = {}
+        self._groups: dict[_LshKey, _LshGroup] = {}
         self._context_keys_by_content: dict[_ContentKey, set[bytes]] = {}
 
     def __len__(self) -> int:
@@ -132,11 +141,12 @@ class SimilarityIndex:
         if entry is None:
             return False
         meta = entry.meta
-        lsh_key = (namespace, meta.model_fingerprint, entry.signature.kind)
-        lsh = self._lsh_by_key[lsh_key]
-        lsh.remove(context_key)
-        if lsh.is_empty():
-            del self._lsh_by_key[lsh_key]
+        group_key = (namespace, meta.model_fingerprint, entry.kind)
+        group = self._groups[group_key]
+        group.lsh.remove(context_key)
+        group.table.remove(context_key)
+        if not group.table:
+            del self._groups[group_key]
         content = (namespace, meta.model_fingerprint, meta.content_key)
         same_content = self._context_keys_by_content[content]
         same_content.discard(context_key)
@@ -166,11 +176,7 @@ class SimilarityIndex:
         query_tokens = tuple(token_ids)
         jaccard_by_key = self._lsh_candidates(namespace, fingerprint, query_tokens, text)
         if query_tokens:
-            exact_keys = self._context_keys_by_content.get(
-                (namespace, fingerprint, content_key(query_tokens)), set()
-            )
-            # Same tokens: the true Jaccard of the token sets is 1.
-            jaccard_by_key.update(dict.fromkeys(exact_keys, 1.0))
+            jaccard_by_key.update(self._same_token_candidates(namespace, fingerprint, query_tokens))
         left_context = tuple(left_context_ids)
         matches = [
             self._verify(
@@ -187,15 +193,30 @@ class SimilarityIndex:
 
     def _insert(self, meta: SegmentMeta, signature: Signature) -> None:
         self.remove(meta.namespace, meta.context_key)
-        lsh_key = (meta.namespace, meta.model_fingerprint, signature.kind)
-        lsh = self._lsh_by_key.get(lsh_key)
-        if lsh is None:
+        group_key = (meta.namespace, meta.model_fingerprint, signature.kind)
+        group = self._groups.get(group_key)
+        if group is None:
             lsh = MinHashLSH(threshold=self.config.threshold, num_perm=self.config.num_perm)
-            self._lsh_by_key[lsh_key] = lsh
-        lsh.insert(meta.context_key, signature.minhash, check_duplication=False)
-        self._entries[(meta.namespace, meta.context_key)] = _Entry(meta, signature)
+            group = self._groups[group_key] = _LshGroup(lsh, SignatureTable(self.config.num_perm))
+        group.lsh.insert(meta.context_key, signature.minhash, check_duplication=False)
+        group.table.put(meta.context_key, signature.minhash.hashvalues)
+        self._entries[(meta.namespace, meta.context_key)] = _Entry(meta, signature.kind)
         content = (meta.namespace, meta.model_fingerprint, meta.content_key)
         self._context_keys_by_content.setdefault(content, set()).add(meta.context_key)
+
+    def _same_token_candidates(
+        self, namespace: str, fingerprint: str, token_ids: tuple[int, ...]
+    ) -> dict[bytes, float]:
+        """Segments with exactly `token_ids` (content key, then the ids themselves):
+        the true Jaccard of identical token sets is 1."""
+        same_content = self._context_keys_by_content.get(
+            (namespace, fingerprint, content_key(token_ids)), ()
+        )
+        return {
+            key: 1.0
+            for key in same_content
+            if self._entries[(namespace, key)].meta.token_ids == token_ids
+        }
 
     def _lsh_candidates(
         self, namespace: str, fingerprint: str, token_ids: tuple[int, ...], text: str
@@ -226,15 +247,11 @@ class SimilarityIndex:
         self, namespace: str, fingerprint: str, probe: Signature
     ) -> tuple[list[bytes], np.ndarray]:
         """LSH hits of `probe` and their estimated Jaccard (MinHash.jaccard, vectorized)."""
-        lsh = self._lsh_by_key.get((namespace, fingerprint, probe.kind))
-        keys = lsh.query(probe.minhash) if lsh is not None else []
-        if not keys:
+        group = self._groups.get((namespace, fingerprint, probe.kind))
+        keys = group.lsh.query(probe.minhash) if group is not None else []
+        if group is None or not keys:
             return [], np.empty(0)
-        stacked = np.stack(
-            [self._entries[(namespace, k)].signature.minhash.hashvalues for k in keys]
-        )
-        matching = np.count_nonzero(stacked == probe.minhash.hashvalues, axis=1)
-        return keys, matching / self.config.num_perm
+        return keys, group.table.jaccard(keys, probe.minhash.hashvalues)
 
     @staticmethod
     def _verify(

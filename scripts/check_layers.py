@@ -29,8 +29,10 @@ def lay_out(target: Path) -> None:
     for name, folder in package_dirs().items():
         destination = target.joinpath(*name.split("."))
         destination.mkdir(parents=True, exist_ok=True)
-        for source in folder.glob("*.py"):
-            shutil.copy2(source, destination / source.name)
+        for source in folder.rglob("*.py"):
+            relative = source.relative_to(folder)
+            (destination / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / relative)
 
 
 def main() -> int:

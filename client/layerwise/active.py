@@ -20,6 +20,7 @@ from kvsplice.client.layerwise.slots import TokenSlots
 
 logger = logging.getLogger(__name__)
 
+
 class ActiveTokens:
     """Active slots and their hidden states h: [1, N, hidden], in slot order.
 

@@ -108,7 +108,9 @@ class _Run:
     def _logits(self) -> torch.Tensor:
         """[len(logits_slots), V]: the last layer's output of the requested slots."""
         ids = self.active.slots.ids
-        local = torch.tensor([ids.index(s) for s in self.plan.logits_slots], device=self.active.h.device)
+        local = torch.tensor(
+            [ids.index(s) for s in self.plan.logits_slots], device=self.active.h.device
+        )
         return self.adapter.logits(self.active.h[0, local])
 
 

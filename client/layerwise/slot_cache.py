@@ -54,7 +54,9 @@ class SlotWriteCache:
         keys, values, slots = key_states[0], value_states[0], self._slots
         if self._selection is not None:
             self.kept_local = self._selection.keep_local(layer_idx, keys, values, self.buffer)
-            slots = TokenSlots.of([slots.ids[i] for i in self.kept_local.tolist()], slots.index.device)
+            slots = TokenSlots.of(
+                [slots.ids[i] for i in self.kept_local.tolist()], slots.index.device
+            )
             keys, values = keys[:, self.kept_local], values[:, self.kept_local]
         self.buffer.write(layer_idx, slots, keys, values)
         self._slots = None  # one update per layer; a second one is a bug

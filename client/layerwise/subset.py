@@ -41,7 +41,9 @@ class PendingSelection:
         `layer`; the buffer still holds the candidates' old K/V there.
         """
         new_kv = (new_keys[:, self.candidate_local], new_values[:, self.candidate_local])
-        old_kv = buffer.gather(layer, self.candidate_slots)
+        # Cloned: a gather of a contiguous run is a view the write below overwrites.
+        old_keys, old_values = buffer.gather(layer, self.candidate_slots)
+        old_kv = (old_keys.clone(), old_values.clone())
         chosen = torch.as_tensor(self.rule.select(layer, new_kv, old_kv), dtype=torch.long)
         chosen = chosen.to(self.candidate_local.device).flatten()
         num_candidates = int(self.candidate_local.numel())

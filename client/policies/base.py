@@ -61,6 +61,7 @@ def span_role(span: PromptSpan) -> SpanRole:
 class CallContext:
     """What a policy may use during one call. `store` None means no store at all.
 
+    `decode_dtype`: what fetched payloads decode to (fp32: shift first, cast once).
     `pending` collects K/V a policy computed while planning (e.g. a placeholder's
     standalone base cache); it is put after the first token, outside the TTFT.
     """
@@ -68,7 +69,7 @@ class CallContext:
     store: SegmentStore | None
     fingerprint: str
     executor: SpanExecutor
-    dtype: torch.dtype
+    decode_dtype: torch.dtype
     timings: CallTimings
     decode_text: Callable[[Sequence[int]], str]
     quant: str = "int8"

@@ -47,7 +47,7 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
             ctx.store,
             ref.segment_id,
             fingerprint=ctx.fingerprint,
-            dtype=ctx.dtype,
+            dtype=ctx.decode_dtype,
             timings=ctx.timings,
         )
         tokens = prompt.token_ids[position : position + ref.num_tokens]

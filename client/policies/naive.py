@@ -60,15 +60,20 @@ def question_base(tokens: tuple[int, ...], ctx: CallContext) -> SegmentKV | None
     """The question's K/V prefilled alone at position 0: fetched, or computed and queued.
 
     Its key is the chained key of the question at position 0 with no left context,
-    which is exactly what the standalone prefill computes.
+    which is exactly what the standalone prefill computes. Without a reachable
+    store there is no base: the span is computed densely.
     """
+    if ctx.store is None:
+        return None
+    num_degraded = ctx.store.counters.num_degraded_calls
     key = context_key(root_key(ctx.fingerprint), tokens)
-    if ctx.store is not None:
-        fetched = fetch_segment(
-            ctx.store, key, fingerprint=ctx.fingerprint, dtype=ctx.dtype, timings=ctx.timings
-        )
-        if fetched is not None and fetched.meta.token_ids == tokens:
-            return fetched.kv
+    fetched = fetch_segment(
+        ctx.store, key, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype, timings=ctx.timings
+    )
+    if fetched is not None and fetched.meta.token_ids == tokens:
+        return fetched.kv
+    if ctx.store.counters.num_degraded_calls > num_degraded:
+        return None  # unreachable store: a base nobody else can read would only cost a prefill
     with timed(ctx.timings, "base_prefill_s"):
         cache = full_length_cache()
         ctx.executor.forward(tokens, 0, cache)
@@ -98,7 +103,7 @@ def same_tokens_segment(
             ctx.store,
             candidate.segment.segment_id,
             fingerprint=ctx.fingerprint,
-            dtype=ctx.dtype,
+            dtype=ctx.decode_dtype,
             timings=ctx.timings,
         )
         if fetched is not None and fetched.meta.token_ids == tokens:

@@ -17,6 +17,7 @@ from kvsplice.client.policies.base import CallContext, PromptSpan, SpannedPrompt
 from kvsplice.client.reuse_plan import PlannedSpan, Reuse, ReusePlan
 from kvsplice.client.segment_io import SpanRecord, left_tail, off_chain_parent, put_span
 from kvsplice.client.span_executor import ExecutionState
+from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.keys import context_key, root_key
 
 logger = logging.getLogger(__name__)
@@ -79,15 +80,21 @@ def record_call(
     records = list(ctx.pending) + _new_records(prompt, plan, state, ctx, response_ids)
     num_stored = 0
     for record in records:
-        if not put_span(ctx.store, record, fingerprint=ctx.fingerprint, quant=ctx.quant):
-            logger.info(
-                "store unreachable; %d of %d segments not stored",
-                len(records) - num_stored,
-                len(records),
-            )
+        if not _put(ctx, record):
+            logger.info("%d of %d segments not stored", len(records) - num_stored, len(records))
             break
         num_stored += 1
     return num_stored
+
+
+def _put(ctx: CallContext, record: SpanRecord) -> bool:
+    """Put one record; False when the store is unreachable or full (the answer stands)."""
+    assert ctx.store is not None
+    try:
+        return put_span(ctx.store, record, fingerprint=ctx.fingerprint, quant=ctx.quant)
+    except ResourceExhausted as error:  # a full store costs later hits, never this call
+        logger.warning("store is full, segment not stored: %s", error)
+        return False
 
 
 def _new_records(

@@ -6,13 +6,21 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from kvsplice.client.models import DEFAULT_CACHE_DIR, LoadedModel, ModelConfig, converted_smollm2_dir, load_model_cached
+from kvsplice.client.models import (
+    DEFAULT_CACHE_DIR,
+    LoadedModel,
+    ModelConfig,
+    converted_smollm2_dir,
+    load_model_cached,
+)
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
     """The bundled SmolLM2 tokenizer (converting the GGUF once into ~/.cache if needed)."""
-    return AutoTokenizer.from_pretrained(converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()), local_files_only=True
+    )
 
 
 @pytest.fixture(scope="session")

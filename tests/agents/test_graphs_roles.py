@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, QuestionRef, chain, fully_connected
+from kvsplice.agents.graph import (
+    AgentGraph,
+    AgentStep,
+    AnswerRef,
+    QuestionRef,
+    chain,
+    fully_connected,
+)
 from kvsplice.agents.roles import AgentRole, code_roles, math_roles, mc_roles
 from kvsplice.agents.template import PromptTemplate
 
@@ -13,7 +20,7 @@ ROLE_SETS = (code_roles, math_roles, mc_roles)
 
 @pytest.mark.parametrize("make_roles", ROLE_SETS)
 @pytest.mark.parametrize("num_agents", [2, 3, 4, 5])
-def test_role_sets_have_ids_1_to_n_and_a_final_decider(make_roles, num_agents: int) -> None:  # noqa: ANN001
+def test_role_sets_have_ids_1_to_n_and_a_final_decider(make_roles, num_agents: int) -> None:
     roles = make_roles(num_agents)
     assert [r.agent_id for r in roles] == [str(i) for i in range(1, num_agents + 1)]
     assert len({r.name for r in roles}) == num_agents
@@ -26,7 +33,7 @@ def test_role_sets_have_ids_1_to_n_and_a_final_decider(make_roles, num_agents: i
 
 @pytest.mark.parametrize("make_roles", ROLE_SETS)
 @pytest.mark.parametrize("num_agents", [1, 6])
-def test_role_sets_refuse_other_sizes(make_roles, num_agents: int) -> None:  # noqa: ANN001
+def test_role_sets_refuse_other_sizes(make_roles, num_agents: int) -> None:
     with pytest.raises(ValueError, match="num_agents"):
         make_roles(num_agents)
 
@@ -44,8 +51,14 @@ def test_chain_feeds_each_agent_the_previous_answer(num_agents: int) -> None:
     assert graph.steps[0].fills == {"user_question": QuestionRef()}
     for index, step in enumerate(graph.steps[1:], start=1):
         previous = str(index)
-        assert step.fills == {"user_question": QuestionRef(), f"agent_{previous}_current": AnswerRef(previous, 0)}
-        assert step.role.template.placeholder_names == ("user_question", f"agent_{previous}_current")
+        assert step.fills == {
+            "user_question": QuestionRef(),
+            f"agent_{previous}_current": AnswerRef(previous, 0),
+        }
+        assert step.role.template.placeholder_names == (
+            "user_question",
+            f"agent_{previous}_current",
+        )
     assert graph.final_step.agent_id == str(num_agents)
 
 

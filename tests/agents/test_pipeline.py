@@ -36,7 +36,11 @@ def test_stop_tokens_are_eos_and_the_turn_end_marker(loaded: LoadedModel) -> Non
 def test_chain_trace_passes_answers_as_ids(loaded: LoadedModel) -> None:
     seen: list[AgentCall] = []
     trace = run_pipeline(
-        chain(math_roles(3)), QUESTION, ReuseEngine(loaded, "dense"), max_new_tokens=5, on_call=seen.append
+        chain(math_roles(3)),
+        QUESTION,
+        ReuseEngine(loaded, "dense"),
+        max_new_tokens=5,
+        on_call=seen.append,
     )
     assert [c.agent_id for c in trace.calls] == ["1", "2", "3"] and seen == trace.calls
     for previous, call in zip(trace.calls, trace.calls[1:], strict=False):
@@ -52,14 +56,30 @@ def test_chain_trace_passes_answers_as_ids(loaded: LoadedModel) -> None:
 
 
 def test_ignore_stop_generates_exactly_the_cap(loaded: LoadedModel) -> None:
-    trace = run_pipeline(chain(math_roles(2)), QUESTION, ReuseEngine(loaded, "dense"), max_new_tokens=4, ignore_stop=True)
+    trace = run_pipeline(
+        chain(math_roles(2)),
+        QUESTION,
+        ReuseEngine(loaded, "dense"),
+        max_new_tokens=4,
+        ignore_stop=True,
+    )
     assert all(len(call.output_ids) == 4 for call in trace.calls)
 
 
 @pytest.mark.parametrize("mode", ["exact", "naive"])
-def test_fully_connected_rounds_reuse_across_calls(loaded: LoadedModel, store_target: str, mode: str) -> None:
-    engine = ReuseEngine(loaded, mode, StoreClient(store_target, f"pipeline-{mode}"), EngineConfig(quant="none"))
-    trace = run_pipeline(fully_connected(math_roles(2), rounds=2), QUESTION, engine, max_new_tokens=4, ignore_stop=True)
+def test_fully_connected_rounds_reuse_across_calls(
+    loaded: LoadedModel, store_target: str, mode: str
+) -> None:
+    engine = ReuseEngine(
+        loaded, mode, StoreClient(store_target, f"pipeline-{mode}"), EngineConfig(quant="none")
+    )
+    trace = run_pipeline(
+        fully_connected(math_roles(2), rounds=2),
+        QUESTION,
+        engine,
+        max_new_tokens=4,
+        ignore_stop=True,
+    )
     assert [(c.agent_id, c.round) for c in trace.calls] == [("1", 0), ("2", 0), ("1", 1), ("2", 1)]
     for call in trace.calls:
         reference = engine.dense_reference(call.prompt, call.generation)

@@ -36,7 +36,8 @@ def test_placeholder_names_parse(name: str, kind: str, source_id: str, turn: int
 
 
 @pytest.mark.parametrize(
-    "name", ["question", "agent__current", "agent_1_now", "agent_1_history", "agent_a_b_current", "user"]
+    "name",
+    ["question", "agent__current", "agent_1_now", "agent_1_history", "agent_a_b_current", "user"],
 )
 def test_non_placeholders_are_rejected(name: str) -> None:
     with pytest.raises(ValueError, match="not a placeholder"):
@@ -51,7 +52,9 @@ def test_helpers_build_valid_names() -> None:
 
 
 def test_parse_alternates_text_and_placeholders_and_keeps_literal_braces() -> None:
-    template = PromptTemplate.parse('Q: {user_question}\n{"json": 1} {agent_1_current}{agent_2_current} {x}')
+    template = PromptTemplate.parse(
+        'Q: {user_question}\n{"json": 1} {agent_1_current}{agent_2_current} {x}'
+    )
     assert template.parts == (
         TextPart("Q: "),
         PlaceholderPart(Placeholder.parse("user_question")),
@@ -84,7 +87,9 @@ def test_render_spans_are_exact_and_ids_concatenate_per_part() -> None:
     values = {"user_question": "add 2 and 3", "agent_1_current": (7, 8, 9)}
     rendered = render(template, values, tokenizer)
     expected_parts = [
-        tokenizer.encode(f"{CHATML.system_start}Be brief.{CHATML.turn_end}\n{CHATML.user_start}Task: "),
+        tokenizer.encode(
+            f"{CHATML.system_start}Be brief.{CHATML.turn_end}\n{CHATML.user_start}Task: "
+        ),
         tokenizer.encode("add 2 and 3"),
         tokenizer.encode("\nPrev: "),
         [7, 8, 9],
@@ -116,12 +121,14 @@ def test_missing_value_is_an_error() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_tokenizer_renders_chat_markers_as_single_tokens(smollm2_tokenizer) -> None:  # noqa: ANN001
+def test_smollm2_tokenizer_renders_chat_markers_as_single_tokens(smollm2_tokenizer) -> None:
     template = chat_template("You plan.", "Problem:\n{user_question}\nPlan it.")
     rendered = render(template, {"user_question": "def f(x):\n    return x"}, smollm2_tokenizer)
     for span in rendered.spans:
         text = smollm2_tokenizer.decode(list(rendered.span_ids(span)))
-        assert tuple(smollm2_tokenizer.encode(text, add_special_tokens=False)) == rendered.span_ids(span)
+        assert tuple(smollm2_tokenizer.encode(text, add_special_tokens=False)) == rendered.span_ids(
+            span
+        )
     im_start = smollm2_tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert rendered.token_ids[0] == im_start
     assert rendered.token_ids.count(im_start) == 3

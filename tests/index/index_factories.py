@@ -22,10 +22,11 @@ def make_meta(
     left_tail_ids: Sequence[int] = (),
     index_text: str = "",
     key_tokens: Sequence[int] | None = None,
+    content_tokens: Sequence[int] | None = None,
     layer_end: int = 30,
 ) -> SegmentMeta:
-    """A segment after `parent_key` (the root key by default). `key_tokens`
-    forges the context key from other tokens (a hash that chains but lies)."""
+    """A segment after `parent_key` (the root key by default). `key_tokens` and
+    `content_tokens` forge its context / content key from other tokens (hashes that lie)."""
     parent = root_key(fingerprint) if parent_key is None else parent_key
     tokens = tuple(token_ids)
     return SegmentMeta(
@@ -33,7 +34,7 @@ def make_meta(
         model_fingerprint=fingerprint,
         context_key=context_key(parent, tokens if key_tokens is None else key_tokens),
         parent_key=parent,
-        content_key=content_key(tokens),
+        content_key=content_key(tokens if content_tokens is None else content_tokens),
         token_ids=tokens,
         start_position=start_position,
         layer_start=0,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from index_factories import (
     FINGERPRINT,
     NAMESPACE,
@@ -12,6 +16,7 @@ from index_factories import (
     make_meta,
 )
 
+from kvsplice.common.keys import root_key
 from kvsplice.index.exact_index import ExactIndex, ExactIndexConfig, PrefixMatch
 
 
@@ -149,3 +154,37 @@ def test_deep_chain_is_matched_without_recursion() -> None:
 def test_config_rejects_zero_budget() -> None:
     with pytest.raises(ValueError, match="max_search_nodes 0"):
         ExactIndexConfig(max_search_nodes=0)
+
+
+def longest_run_oracle(metas, parent: bytes, prompt: list[int], position: int) -> int:
+    """Exhaustive search over every stored segment (no trie, no budget)."""
+    best = 0
+    for meta in metas:
+        end = position + meta.num_tokens
+        if meta.parent_key == parent and tuple(prompt[position:end]) == meta.token_ids:
+            best = max(
+                best, meta.num_tokens + longest_run_oracle(metas, meta.context_key, prompt, end)
+            )
+    return best
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    prompt=st.lists(st.integers(1, 2), min_size=1, max_size=10),
+    cut_lists=st.lists(st.lists(st.integers(1, 9), max_size=4), min_size=1, max_size=4),
+    keep=st.lists(st.booleans(), min_size=16, max_size=16),
+)
+def test_lookup_finds_the_longest_run_of_any_stored_segmentation(
+    prompt: list[int], cut_lists: list[list[int]], keep: list[bool]
+) -> None:
+    metas = []
+    for cuts in cut_lists:
+        bounds = [0, *sorted({c for c in cuts if c < len(prompt)}), len(prompt)]
+        chain = make_chain([prompt[a:b] for a, b in itertools.pairwise(bounds)])
+        metas += [m for i, m in enumerate(chain) if keep[(len(metas) + i) % len(keep)]]
+    index = make_index(*metas)
+    match = index.lookup_prefix(NAMESPACE, FINGERPRINT, prompt)
+    assert match.num_matched_tokens == longest_run_oracle(metas, root_key(FINGERPRINT), prompt, 0)
+    assert flatten(match.segments) == prompt[: match.num_matched_tokens]
+    parents = [root_key(FINGERPRINT), *(m.context_key for m in match.segments)]
+    assert [m.parent_key for m in match.segments] == parents[: len(match.segments)]

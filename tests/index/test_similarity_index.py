@@ -167,6 +167,13 @@ def test_exact_tokens_are_found_even_when_only_the_stored_segment_has_text() -> 
     assert match.estimated_jaccard == 1.0
 
 
+def test_content_key_hit_with_other_tokens_is_not_returned() -> None:
+    query = make_tokens(15)
+    forged = make_meta(make_tokens(16), content_tokens=query)
+    index = make_index(forged)
+    assert index.find_similar(NAMESPACE, FINGERPRINT, query) == []
+
+
 def test_namespaces_and_fingerprints_are_isolated() -> None:
     tokens = make_tokens(11)
     index = make_index(
