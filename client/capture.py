@@ -9,12 +9,12 @@ not encode, store or splice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from kvsplice.client.hf_cache import full_length_cache, read_layers
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -62,12 +62,14 @@ def capture_segments(
 
 
 def _cut(
-    cache: object, states: dict[int, torch.Tensor], span: Span, position_offset: int
+    cache: DynamicCache, states: dict[int, torch.Tensor], span: Span, position_offset: int
 ) -> SegmentKV:
     start, end = span
     keys, values = read_layers(cache, start, end)
     boundaries = {layer: state[start:end].clone() for layer, state in states.items()}
-    return SegmentKV(keys, values, start_position=position_offset + start, boundary_states=boundaries)
+    return SegmentKV(
+        keys, values, start_position=position_offset + start, boundary_states=boundaries
+    )
 
 
 @contextmanager
@@ -81,13 +83,15 @@ def _record_boundaries(
     while a boundary at l == L must be the residual stream before it.
     """
     decoder = model.get_decoder()
-    modules = list(decoder.layers) + [decoder.norm]
+    modules = [*decoder.layers, decoder.norm]
     states: dict[int, torch.Tensor] = {}
     handles = []
     for layer in sorted(set(layers)):
         if not 0 <= layer < len(modules):
             raise ValueError(f"boundary layer {layer} outside [0, {len(modules) - 1}]")
-        handles.append(modules[layer].register_forward_pre_hook(_recorder(states, layer), with_kwargs=True))
+        handles.append(
+            modules[layer].register_forward_pre_hook(_recorder(states, layer), with_kwargs=True)
+        )
     try:
         yield states
     finally:
@@ -95,7 +99,7 @@ def _record_boundaries(
             handle.remove()
 
 
-def _recorder(states: dict[int, torch.Tensor], layer: int):  # noqa: ANN202 - torch hook signature
+def _recorder(states: dict[int, torch.Tensor], layer: int) -> Callable[..., None]:
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
         states[layer] = hidden[0].detach()  # [T, hidden], batch 1

@@ -83,7 +83,7 @@ def weights_digest(model: PreTrainedModel) -> str:
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     # A uint8 view works for every dtype, bf16 included (numpy has no bf16).
     flat = tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    return flat.numpy().data
 
 
 def vocab_digest(tokenizer: PreTrainedTokenizerBase) -> str:

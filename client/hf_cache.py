@@ -12,6 +12,8 @@ import logging
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from kvsplice.common.errors import LayoutMismatch
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,8 +37,21 @@ def read_layers(cache: DynamicCache, start: int, end: int) -> tuple[torch.Tensor
 
     Returns keys, values: [L, H_kv, end - start, D] (fresh tensors, not views).
     """
-    keys = torch.stack([layer.keys[0, :, start:end] for layer in cache.layers])
-    values = torch.stack([layer.values[0, :, start:end] for layer in cache.layers])
+    layers = [layer_kv(cache, i) for i in range(len(cache.layers))]
+    keys = torch.stack([k[0, :, start:end] for k, _ in layers])
+    values = torch.stack([v[0, :, start:end] for _, v in layers])
+    return keys, values
+
+
+def layer_kv(cache: DynamicCache, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole K/V `[B, H_kv, T_layer, D]` held by one cache layer.
+
+    Raises `LayoutMismatch` for layers that hold no K/V (linear-attention states).
+    """
+    layer = cache.layers[layer_idx]
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise LayoutMismatch(f"cache layer {layer_idx} ({type(layer).__name__}) holds no K/V")
     return keys, values
 
 
@@ -50,7 +65,3 @@ def append_layers(
     """
     for offset in range(keys.shape[0]):
         cache.update(keys[offset].unsqueeze(0), values[offset].unsqueeze(0), layer_start + offset)
-
-
-def cache_num_layers(cache: DynamicCache) -> int:
-    return len(cache.layers)

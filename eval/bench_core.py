@@ -9,7 +9,7 @@ shift to another position, DynamicCache build), dequantize + shift alone, and
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,7 +91,9 @@ def _bench_length(loaded: LoadedModel, num_tokens: int, repeats: int) -> CoreBen
     reuse_s, _ = median_seconds(lambda: _reuse_path(loaded, payload), repeats)
     dequant_shift_s, _ = median_seconds(_dequant_shift(loaded, captured), repeats)
     memcpy_s, _ = median_seconds(_copyto(kv_nbytes), repeats)
-    row = CoreBenchRow(num_tokens, len(payload), kv_nbytes, dense_s, reuse_s, dequant_shift_s, memcpy_s)
+    row = CoreBenchRow(
+        num_tokens, len(payload), kv_nbytes, dense_s, reuse_s, dequant_shift_s, memcpy_s
+    )
     logger.info("bench core %d tokens: %s", num_tokens, row)
     return row
 
@@ -102,7 +104,9 @@ def _reuse_path(loaded: LoadedModel, payload: bytes) -> object:
     return build_cache(loaded.model, [segment], loaded.layout, loaded.rope)
 
 
-def _dequant_shift(loaded: LoadedModel, captured: SegmentKV):  # noqa: ANN202 - a timed closure
+def _dequant_shift(
+    loaded: LoadedModel, captured: SegmentKV
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     keys = quantize(captured.keys, "int8", KEY_GROUP_DIM)
     values = quantize(captured.values, "int8", VALUE_GROUP_DIM)
 
@@ -113,7 +117,7 @@ def _dequant_shift(loaded: LoadedModel, captured: SegmentKV):  # noqa: ANN202 - 
     return run
 
 
-def _copyto(nbytes: int):  # noqa: ANN202 - a timed closure
+def _copyto(nbytes: int) -> Callable[[], None]:
     source = np.ones(nbytes // 4, dtype=np.float32)
     target = np.empty_like(source)
     return lambda: np.copyto(target, source)

@@ -121,7 +121,7 @@ def build_agent_prompts(loaded: LoadedModel, question: str) -> dict[str, list[in
 def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix common to all prompts."""
     length = 0
-    for column in zip(*prompts):
+    for column in zip(*prompts, strict=False):  # stops at the shortest
         if any(token != column[0] for token in column):
             break
         length += 1
@@ -136,7 +136,9 @@ def run_core_demo(loaded: LoadedModel, config: CoreDemoConfig = CoreDemoConfig()
     store_s, payload = median_seconds(
         lambda: _store_prefix(loaded, prompts[producer], prefix, config.quant), config.repeats
     )
-    runs = tuple(_run_agent(loaded, role, prompts[role], prefix, payload, config) for role in consumers)
+    runs = tuple(
+        _run_agent(loaded, role, prompts[role], prefix, payload, config) for role in consumers
+    )
     return CoreDemoResult(producer, prefix, len(payload), store_s, runs)
 
 
@@ -147,7 +149,12 @@ def _store_prefix(loaded: LoadedModel, ids: list[int], prefix: int, quant: str) 
 
 
 def _run_agent(
-    loaded: LoadedModel, role: str, ids: list[int], prefix: int, payload: bytes, config: CoreDemoConfig
+    loaded: LoadedModel,
+    role: str,
+    ids: list[int],
+    prefix: int,
+    payload: bytes,
+    config: CoreDemoConfig,
 ) -> AgentRun:
     def reuse() -> PrefillResult:
         segment = decode_payload(payload, expect_fingerprint=loaded.fingerprint)
@@ -163,7 +170,9 @@ def _run_agent(
     dense_tokens = greedy_generate(loaded.model, ids, config.max_new_tokens, dense_state)
     reuse_tokens = greedy_generate(loaded.model, ids, config.max_new_tokens, reuse_state)
     text = loaded.tokenizer.decode(reuse_tokens, skip_special_tokens=True)
-    return AgentRun(role, len(ids), prefix, dense_s, reuse_s, delta, dense_tokens == reuse_tokens, text)
+    return AgentRun(
+        role, len(ids), prefix, dense_s, reuse_s, delta, dense_tokens == reuse_tokens, text
+    )
 
 
 def _with_first_token(prefill: Callable[[], PrefillResult]) -> Callable[[], PrefillResult]:

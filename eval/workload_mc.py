@@ -32,8 +32,9 @@ def answer_letter(answer: int | str) -> str:
     """MMLU's answer as a letter: an index 0–3 or a letter A–D (any case)."""
     if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(LETTERS):
         return LETTERS[answer]
-    if isinstance(answer, str) and answer.strip().upper() in LETTERS:
-        return answer.strip().upper()
+    letter = answer.strip().upper() if isinstance(answer, str) else ""
+    if len(letter) == 1 and letter in LETTERS:
+        return letter
     raise ValueError(f"answer {answer!r} is neither an index 0-3 nor a letter A-D")
 
 

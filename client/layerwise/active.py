@@ -82,7 +82,7 @@ class ActiveTokens:
         return _SetInputs(positions, rotary, masks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _SetInputs:
     """Layer inputs that depend only on the active set, built once per set.
 

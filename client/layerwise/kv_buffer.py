@@ -20,7 +20,7 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class KVBuffer:
     """keys, values: [L, H_kv, T, D]; keys post-RoPE at positions `position_offset + slot`."""
 

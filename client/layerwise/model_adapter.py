@@ -26,7 +26,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DecoderAdapter:
     """One model's decoder, seen layer by layer.
 

@@ -153,10 +153,21 @@ class LayerwisePlan:
             raise ValueError("at most one subset rule per check layer")
 
     @classmethod
-    def all_compute(cls, token_ids: Sequence[int], **kwargs: object) -> LayerwisePlan:
+    def all_compute(
+        cls,
+        token_ids: Sequence[int],
+        *,
+        position_offset: int = 0,
+        capture_layers: tuple[int, ...] = (),
+        logits_slots: tuple[int, ...] = (),
+    ) -> LayerwisePlan:
         """Every token computed from its embedding through every layer (dense prefill)."""
         ids = tuple(int(t) for t in token_ids)
-        return cls(ids, (LayerwiseSpan(0, len(ids), name="prompt"),), **kwargs)  # type: ignore[arg-type]
+        span = LayerwiseSpan(0, len(ids), name="prompt")
+        return cls(
+            ids, (span,), position_offset,
+            capture_layers=capture_layers, logits_slots=logits_slots,
+        )  # fmt: skip
 
     @property
     def num_tokens(self) -> int:
@@ -167,7 +178,13 @@ class LayerwisePlan:
 
 
 def check_fits(plan: LayerwisePlan, num_layers: int, kv_shape: tuple[int, int]) -> None:
-    """ValueError unless `plan` can run on a model with `num_layers` and (H_kv, D) = kv_shape."""
+    """ValueError unless `plan` can run on a model with `num_layers` and (H_kv, D) = kv_shape.
+
+    NOTE: a plan that passes fills every slot at every layer before that layer's
+    attention reads it (provided K/V below a span's start layer, computed K/V
+    from it on, old K/V for tokens a subset rule drops, which need all layers),
+    so the mask only has to encode position causality and windows.
+    """
     for span in plan.spans:
         _check_span_fits(span, num_layers, kv_shape)
     for slot in plan.logits_slots:

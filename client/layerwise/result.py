@@ -15,7 +15,7 @@ from kvsplice.client.layerwise.kv_buffer import KVBuffer
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CapturedStates:
     """The residual stream entering one layer, for the tokens computed there.
 
@@ -36,7 +36,7 @@ class CapturedStates:
         return self.states[first : first + end - start]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerwiseResult:
     """logits: [len(logits_slots), V] float32, rows in `logits_slots` (ascending) order.
 

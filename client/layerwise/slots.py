@@ -15,7 +15,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TokenSlots:
     """Distinct slots in ascending order, on the host (`ids`) and the device (`index` [N] long).
 

@@ -19,7 +19,7 @@ from kvsplice.client.layerwise.slots import TokenSlots
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PendingSelection:
     """A rule about to run on a layer whose N active tokens include M candidates.
 

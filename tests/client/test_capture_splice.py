@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -30,7 +32,7 @@ GEMMA3 = make_tiny_gemma3(sliding_window=4)
 
 def make_spliced(model: PreTrainedModel, ids: list[int], cuts: list[int]) -> list[SplicedSegment]:
     """Segments for ids[cuts[i]:cuts[i+1]], all cut from one dense pass over ids[:cuts[-1]]."""
-    spans = list(zip(cuts[:-1], cuts[1:], strict=True))
+    spans = list(itertools.pairwise(cuts))
     capture = capture_segments(model, ids[: cuts[-1]], spans)
     return [
         SplicedSegment(seg, tuple(ids[a:b]))
@@ -96,7 +98,7 @@ def test_dense_prefill_equals_a_plain_forward() -> None:
     torch.testing.assert_close(dense_prefill(LLAMA, ids).logits_last, reference, atol=1e-6, rtol=0)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(
     num_tokens=st.integers(2, 40),
     data=st.data(),
@@ -111,7 +113,7 @@ def test_exact_splice_through_payload_equals_dense(num_tokens: int, data: st.Dat
     dense = dense_prefill(LLAMA, ids)
     assert spliced.num_reused_tokens == prefix
     assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-5
-    assert greedy_generate(LLAMA, ids, 8, spliced) == greedy_generate(LLAMA, ids, 8, dense)
+    assert greedy_generate(LLAMA, ids, 4, spliced) == greedy_generate(LLAMA, ids, 4, dense)
 
 
 @pytest.mark.parametrize("prefix", [2, 3, 4, 5, 11, 19])

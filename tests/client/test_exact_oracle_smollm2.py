@@ -40,11 +40,15 @@ QUESTIONS = (
 
 def make_prompt_ids(loaded: LoadedModel, question: str, system: str = SYSTEM) -> list[int]:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    encoded = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    encoded = loaded.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True
+    )
     return list(encoded["input_ids"])
 
 
-def make_prefix_segment(loaded: LoadedModel, ids: list[int], prefix: int, quant: str) -> SplicedSegment:
+def make_prefix_segment(
+    loaded: LoadedModel, ids: list[int], prefix: int, quant: str
+) -> SplicedSegment:
     """Capture ids[:prefix] densely and round-trip it through the payload format."""
     captured = capture_segments(loaded.model, ids[:prefix], [(0, prefix)]).segments[0]
     data = encode_payload(captured, model_fingerprint=loaded.fingerprint, quant=quant)
@@ -52,7 +56,9 @@ def make_prefix_segment(loaded: LoadedModel, ids: list[int], prefix: int, quant:
     return SplicedSegment(segment, tuple(ids[:prefix]))
 
 
-def max_abs_logit_delta(loaded: LoadedModel, ids: list[int], segment: SplicedSegment) -> tuple[float, list[int]]:
+def max_abs_logit_delta(
+    loaded: LoadedModel, ids: list[int], segment: SplicedSegment
+) -> tuple[float, list[int]]:
     spliced = prefill_with_segments(loaded.model, ids, [segment], loaded.layout, loaded.rope)
     dense = dense_prefill(loaded.model, ids)
     delta = float((spliced.logits_last - dense.logits_last).abs().max())
@@ -60,16 +66,22 @@ def max_abs_logit_delta(loaded: LoadedModel, ids: list[int], segment: SplicedSeg
 
 
 @pytest.mark.parametrize("question", QUESTIONS[:3])
-def test_exact_splice_matches_dense_logits_and_32_greedy_tokens(smollm2: LoadedModel, question: str) -> None:
+def test_exact_splice_matches_dense_logits_and_32_greedy_tokens(
+    smollm2: LoadedModel, question: str
+) -> None:
     ids = make_prompt_ids(smollm2, question)
     dense_tokens = greedy_generate(smollm2.model, ids, 32)
     for prefix in (1, len(ids) // 2, len(ids) - 1):
-        delta, tokens = max_abs_logit_delta(smollm2, ids, make_prefix_segment(smollm2, ids, prefix, "none"))
+        delta, tokens = max_abs_logit_delta(
+            smollm2, ids, make_prefix_segment(smollm2, ids, prefix, "none")
+        )
         assert delta <= 1e-4, f"prefix {prefix}: max |Δlogit| {delta}"
         assert tokens == dense_tokens, f"prefix {prefix}"
 
 
-def suffix_log_probs(loaded: LoadedModel, ids: list[int], segments: list[SplicedSegment]) -> torch.Tensor:
+def suffix_log_probs(
+    loaded: LoadedModel, ids: list[int], segments: list[SplicedSegment]
+) -> torch.Tensor:
     """Log-probabilities [S, V] at every suffix position, after splicing (dense if none)."""
     reused = sum(s.kv.num_tokens for s in segments)
     cache = build_cache(loaded.model, [s.kv for s in segments], loaded.layout, loaded.rope)
@@ -81,7 +93,9 @@ def suffix_log_probs(loaded: LoadedModel, ids: list[int], segments: list[Spliced
 
 
 def shared_prefix_len(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def test_int8_splice_stays_close_to_dense(smollm2: LoadedModel) -> None:

@@ -69,8 +69,13 @@ def test_executor_refuses_plans_that_do_not_fit_the_model(spans: tuple, match: s
 
 
 def test_check_layer_must_exist() -> None:
-    plan = LayerwisePlan.all_compute(
-        make_prompt(4), subsets=(SubsetRule(NUM_LAYERS, lambda *a: torch.arange(0)),)
-    )
+    rule = SubsetRule(NUM_LAYERS, lambda *a: torch.arange(0))
+    plan = LayerwisePlan(make_prompt(4), (LayerwiseSpan(0, 4),), subsets=(rule,))
     with pytest.raises(ValueError, match="check_layer"):
         LayerwiseExecutor(make_model("llama")).run(plan)
+
+
+def test_one_subset_rule_per_check_layer() -> None:
+    rule = SubsetRule(1, lambda *a: torch.arange(0))
+    with pytest.raises(ValueError, match="one subset rule per check layer"):
+        LayerwisePlan(make_prompt(4), (LayerwiseSpan(0, 4),), subsets=(rule, rule))

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from layerwise_factories import NUM_LAYERS, dense_forward, dense_kv, make_model, make_prompt
 from transformers import PreTrainedModel
 
@@ -11,7 +16,7 @@ from kvsplice.client.capture import capture_segments
 from kvsplice.client.layerwise import LayerwiseExecutor, LayerwisePlan, LayerwiseSpan, segment_span
 from kvsplice.kvmath.rope import RopeSpec
 
-ATOL = 1e-4  # measured max |Δlogit| <= 6e-8 for these plans on the tiny models
+ATOL = 1e-4  # measured max |Δlogit| <= 2.4e-7 (Δ-shifted reuse), <= 2.1e-7 otherwise
 ARCHS = ("llama", "qwen2", "gemma3")
 CUTS = (0, NUM_LAYERS // 2, NUM_LAYERS)
 
@@ -133,3 +138,35 @@ def test_plan_position_offset_moves_reused_keys() -> None:
         LayerwisePlan(ids, tile(len(ids), span), position_offset=20)
     )
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
+
+
+@functools.cache
+def gemma3_oracle() -> tuple[PreTrainedModel, tuple[int, ...], torch.Tensor, object]:
+    """Gemma3 (sliding + full layers), a 16-token prompt, its dense logits and full capture."""
+    model = make_model("gemma3")
+    ids = make_prompt(16, seed=3)
+    dense_logits, _ = dense_forward(model, ids)
+    layers = range(NUM_LAYERS + 1)
+    segment = capture_segments(model, ids, [(0, len(ids))], boundary_layers=layers).segments[0]
+    return model, ids, dense_logits[-1], segment
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 15), max_size=4, unique=True).map(sorted),
+    layers=st.lists(st.integers(0, NUM_LAYERS), min_size=5, max_size=5),
+)
+def test_any_tiling_with_exact_kv_and_boundaries_equals_dense(
+    cuts: list[int], layers: list[int]
+) -> None:
+    """Spans cut anywhere, each starting at any layer from its exact state: always dense."""
+    model, ids, dense_last, segment = gemma3_oracle()
+    bounds = [0, *cuts, len(ids)]
+    spans = []
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        start_layer = min(layers[i], NUM_LAYERS - 1) if end == len(ids) else layers[i]
+        hidden = segment.boundary_states[start_layer][start:end]
+        keys, values = segment.keys[:, :, start:end], segment.values[:, :, start:end]
+        spans.append(LayerwiseSpan(start, end, start_layer, keys, values, hidden))
+    result = LayerwiseExecutor(model).run(LayerwisePlan(ids, tuple(spans)))
+    torch.testing.assert_close(result.logits_last, dense_last, atol=ATOL, rtol=0)

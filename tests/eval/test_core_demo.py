@@ -27,7 +27,9 @@ def make_tiny_loaded() -> LoadedModel:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
     )  # fmt: skip
     vocab = {f"w{i}": i for i in range(64)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0"))
+    )
     return bundle_model(LlamaForCausalLM(config).eval(), tokenizer)
 
 

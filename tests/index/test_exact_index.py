@@ -17,6 +17,7 @@ from index_factories import (
 )
 
 from kvsplice.common.keys import root_key
+from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import ExactIndex, ExactIndexConfig, PrefixMatch
 
 
@@ -156,7 +157,9 @@ def test_config_rejects_zero_budget() -> None:
         ExactIndexConfig(max_search_nodes=0)
 
 
-def longest_run_oracle(metas, parent: bytes, prompt: list[int], position: int) -> int:
+def longest_run_oracle(
+    metas: list[SegmentMeta], parent: bytes, prompt: list[int], position: int
+) -> int:
     """Exhaustive search over every stored segment (no trie, no budget)."""
     best = 0
     for meta in metas:
@@ -177,7 +180,7 @@ def longest_run_oracle(metas, parent: bytes, prompt: list[int], position: int) -
 def test_lookup_finds_the_longest_run_of_any_stored_segmentation(
     prompt: list[int], cut_lists: list[list[int]], keep: list[bool]
 ) -> None:
-    metas = []
+    metas: list[SegmentMeta] = []
     for cuts in cut_lists:
         bounds = [0, *sorted({c for c in cuts if c < len(prompt)}), len(prompt)]
         chain = make_chain([prompt[a:b] for a, b in itertools.pairwise(bounds)])

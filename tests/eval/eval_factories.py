@@ -1,0 +1,96 @@
+"""Factories for eval tests: call records, a tiny character-level model, a toy workload."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kvsplice.agents.personas import Persona
+from kvsplice.agents.roles import AgentRole, make_roles
+from kvsplice.client.models import LoadedModel, bundle_model
+from kvsplice.eval.metrics import CallRecord
+from kvsplice.eval.workload_types import Problem
+
+MARKERS = ("<|im_start|>", "<|im_end|>")
+MARKER_BASE = 128
+
+
+def make_record(**overrides: object) -> CallRecord:
+    """A dense call at position 1 with 100 prompt tokens and a 1 s TTFT, unless overridden."""
+    base = CallRecord(
+        workload="toy", mode="dense", sample_index=0, problem_id="p0", position=1,
+        agent_id="1", agent_name="planner", round=0, num_prompt_tokens=100,
+        num_reused_tokens=0, num_output_tokens=8, ttft_s=1.0,
+    )  # fmt: skip
+    return replace(base, **overrides)
+
+
+class CharTokenizer:
+    """One id per ASCII character; the ChatML markers are ids 128 and 129 (129 is EOS)."""
+
+    eos_token_id = MARKER_BASE + 1
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return {"eos_token": MARKERS[1]}
+
+    def get_vocab(self) -> dict[str, int]:
+        vocab = {chr(i): i for i in range(MARKER_BASE)}
+        vocab.update({m: MARKER_BASE + i for i, m in enumerate(MARKERS)})
+        return vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = []
+        while text:
+            marker = next((m for m in MARKERS if text.startswith(m)), None)
+            if marker is not None:
+                ids.append(MARKER_BASE + MARKERS.index(marker))
+                text = text[len(marker) :]
+            else:
+                ids.append(min(ord(text[0]), MARKER_BASE - 1))
+                text = text[1:]
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        def piece(t: int) -> str:
+            if t < MARKER_BASE:
+                return chr(t)
+            return "" if skip_special_tokens else MARKERS[t - MARKER_BASE]
+
+        return "".join(piece(int(t)) for t in token_ids)
+
+
+def make_tiny_loaded(seed: int = 0) -> LoadedModel:
+    """A 2-layer random Llama (GQA, fp32, eager) over the character vocabulary."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=MARKER_BASE + len(MARKERS), hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, attn_implementation="eager",
+    )  # fmt: skip
+    return bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+
+
+@dataclass(frozen=True)
+class ToyWorkload:
+    """Short questions, short personas; an answer is right when it is non-empty."""
+
+    name: str = "toy"
+    ignore_stop: bool = True
+
+    def problems(self, num_problems: int) -> list[Problem]:
+        return [
+            Problem(f"toy-{i}", f"What is {i} plus {i}?", str(2 * i)) for i in range(num_problems)
+        ]
+
+    def roles(self, num_agents: int, max_new_tokens: int) -> list[AgentRole]:
+        personas = [
+            Persona(f"agent{k}", f"You are agent {k}.", "Answer.") for k in range(num_agents)
+        ]
+        return make_roles(personas, [max_new_tokens] * num_agents)
+
+    def score(self, problem: Problem, answer_text: str) -> bool | None:
+        return bool(answer_text)

@@ -1,0 +1,97 @@
+"""The measurement protocol on a tiny random model with a real embedded store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from eval_factories import ToyWorkload, make_tiny_loaded
+
+from kvsplice.client.models import LoadedModel
+from kvsplice.eval.metrics import CallRecord
+from kvsplice.eval.mode_runner import ModeRunConfig, ProgressEvent, run_modes
+from kvsplice.eval.store_session import StoreSession, namespace_stats, open_store
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[StoreSession]:
+    with open_store(None) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return make_tiny_loaded()
+
+
+CONFIG = ModeRunConfig(
+    modes=("exact", "naive", "dense"), num_agents=2, max_new_tokens=3, namespace="runner-test"
+)
+
+
+@pytest.fixture(scope="module")
+def run(loaded: LoadedModel, store: StoreSession) -> tuple[list[CallRecord], list[ProgressEvent]]:
+    events: list[ProgressEvent] = []
+    workload = ToyWorkload()
+    records = run_modes(loaded, workload, workload.problems(2), CONFIG, store.target, events.append)
+    return records, events
+
+
+def test_config_puts_dense_first_and_requires_it() -> None:
+    assert CONFIG.modes == ("dense", "exact", "naive")
+    with pytest.raises(ValueError, match="dense"):
+        ModeRunConfig(modes=("exact",))
+    with pytest.raises(ValueError, match="graph"):
+        ModeRunConfig(graph="star")
+
+
+def test_one_record_per_call_modes_interleaved_per_sample(run) -> None:
+    records, _ = run
+    order = [(r.sample_index, r.mode, r.position) for r in records]
+    expected = [(s, m, p) for s in (0, 1) for m in ("dense", "exact", "naive") for p in (1, 2)]
+    assert order == expected
+    assert all(r.ttft_s > 0 and r.num_output_tokens == 3 for r in records)
+
+
+def test_exact_equals_dense_and_dense_is_its_own_reference(run) -> None:
+    records, _ = run
+    for record in records:
+        if record.mode in ("dense", "exact"):
+            assert record.first_token_agrees and record.output_matches, record
+            assert record.kl_dense_reuse == pytest.approx(0.0, abs=1e-9)
+    naive = [r for r in records if r.mode == "naive"]
+    assert all(r.kl_dense_reuse is not None and r.output_matches is not None for r in naive)
+
+
+def test_reuse_happens_where_it_is_possible(run) -> None:
+    records, _ = run
+    reused = {(r.mode, r.sample_index, r.position): r.num_reused_tokens for r in records}
+    assert all(v == 0 for (mode, _, _), v in reused.items() if mode == "dense")
+    assert reused[("exact", 0, 1)] == 0  # a fresh namespace: nothing to hit yet
+    assert reused[("exact", 1, 1)] > 0  # the template prefix of sample 0
+    assert reused[("naive", 0, 2)] > 0  # agent 1's answer and the question base
+
+
+def test_only_final_calls_are_scored(run) -> None:
+    records, _ = run
+    assert [r.correct is not None for r in records] == [r.position == 2 for r in records]
+
+
+def test_each_mode_has_its_own_namespace_and_warmup_stays_apart(run, store: StoreSession) -> None:
+    stats = namespace_stats(store.target, [
+        CONFIG.namespace_of("dense"), CONFIG.namespace_of("exact"),
+        CONFIG.namespace_of("exact", warmup=True), CONFIG.namespace_of("naive"),
+    ])  # fmt: skip
+    counts = {ns: (s or {}).get("num_segments", 0) for ns, s in stats.items()}
+    assert counts[CONFIG.namespace_of("dense")] == 0  # dense never stores
+    assert counts[CONFIG.namespace_of("exact")] > 0
+    assert counts[CONFIG.namespace_of("exact", warmup=True)] > 0
+    assert counts[CONFIG.namespace_of("naive")] > 0
+
+
+def test_progress_counts_every_call_including_warmup(run) -> None:
+    _, events = run
+    total = 2 * 3 * (2 + 1)  # agents x modes x (samples + warm-up)
+    assert [e.done for e in events] == list(range(1, total + 1))
+    assert {e.total for e in events} == {total}
+    assert events[0].message.startswith("warm-up")
