@@ -63,6 +63,12 @@ class CharTokenizer:
         return "".join(piece(int(t)) for t in token_ids)
 
 
+def use_one_torch_thread() -> None:
+    """On the 2-core CI box two intra-op threads fight the store's server thread and
+    other tests: one thread runs these small models several times faster, and steadier."""
+    torch.set_num_threads(1)
+
+
 def make_tiny_loaded(seed: int = 0) -> LoadedModel:
     """A 2-layer random Llama (GQA, fp32, eager) over the character vocabulary."""
     torch.manual_seed(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from eval_factories import ToyWorkload, make_tiny_loaded
+from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
 
 from kvsplice.client.models import LoadedModel
 from kvsplice.eval.metrics import CallRecord
@@ -21,6 +21,7 @@ def store() -> Iterator[StoreSession]:
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
+    use_one_torch_thread()
     return make_tiny_loaded()
 
 
