@@ -57,6 +57,7 @@ class DemoConfig:
     graph: str = "fully_connected"
     quant: str = "none"
     keep_store: bool = False
+    warmup: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
 
     def __post_init__(self) -> None:
@@ -68,7 +69,8 @@ class DemoConfig:
     def mode_run_config(self, run_id: str) -> ModeRunConfig:
         return ModeRunConfig(
             modes=self.modes, num_agents=NUM_AGENTS, graph=self.graph,
-            max_new_tokens=self.max_new_tokens, quant=self.quant, namespace=f"demo-{run_id}",
+            max_new_tokens=self.max_new_tokens, quant=self.quant, warmup=self.warmup,
+            namespace=f"demo-{run_id}",
         )  # fmt: skip
 
 
