@@ -74,6 +74,22 @@ def test_exact_mode_equals_dense_and_reuses_cached_system_prompt(
     assert first_of_second_sample.ttft_s > first_of_second_sample.timings.lookup_s > 0
 
 
+def test_exact_repeat_reuses_all_but_the_last_token_and_stores_nothing_new(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = make_engine(loaded, "exact", store_target, "policies-repeat")
+    assert isinstance(engine.store, StoreClient)
+    prompt = agent_prompt(QUESTIONS[1])
+    first = engine.run(prompt, GENERATION)
+    stats_before = engine.store.stats()
+    again = engine.run(prompt, GENERATION)
+    stats_after = engine.store.stats()
+    assert again.num_reused_tokens == len(prompt.token_ids) - 1
+    assert again.generated_ids == first.generated_ids
+    assert stats_before is not None and stats_after is not None
+    assert stats_after.num_segments == stats_before.num_segments
+
+
 def test_naive_reuses_more_than_exact_and_stores_question_base_once(
     loaded: LoadedModel, store_target: str
 ) -> None:
