@@ -60,23 +60,34 @@ def build_cache(
     layers with the model's heads and head_dim (else `LayoutMismatch`).
     """
     cache = model_cache(model)
-    target = 0
+    keys, values, target = [], [], 0
     for segment in segments:
         check_segment_layout(segment, layout)
-        keys = _keys_at(segment, target, rope)
-        values = segment.values
-        dtype, device = model.dtype, model.device
-        append_layers(cache, keys.to(device, dtype), values.to(device, dtype))
+        keys.append(_keys_at(segment, target, rope, model.device).to(model.dtype))
+        values.append(segment.values.to(model.device, model.dtype))
         target += segment.num_tokens
+    if keys:
+        # One update per layer: appending segment by segment would re-copy the cache each time.
+        append_layers(cache, _cat_tokens(keys), _cat_tokens(values))
     return cache
 
 
-def _keys_at(segment: SegmentKV, target: int, rope: RopeSpec) -> torch.Tensor:
-    # keys: [L, H_kv, T, D]; Δ = new − old position (a positive Δ moves later).
+def _keys_at(segment: SegmentKV, target: int, rope: RopeSpec, device: torch.device) -> torch.Tensor:
+    """Keys [L, H_kv, T, D] on `device`, rotated from start_position to `target`.
+
+    Δ = target − start_position (a positive Δ moves later); shifted in the stored
+    dtype before the caller's single cast to the model dtype.
+    """
+    keys = segment.keys.to(device)
     delta = target - segment.start_position
     if delta == 0:
-        return segment.keys
-    return rope.shift_layers(segment.keys, delta, layer_start=segment.layer_start)
+        return keys
+    return rope.shift_layers(keys, delta, layer_start=segment.layer_start)
+
+
+def _cat_tokens(parts: list[torch.Tensor]) -> torch.Tensor:
+    # parts: [L, H_kv, T_i, D] -> [L, H_kv, sum T_i, D]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def check_segment_layout(segment: SegmentKV, layout: KVLayout) -> None:

@@ -53,7 +53,7 @@ class DemoConfig:
     num_problems: int = 3
     modes: tuple[str, ...] = (DENSE, "exact", "naive")
     out_dir: Path = Path("results/demo")
-    max_new_tokens: int = 48
+    max_new_tokens: int = 32
     graph: str = "fully_connected"
     quant: str = "none"
     keep_store: bool = False

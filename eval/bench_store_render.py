@@ -28,7 +28,7 @@ from kvsplice.eval.bench_store import (
 logger = logging.getLogger(__name__)
 
 _TRANSFER_DERIVED = ("mb_per_s", "copyto_mb_per_s", "ratio_to_copyto", "target_met")
-_LOOKUP_DERIVED = ("target_met",)
+_LOOKUP_DERIVED = ("target_met", "cpu_target_met")
 
 
 def render_store_bench(result: StoreBenchResult) -> list[RenderableType]:
@@ -68,7 +68,7 @@ def render_lookups(rows: Sequence[LookupRow]) -> Table:
         ),
     )
     for column in ("path", "kind", "segments", "populated via", "populate s", "p50 ms",
-                   "p99 ms", "cpu p99 ms", "hits", "target"):  # fmt: skip
+                   "p99 ms", "cpu p99 ms", "hits", "target", "on cpu"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("path", "kind") else "right")
     for row in rows:
         table.add_row(
@@ -76,6 +76,7 @@ def render_lookups(rows: Sequence[LookupRow]) -> Table:
             f"{row.populate_s:.1f}", f"{row.p50_ms:.3f}", f"{row.p99_ms:.3f}",
             f"{row.cpu_p99_ms:.3f}", f"{row.hit_rate:.0%}",
             _verdict(row.target_met, f"p99 <= {row.target_p99_ms:g} ms"),
+            _verdict(row.cpu_target_met, "cpu"),
         )  # fmt: skip
     return table
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from kvsplice.agents.graph import AgentGraph, chain, fully_connected
@@ -108,29 +109,15 @@ def run_modes(
         for mode in config.modes:
             _warm_up(loaded, workload, graph, problems[0], config, store_target, mode, counter)
     references = _references(loaded, config.reference)
-    clients = {
-        m: _connected_client(store_target, config.namespace_of(m))
-        for m in config.modes
-        if m != DENSE
-    }
-    try:
-        engines = {m: _engine(loaded, m, clients.get(m), config.quant) for m in config.modes}
+    with ExitStack() as clients:
+        engines = {m: _timed_engine(loaded, m, config, store_target, clients) for m in config.modes}
         records: list[CallRecord] = []
         for index, problem in enumerate(problems):
-            for mode in config.modes:
+            for mode in config.modes:  # interleaved: load drifts alike for every mode
                 on_call = counter.callback(f"{mode} · {problem.problem_id}")
-                trace = run_pipeline(
-                    graph,
-                    problem.question,
-                    engines[mode],
-                    ignore_stop=workload.ignore_stop,
-                    on_call=on_call,
-                )
-                records.extend(trace_records(trace, graph, workload, problem, index, references))
+                trace = run_pipeline(graph, problem.question, engines[mode], ignore_stop=workload.ignore_stop, on_call=on_call)  # fmt: skip
+                records += trace_records(trace, graph, workload, problem, index, references)
         return records
-    finally:
-        for client in clients.values():
-            client.close()
 
 
 def trace_records(
@@ -201,9 +188,19 @@ def _warm_up(
 ) -> None:
     """One short untimed sample in a throwaway namespace: warms kernels, allocator and channel."""
     with _connected_client(store_target, config.namespace_of(mode, warmup=True)) as client:
-        engine = _engine(loaded, mode, None if mode == DENSE else client, config.quant)
+        engine = _engine(loaded, mode, client, config.quant)
         run_pipeline(graph, problem.question, engine, ignore_stop=workload.ignore_stop,
-                     max_new_tokens=WARMUP_MAX_NEW_TOKENS, on_call=counter.callback(f"warm-up · {mode}"))  # fmt: skip
+                     max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, config.max_new_tokens), on_call=counter.callback(f"warm-up · {mode}"))  # fmt: skip
+
+
+def _timed_engine(
+    loaded: LoadedModel, mode: str, config: ModeRunConfig, store_target: str, clients: ExitStack
+) -> ReuseEngine:
+    """`mode`'s engine for the timed samples, on a connected client of its own namespace."""
+    if mode == DENSE:
+        return _engine(loaded, mode, None, config.quant)
+    client = clients.enter_context(_connected_client(store_target, config.namespace_of(mode)))
+    return _engine(loaded, mode, client, config.quant)
 
 
 def _engine(loaded: LoadedModel, mode: str, client: StoreClient | None, quant: str) -> ReuseEngine:

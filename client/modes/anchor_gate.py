@@ -21,7 +21,13 @@ from typing import Literal
 
 import torch
 
-from kvsplice.client.modes.anchor_types import METRICS, Anchor, Metric, base_features, eligible_anchors
+from kvsplice.client.modes.anchor_types import (
+    METRICS,
+    Anchor,
+    Metric,
+    base_features,
+    eligible_anchors,
+)
 from kvsplice.client.modes.anchor_weights import WeightConfig, anchor_weights, rms, whole_distances
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -108,7 +114,7 @@ def entropy_bits(weights: torch.Tensor) -> float:
     """H = −Σ w·log2 w of a distribution [A] (0·log 0 = 0), in bits."""
     w = weights.double()
     terms = torch.where(w > 0, w * torch.log2(w.clamp(min=1e-300)), torch.zeros_like(w))
-    return float(-terms.sum())
+    return max(0.0, float(-terms.sum()))  # never -0.0
 
 
 def top_p_ids(ids: Sequence[str], weights: torch.Tensor, top_p: float) -> tuple[str, ...]:

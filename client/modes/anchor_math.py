@@ -26,7 +26,7 @@ by the query's agent id.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,13 +99,14 @@ def correct(
     """
     config = config or WeightConfig()
     offsets = _offsets_of(query, anchors)
-    ph_weights = _weights(query, anchors, rope, config, per_token=True)
+    features = [base_features(query.base, anchors, kind, rope) for kind in ("key", "value")]
+    ph_weights = _weights(features, token_distances, config)
     placeholder = _apply(
         query.base, [o.placeholder for o in offsets], ph_weights, query.position, rope
     )  # fmt: skip
     next_text, next_weights = None, None
     if query.next_base is not None:
-        next_weights = _weights(query, anchors, rope, config, per_token=False)
+        next_weights = _weights(features, whole_distances, config)
         deltas = [o.prefix for o in offsets if o.prefix is not None]
         next_position = query.position + query.num_tokens
         next_text = _apply(query.next_base, deltas, next_weights, next_position, rope)
@@ -155,20 +156,13 @@ def _next_fits(offsets: AgentOffsets, next_base: SegmentKV) -> bool:
 
 
 def _weights(
-    query: AnchorQuery,
-    anchors: Sequence[Anchor],
-    rope: RopeSpec,
+    features: list[tuple[torch.Tensor, torch.Tensor]],
+    distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     config: WeightConfig,
-    *,
-    per_token: bool,
 ) -> KVWeights:
-    """Key weights from aligned base keys, value weights from base values: [A, T] or [A]."""
-    distance = token_distances if per_token else whole_distances
-    by_kind = []
-    for metric in ("key", "value"):
-        q, a = base_features(query.base, anchors, metric, rope)
-        by_kind.append(anchor_weights(distance(q, a), rms(q), config))
-    return KVWeights(*by_kind)
+    """features: (query, anchors) of aligned base keys, then of base values -> [A, T] or [A]."""
+    keys, values = (anchor_weights(distance(q, a), rms(q), config) for q, a in features)
+    return KVWeights(keys, values)
 
 
 def _apply(

@@ -63,7 +63,9 @@ def rms(x: torch.Tensor) -> float:
     return float(x.float().square().mean().sqrt()) if x.numel() else 0.0
 
 
-def anchor_weights(distances: torch.Tensor, query_scale: float, config: WeightConfig) -> torch.Tensor:
+def anchor_weights(
+    distances: torch.Tensor, query_scale: float, config: WeightConfig
+) -> torch.Tensor:
     """distances [A, ...] >= 0 -> weights [A, ...] summing to 1 over dim 0.
 
     query_scale: RMS of the query's features (the exact-match tolerance and the

@@ -29,7 +29,9 @@ def computed_span(start: int, end: int, name: str = "") -> LayerwiseSpan:
 def slice_span(span: LayerwiseSpan, start: int, end: int) -> LayerwiseSpan:
     """The slots [start, end) ⊆ [span.start, span.end) of `span`, same layers, K/V and state rows cut."""
     if not span.start <= start < end <= span.end:
-        raise ValueError(f"[{start}, {end}) is not inside span {span.name!r} [{span.start}, {span.end})")
+        raise ValueError(
+            f"[{start}, {end}) is not inside span {span.name!r} [{span.start}, {span.end})"
+        )
     rows = slice(start - span.start, end - span.start)
     keys = None if span.keys is None else span.keys[:, :, rows]
     values = None if span.values is None else span.values[:, :, rows]
@@ -55,12 +57,15 @@ def tile_spans(num_tokens: int, spans: Sequence[LayerwiseSpan]) -> tuple[Layerwi
     return tuple(out)
 
 
-def replace_spans(plan: LayerwisePlan, spans: Sequence[LayerwiseSpan], **changes: object) -> LayerwisePlan:
-    """`plan` with new spans (same tokens and offset; subsets/captures/logits kept unless changed)."""
-    fields: dict[str, object] = {
-        "subsets": plan.subsets,
-        "capture_layers": plan.capture_layers,
-        "logits_slots": plan.logits_slots,
-    }
-    fields.update(changes)
-    return LayerwisePlan(plan.token_ids, tuple(spans), plan.position_offset, **fields)  # type: ignore[arg-type]
+def replace_spans(
+    plan: LayerwisePlan,
+    spans: Sequence[LayerwiseSpan],
+    *,
+    logits_slots: tuple[int, ...] | None = None,
+) -> LayerwisePlan:
+    """`plan` with new spans: same tokens, offset, subset rules and captures; logits as given."""
+    return LayerwisePlan(
+        plan.token_ids, tuple(spans), plan.position_offset, subsets=plan.subsets,
+        capture_layers=plan.capture_layers,
+        logits_slots=plan.logits_slots if logits_slots is None else logits_slots,
+    )  # fmt: skip

@@ -146,6 +146,19 @@ def test_build_cache_lays_segments_back_to_back() -> None:
     assert torch.equal(cache.layers[1].keys[0], captured.keys[1])
 
 
+def test_standalone_segments_are_shifted_to_their_targets() -> None:
+    # Layer-0 keys depend only on token and position, so after placement they must
+    # equal the layer-0 keys of a dense pass over the concatenation.
+    ids = make_prompt(20)
+    first = capture_segments(LLAMA, ids[:8], [(0, 8)], position_offset=40).segments[0]
+    second = capture_segments(LLAMA, ids[8:], [(0, 12)]).segments[0]
+    layout, rope = kv_layout(LLAMA), RopeSpec.from_hf_config(LLAMA.config)
+    cache = build_cache(LLAMA, [first, second], layout, rope)
+    dense = capture_segments(LLAMA, ids, [(0, 20)]).segments[0]
+    assert cache.get_seq_length() == 20
+    torch.testing.assert_close(cache.layers[0].keys[0], dense.keys[0], atol=1e-5, rtol=0)
+
+
 def test_greedy_generate_stops_at_eos_and_includes_it() -> None:
     ids = make_prompt(10)
     free = greedy_generate(LLAMA, ids, 6)

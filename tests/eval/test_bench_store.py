@@ -79,6 +79,8 @@ def test_transfer_row_figures_follow_from_seconds() -> None:
 def test_lookup_target_is_an_upper_bound_on_p99() -> None:
     assert make_lookup_row(p99_ms=1.0).target_met
     assert not make_lookup_row(p99_ms=1.01).target_met
+    # Wall-clock p99 can miss through preemption while the CPU time per query meets it.
+    assert make_lookup_row(p99_ms=1.5).cpu_target_met
 
 
 @pytest.mark.parametrize(

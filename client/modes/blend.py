@@ -1,0 +1,102 @@
+"""CacheBlend-style selective recompute: the deviation selector and the blend plan.
+
+Owns which reused tokens keep being computed after the check layer (the top
+r% by K/V deviation) and the plan that asks the layerwise executor for it:
+reused chunks computed through layer 0 .. check layer for every token, then
+only the selected ones (plus every non-reused token) from there on.
+
+Default deviation: VALUE, Σ_{heads,channels}(V_new − V_old)² per token, as
+CacheBlend's own code (xformers backend) and paper do. Values carry no RoPE,
+so a score never mixes a rotation error into the context error, and the
+attention output is a mix of values, so V deviation is what a token's reuse
+error feeds forward directly. "key" (post-RoPE, LMCache's blender) is
+available for comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvsplice.client.layerwise import KVPair, LayerwisePlan, SubsetRule, segment_span
+from kvsplice.client.modes.spans import tile_spans
+from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+Deviation = Literal["value", "key"]
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """ratio r: fraction of reused tokens recomputed after `check_layer` (CacheBlend: 0.15)."""
+
+    ratio: float = 0.15
+    check_layer: int = 1
+    deviation: Deviation = "value"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ratio <= 1:
+            raise ValueError(f"ratio {self.ratio} must be in [0, 1]")
+        if self.check_layer < 0:
+            raise ValueError(f"check_layer {self.check_layer} must be >= 0")
+        if self.deviation not in ("value", "key"):
+            raise ValueError(f"deviation {self.deviation!r} must be 'value' or 'key'")
+
+
+def num_selected(num_candidates: int, ratio: float) -> int:
+    """floor(M·r) (CacheBlend's `int(total · ratio)`), robust to fp error in M·r."""
+    return min(num_candidates, math.floor(num_candidates * ratio + 1e-9))
+
+
+def token_deviation(new_kv: KVPair, old_kv: KVPair, deviation: Deviation) -> torch.Tensor:
+    """[M] fp32: Σ over heads and channels of (new − old)² of keys or values [H_kv, M, D]."""
+    index = 0 if deviation == "key" else 1
+    diff = new_kv[index].float() - old_kv[index].float()
+    return diff.square().sum(dim=(0, 2))
+
+
+@dataclass(frozen=True)
+class DeviationSelector:
+    """A `TokenSelector`: the top floor(M·r) candidates by deviation, ascending indices."""
+
+    ratio: float
+    deviation: Deviation = "value"
+
+    def __call__(self, layer_idx: int, new_kv: KVPair, old_kv: KVPair) -> torch.Tensor:
+        scores = token_deviation(new_kv, old_kv, self.deviation)
+        count = num_selected(int(scores.numel()), self.ratio)
+        return torch.topk(scores, count, sorted=False).indices.sort().values
+
+
+def blend_plan(
+    token_ids: Sequence[int],
+    chunks: Sequence[tuple[int, SegmentKV]],
+    rope: RopeSpec,
+    config: BlendConfig | None = None,
+    *,
+    position_offset: int = 0,
+) -> LayerwisePlan:
+    """Reuse each (start slot, segment) chunk CacheBlend-style; other tokens computed.
+
+    Chunks need K/V for every layer (their old K/V stand in for dropped tokens)
+    and are computed from their embeddings, so layers ≤ check layer see true
+    states (CacheBlend recomputes layer 0 fully). r = 1 is dense; r = 0 reuses
+    the chunks' K/V of layers ≥ check layer (naive reuse for check layer ≤ 1,
+    layer 0 K/V being context-free).
+    """
+    config = config or BlendConfig()
+    spans = [
+        segment_span(segment, start, rope, start_layer=0, position_offset=position_offset,
+                     name=f"blend@{start}")
+        for start, segment in chunks
+    ]  # fmt: skip
+    ids = tuple(int(t) for t in token_ids)
+    rule = SubsetRule(config.check_layer, DeviationSelector(config.ratio, config.deviation))
+    return LayerwisePlan(ids, tile_spans(len(ids), spans), position_offset, subsets=(rule,))
