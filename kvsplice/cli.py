@@ -258,10 +258,56 @@ def bench_core(
 
     _setup_logging(log_level)
     loaded = _load_model(model, model_cache)
-    rows = run_core_bench(
-        loaded, lengths=tuple(int(x) for x in lengths.split(",")), repeats=repeats
-    )
+    rows = run_core_bench(loaded, lengths=_int_tuple(lengths), repeats=repeats)
     Console().print(render_core_bench(rows))
+
+
+@bench_app.command("store")
+def bench_store(
+    sizes_mib: Annotated[
+        str, typer.Option(help="Comma-separated segment sizes in MiB.")
+    ] = "1,8,32",
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+    lookup_counts: Annotated[
+        str, typer.Option(help="Comma-separated index sizes.")
+    ] = "10000,100000",
+    grpc_lookups: Annotated[bool, typer.Option(help="Also time lookups through gRPC.")] = True,
+    tmp_dir: Annotated[Path | None, typer.Option(help="Where the benchmark's LMDB lives.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the result as JSON.")
+    ] = None,
+    log_level: LogLevelOpt = "WARNING",
+) -> None:
+    """Put/get MB/s (memory and LMDB tiers) beside numpy.copyto; lookup p50/p99 at 10k/100k."""
+    import json
+
+    from rich.console import Console
+
+    from kvsplice.eval.bench_store import StoreBenchConfig, run_store_bench
+    from kvsplice.eval.bench_store_render import render_store_bench, store_bench_to_json
+
+    _setup_logging(log_level)
+    config = StoreBenchConfig(
+        sizes_mib=_int_tuple(sizes_mib),
+        repeats=repeats,
+        lookup_counts=_int_tuple(lookup_counts),
+        tmp_dir=str(tmp_dir) if tmp_dir else None,
+        include_grpc_lookups=grpc_lookups,
+    )
+    result = run_store_bench(config)
+    console = Console()
+    for renderable in render_store_bench(result):
+        console.print(renderable)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(store_bench_to_json(result), indent=2))
+
+
+def _int_tuple(csv: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in csv.split(","))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{csv!r} is not a comma-separated list of integers") from exc
 
 
 def main() -> None:
