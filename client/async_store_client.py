@@ -55,6 +55,8 @@ class AsyncStoreClient:
         self.counters = ClientCounters()
         self._channel = aio.insecure_channel(target, options=self.config.channel_options())
         self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
+        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)
+        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
 
@@ -64,12 +66,12 @@ class AsyncStoreClient:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
             )
-        requests = wire.put_requests(
+        frames = wire.put_frames(
             wire.with_payload_digest(meta, payload), payload, self.config.chunk_nbytes
         )
 
         async def send(timeout_s: float) -> bool:
-            await self._stub.PutSegment(requests, timeout=timeout_s, metadata=self._metadata)
+            await self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
             return True
 
         return await self._once("put_segment", send, self.config.put_timeout_s, False)
@@ -84,7 +86,7 @@ class AsyncStoreClient:
 
         async def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
             assembler = wire.SegmentAssembler()
-            async for response in self._stub.GetSegment(
+            async for response in self._get_segment(
                 request, timeout=timeout_s, metadata=self._metadata
             ):
                 assembler.feed(response)

@@ -8,6 +8,7 @@ happens after it. It knows no agents or templates, only spanned prompts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -15,12 +16,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvsplice.client.call_timings import CallTimings
+from kvsplice.client.admission import AdmissionPolicy
+from kvsplice.client.call_timings import CallTimings, timed
+from kvsplice.client.layerwise import LayerwiseExecutor
 from kvsplice.client.models import LoadedModel
-from kvsplice.client.policies import CallContext, ReusePolicy, SpannedPrompt, make_policy
+from kvsplice.client.policies import (
+    CallContext,
+    LayerwiseCall,
+    ReusePolicy,
+    SpannedPrompt,
+    make_policy,
+)
 from kvsplice.client.reuse_plan import Reuse, ReusePlan
 from kvsplice.client.segment_io import SegmentStore
-from kvsplice.client.span_executor import GenerationConfig, SpanExecutor, content_tokens
+from kvsplice.client.span_executor import (
+    ExecutionState,
+    GenerationConfig,
+    SpanExecutor,
+    content_tokens,
+)
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 
 logger = logging.getLogger(__name__)
@@ -46,13 +60,18 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class ReusedSpan:
-    """A reused range of the prompt: the prompt spans it covers, the rule, size and shift."""
+    """A reused range of the prompt: the prompt spans it covers, the rule, size and shift.
+
+    num_layers: how many layers' K/V it reused (the model's all for span-level
+    modes; fewer for multicut's lower layers, blend's unselected tokens).
+    """
 
     name: str
     mode: str
     num_tokens: int
     delta: int
     exact: bool
+    num_layers: int = 0
 
 
 @dataclass
@@ -80,7 +99,12 @@ class CallOutcome:
 
 
 class ReuseEngine:
-    """Runs calls on one model with one policy against one store (or none)."""
+    """Runs calls on one model with one policy against one store (or none).
+
+    With `admission`, the policy must be admitted for this model (else
+    `FingerprintMismatch` / `ModeNotAdmitted` here, at construction) and a mode
+    given by name takes its parameters; without, any mode runs (benchmarks).
+    """
 
     def __init__(
         self,
@@ -88,9 +112,13 @@ class ReuseEngine:
         policy: ReusePolicy | str,
         store: SegmentStore | None = None,
         config: EngineConfig | None = None,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         self.loaded = loaded
-        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        mode = policy if isinstance(policy, str) else policy.mode
+        if admission is not None:
+            admission.check(loaded.fingerprint, mode)
+        self.policy = make_policy(policy, admission) if isinstance(policy, str) else policy
         self.store = store
         self.config = config or EngineConfig()
         self.executor = SpanExecutor(loaded.model, loaded.layout, loaded.rope)
@@ -109,19 +137,18 @@ class ReuseEngine:
         """One call. `started_at_s`: `time.perf_counter()` when the inputs were ready."""
         start_s = time.perf_counter() if started_at_s is None else started_at_s
         ctx = self._context(CallTimings())
-        plan = self.policy.plan(prompt, ctx)
-        state = self.executor.prefill(plan, ctx.timings)
+        state = self._prefill(self.policy.plan(prompt, ctx), ctx)
         ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
         self.executor.generate(state, generation, ctx.timings)
         output = content_tokens(state.generated, generation)
         if self.config.store_segments:
             store_start_s = time.perf_counter()
-            self.policy.after_call(prompt, plan, state, ctx, output)
+            self.policy.after_call(prompt, state.plan, state, ctx, output)
             ctx.timings.add("store_s", time.perf_counter() - store_start_s)
         return _outcome(
             self.mode,
             prompt,
-            plan,
+            state.plan,
             state.generated,
             output,
             state.logits_first,
@@ -142,6 +169,25 @@ class ReuseEngine:
             "dense", prompt, plan, state.generated, output, state.logits_first, ttft_s, timings
         )
 
+    @functools.cached_property
+    def layerwise(self) -> LayerwiseExecutor:
+        """The layerwise executor, built on first use (only the approximate modes need it)."""
+        return LayerwiseExecutor(self.loaded.model)
+
+    def _prefill(self, planned: ReusePlan | LayerwiseCall, ctx: CallContext) -> ExecutionState:
+        """Run the policy's plan; a `LayerwiseCall` continues in a v5 cache as its `view`."""
+        if isinstance(planned, ReusePlan):
+            return self.executor.prefill(planned, ctx.timings)
+        with timed(ctx.timings, "prefill_s"):
+            result = planned.result or self.layerwise.run(planned.plan)
+        ctx.layerwise_result = result
+        view = planned.view(result)
+        with timed(ctx.timings, "splice_s"):
+            cache = result.kv.to_dynamic_cache()
+        with timed(ctx.timings, "first_decode_s"):
+            first = int(torch.argmax(result.logits_last))
+        return ExecutionState(view, cache, result.logits_last, [first], view.num_tokens)
+
     def _context(self, timings: CallTimings) -> CallContext:
         tokenizer = self.loaded.tokenizer
         return CallContext(
@@ -153,6 +199,8 @@ class ReuseEngine:
             timings=timings,
             decode_text=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
             quant=self.config.quant,
+            rope=self.loaded.rope,
+            layerwise_executor=lambda: self.layerwise,
         )
 
 
@@ -183,5 +231,6 @@ def _reused_span(prompt: SpannedPrompt, span) -> ReusedSpan:
     assert isinstance(span.action, Reuse)
     names = [s.name for s in prompt.spans if s.start < span.end and span.start < s.end]
     return ReusedSpan(
-        "+".join(names), span.action.mode, span.num_tokens, span.delta, span.action.exact
-    )
+        "+".join(names), span.action.mode, span.num_tokens, span.delta, span.action.exact,
+        span.action.segment.num_layers,
+    )  # fmt: skip

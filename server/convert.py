@@ -1,7 +1,8 @@
 """Server-side protobuf ⇄ domain conversion, including the segment stream protocol.
 
 Protobuf stops here. A malformed message raises `InvalidRequest`; a payload stream
-whose bytes disagree with its header raises `CorruptPayload`.
+whose bytes disagree with its header raises `CorruptPayload`. Payload chunks may
+also travel as `proto.chunk_frames` (`parse_put_request`, `segment_frames`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
 from kvsplice.proto import store_pb2 as pb
+from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
 from kvsplice.server.admin_models import NamespaceStats
 from kvsplice.server.anchor_service import AnchorRecord, AnchorWrite
 from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
+PutPart = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
 
 
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
@@ -68,43 +71,56 @@ def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
     )
 
 
+def parse_put_request(message: bytes) -> PutPart:
+    """A PutSegment message: a chunk as a zero-copy view of `message`, anything else parsed."""
+    chunk = chunk_view(message)
+    return pb.PutSegmentRequest.FromString(message) if chunk is None else chunk
+
+
 async def receive_segment(
-    requests: AsyncIterable[pb.PutSegmentRequest], check_header: HeaderCheck
+    requests: AsyncIterable[PutPart], check_header: HeaderCheck
 ) -> tuple[SegmentMeta, memoryview]:
     """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes.
 
     `check_header` validates the header before any payload byte is buffered, so
-    an oversize or malformed put is refused without reading its payload.
+    an oversize or malformed put is refused without reading its payload. Chunks are
+    kept as they came and joined once at the end (one copy, no zero-filled buffer).
     """
     meta: SegmentMeta | None = None
-    buffer = bytearray()
+    chunks: list[bytes | memoryview] = []
     num_received = 0
     async for request in requests:
-        part = request.WhichOneof("part")
-        if part == "header":
+        part = _put_part(request)
+        if isinstance(part, pb.SegmentHeader):
             if meta is not None:
                 raise InvalidRequest("PutSegment stream holds a second header")
-            meta = check_header(header_to_meta(request.header))
-            buffer = bytearray(meta.payload_nbytes)
-        elif part == "chunk":
-            if meta is None:
-                raise InvalidRequest("PutSegment stream sent payload bytes before its header")
-            end = num_received + len(request.chunk)
-            if end > meta.payload_nbytes:
-                raise CorruptPayload(
-                    f"payload exceeds the {meta.payload_nbytes} bytes its header declares"
-                )
-            buffer[num_received:end] = request.chunk
-            num_received = end
-        else:
-            raise InvalidRequest("PutSegment message holds neither header nor chunk")
+            meta = check_header(header_to_meta(part))
+            continue
+        if meta is None:
+            raise InvalidRequest("PutSegment stream sent payload bytes before its header")
+        num_received += len(part)
+        if num_received > meta.payload_nbytes:
+            raise CorruptPayload(
+                f"payload exceeds the {meta.payload_nbytes} bytes its header declares"
+            )
+        chunks.append(part)
     if meta is None:
         raise InvalidRequest("PutSegment stream ended without a header")
     if num_received != meta.payload_nbytes:
         raise CorruptPayload(
             f"stream ended after {num_received} of {meta.payload_nbytes} payload bytes"
         )
-    return meta, memoryview(buffer)
+    return meta, memoryview(b"".join(chunks))
+
+
+def _put_part(request: PutPart) -> pb.SegmentHeader | bytes | memoryview:
+    """What a PutSegment message carries: its header, or its chunk's bytes."""
+    if isinstance(request, memoryview):
+        return request
+    part = request.WhichOneof("part")
+    if part is None:
+        raise InvalidRequest("PutSegment message holds neither header nor chunk")
+    return request.header if part == "header" else request.chunk  # each read copies: read once
 
 
 def segment_responses(stored: StoredSegment, chunk_nbytes: int) -> Iterator[pb.GetSegmentResponse]:
@@ -113,6 +129,14 @@ def segment_responses(stored: StoredSegment, chunk_nbytes: int) -> Iterator[pb.G
     view = memoryview(stored.payload)
     for start in range(0, view.nbytes, chunk_nbytes):
         yield pb.GetSegmentResponse(chunk=view[start : start + chunk_nbytes].tobytes())
+
+
+def segment_frames(stored: StoredSegment, chunk_nbytes: int) -> Iterator[bytes]:
+    """`segment_responses` already serialized, each chunk copied once out of the stored view."""
+    yield pb.GetSegmentResponse(header=meta_to_header(stored.meta)).SerializeToString()
+    view = memoryview(stored.payload)
+    for start in range(0, view.nbytes, chunk_nbytes):
+        yield encode_chunk(view[start : start + chunk_nbytes])
 
 
 def _segment_ref(meta: SegmentMeta) -> pb.SegmentRef:

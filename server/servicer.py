@@ -2,13 +2,16 @@
 
 Methods raise domain errors (`interceptors.FaultInterceptor` maps them); a GetSegment
 miss ends with NOT_FOUND, which clients read as a miss. Records byte and lookup metrics.
+`add_to_server` registers it with payload chunks kept out of protobuf objects.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import grpc
+from google.protobuf.descriptor import MethodDescriptor
 from grpc import aio
 
 from kvsplice.common.errors import NotFound
@@ -18,11 +21,20 @@ from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService, check_namespace
+from kvsplice.storage.tiered_store import StoredSegment
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SegmentStore"].full_name
-RPC_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["SegmentStore"].methods)
+_SERVICE = pb.DESCRIPTOR.services_by_name["SegmentStore"]
+SERVICE_NAME = _SERVICE.full_name
+RPC_METHODS = tuple(m.name for m in _SERVICE.methods)
+# By (client streaming, server streaming), as the generated registration picks them.
+_HANDLER_FACTORIES: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
 
 
 class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
@@ -39,7 +51,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._chunk_nbytes = chunk_nbytes
 
     async def PutSegment(
-        self, request_iterator: AsyncIterator[pb.PutSegmentRequest], context: aio.ServicerContext
+        self, request_iterator: AsyncIterator[convert.PutPart], context: aio.ServicerContext
     ) -> pb.PutSegmentResponse:
         meta, payload = await convert.receive_segment(request_iterator, self._segments.check_header)
         stored = self._segments.put(meta, payload)
@@ -50,14 +62,27 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def GetSegment(
         self, request: pb.GetSegmentRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GetSegmentResponse]:
+        stored = self._found(request)
+        for response in convert.segment_responses(stored, self._chunk_nbytes):
+            yield response
+        self._metrics.add_bytes("out", stored.meta.payload_nbytes)
+
+    async def get_segment_frames(
+        self, request: pb.GetSegmentRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """GetSegment with its replies already serialized (registered by `add_to_server`)."""
+        stored = self._found(request)
+        for frame in convert.segment_frames(stored, self._chunk_nbytes):
+            yield frame
+        self._metrics.add_bytes("out", stored.meta.payload_nbytes)
+
+    def _found(self, request: pb.GetSegmentRequest) -> StoredSegment:
         stored = self._segments.get(
             request.namespace, request.context_key, request.model_fingerprint
         )
         if stored is None:
             raise NotFound(f"no segment {request.context_key.hex()} in {request.namespace!r}")
-        for response in convert.segment_responses(stored, self._chunk_nbytes):
-            yield response
-        self._metrics.add_bytes("out", stored.meta.payload_nbytes)
+        return stored
 
     async def LookupPrefix(
         self, request: pb.LookupPrefixRequest, context: aio.ServicerContext
@@ -119,3 +144,37 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     ) -> pb.StatsResponse:
         (stats,) = self._segments.namespace_stats(check_namespace(request.namespace))
         return convert.stats_response(stats)
+
+
+def add_to_server(servicer: SegmentStoreServicer, server: aio.Server) -> None:
+    """Register `servicer` like `store_pb2_grpc.add_SegmentStoreServicer_to_server`, except
+    that PutSegment/GetSegment payload chunks skip protobuf objects (`proto.chunk_frames`).
+
+    NOTE: the bytes on the wire are the same; a multi-MiB chunk just avoids protobuf's
+    copies into fresh pages (~20 ms per 8 MiB and direction on a loaded 2-core host).
+    """
+    handlers = {method.name: _protobuf_handler(servicer, method) for method in _SERVICE.methods}
+    handlers["PutSegment"] = grpc.stream_unary_rpc_method_handler(
+        servicer.PutSegment,
+        request_deserializer=convert.parse_put_request,
+        response_serializer=pb.PutSegmentResponse.SerializeToString,
+    )
+    handlers["GetSegment"] = grpc.unary_stream_rpc_method_handler(
+        servicer.get_segment_frames,
+        request_deserializer=pb.GetSegmentRequest.FromString,
+        response_serializer=None,  # the frames are already bytes
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def _protobuf_handler(
+    servicer: SegmentStoreServicer, method: MethodDescriptor
+) -> grpc.RpcMethodHandler:
+    """The handler the generated registration builds for `method`."""
+    factory = _HANDLER_FACTORIES[method.client_streaming, method.server_streaming]
+    return factory(
+        getattr(servicer, method.name),
+        request_deserializer=getattr(pb, method.input_type.name).FromString,
+        response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+    )

@@ -1,7 +1,16 @@
-"""Reuse policies: one module per mode; `make_policy` builds one by name."""
+"""Reuse policies: one module per mode; `make_policy` builds one by name (and admission)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kvsplice.client.admission import AdmissionPolicy
+from kvsplice.client.modes.anchor_gate import GateConfig
+from kvsplice.client.modes.anchor_weights import WeightConfig
+from kvsplice.client.modes.blend import BlendConfig
+from kvsplice.client.modes.halo_acceptance import AcceptanceConfig
+from kvsplice.client.modes.multicut import ExactWindow
+from kvsplice.client.policies.anchor import AnchorConfig, AnchorPolicy
 from kvsplice.client.policies.base import (
     CallContext,
     PlanBuilder,
@@ -10,30 +19,68 @@ from kvsplice.client.policies.base import (
     SpannedPrompt,
     span_role,
 )
+from kvsplice.client.policies.blend import BlendPolicy
 from kvsplice.client.policies.dense import DensePolicy
 from kvsplice.client.policies.exact import ExactPolicy
+from kvsplice.client.policies.halo import HaloConfig, HaloPolicy
+from kvsplice.client.policies.layerwise_call import LayerwiseCall
+from kvsplice.client.policies.multicut import MulticutConfig, MulticutPolicy
 from kvsplice.client.policies.naive import NaivePolicy
 
-POLICIES: dict[str, type[DensePolicy | ExactPolicy | NaivePolicy]] = {
-    "dense": DensePolicy,
-    "exact": ExactPolicy,
-    "naive": NaivePolicy,
+# name -> the policy with its parameters from an admission policy (None: defaults)
+POLICIES: dict[str, Callable[[AdmissionPolicy | None], ReusePolicy]] = {
+    "dense": lambda _: DensePolicy(),
+    "exact": lambda _: ExactPolicy(),
+    "naive": lambda _: NaivePolicy(),
+    "anchor": lambda a: AnchorPolicy(_anchor_config(a)),
+    "multicut": lambda a: MulticutPolicy(_multicut_config(a)),
+    "blend": lambda a: BlendPolicy(BlendConfig(ratio=a.blend_ratio) if a else None),
+    "halo": lambda a: HaloPolicy(_halo_config(a)),
 }
 MODES = tuple(POLICIES)
 
 
-def make_policy(mode: str) -> ReusePolicy:
-    """The policy of `mode` (one of `MODES`)."""
+def make_policy(mode: str, admission: AdmissionPolicy | None = None) -> ReusePolicy:
+    """The policy of `mode` (one of `MODES`), with `admission`'s parameters when given.
+
+    Whether `mode` is admitted is the engine's check (`AdmissionPolicy.check`).
+    """
     if mode not in POLICIES:
         raise ValueError(f"mode {mode!r} not in {MODES}")
-    return POLICIES[mode]()
+    return POLICIES[mode](admission)
+
+
+def _anchor_config(admission: AdmissionPolicy | None) -> AnchorConfig | None:
+    if admission is None:
+        return None
+    weights = WeightConfig(tau=admission.anchor_tau)
+    return AnchorConfig(gate=GateConfig(gamma=admission.anchor_gamma, weights=weights))
+
+
+def _multicut_config(admission: AdmissionPolicy | None) -> MulticutConfig | None:
+    if admission is None:
+        return None
+    return MulticutConfig(w_exact=ExactWindow(admission.w_exact))
+
+
+def _halo_config(admission: AdmissionPolicy | None) -> HaloConfig | None:
+    if admission is None:
+        return None
+    epsilon = admission.halo_epsilon_nats
+    acceptance = None if epsilon is None else AcceptanceConfig(epsilon_nats=epsilon)
+    return HaloConfig(num_halo=admission.halo_tokens, acceptance=acceptance)
 
 
 __all__ = [
     "MODES",
+    "AnchorPolicy",
+    "BlendPolicy",
     "CallContext",
     "DensePolicy",
     "ExactPolicy",
+    "HaloPolicy",
+    "LayerwiseCall",
+    "MulticutPolicy",
     "NaivePolicy",
     "PlanBuilder",
     "PromptSpan",

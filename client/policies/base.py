@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from kvsplice.client.call_timings import CallTimings
+from kvsplice.client.layerwise import LayerwiseExecutor, LayerwiseResult
+from kvsplice.client.policies.layerwise_call import LayerwiseCall
 from kvsplice.client.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
 from kvsplice.client.segment_io import SegmentStore, SpanRecord, slice_segment
 from kvsplice.client.span_executor import ExecutionState, SpanExecutor
+from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,9 @@ class CallContext:
     `decode_dtype`: what fetched payloads decode to (fp32: shift first, cast once).
     `pending` collects K/V a policy computed while planning (e.g. a placeholder's
     standalone base cache); it is put after the first token, outside the TTFT.
+    Layerwise modes: `rope` moves keys, `layerwise_executor()` builds (once) the
+    executor, `layerwise_result` is the engine's run of a `LayerwiseCall`, and
+    `notes` is what a policy's `plan` leaves for its `after_call` in this call.
     """
 
     store: SegmentStore | None
@@ -74,15 +80,22 @@ class CallContext:
     decode_text: Callable[[Sequence[int]], str]
     quant: str = "int8"
     pending: list[SpanRecord] = field(default_factory=list)
+    rope: RopeSpec | None = None
+    layerwise_executor: Callable[[], LayerwiseExecutor] | None = None
+    layerwise_result: LayerwiseResult | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 class ReusePolicy(Protocol):
-    """Decides a call's plan, and stores what the call produced once it is done."""
+    """Decides a call's plan, and stores what the call produced once it is done.
+
+    `after_call` gets the plan as run: for a `LayerwiseCall`, its `view`.
+    """
 
     @property
     def mode(self) -> str: ...
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan: ...
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall: ...
 
     def after_call(
         self,

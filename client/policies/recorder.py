@@ -77,7 +77,24 @@ def record_call(
     """Put this call's new segments (and `ctx.pending`); returns how many were stored."""
     if ctx.store is None:
         return 0
-    records = list(ctx.pending) + _new_records(prompt, plan, state, ctx, response_ids)
+    return put_records(ctx, call_records(prompt, plan, state, ctx, response_ids))
+
+
+def call_records(
+    prompt: SpannedPrompt,
+    plan: ReusePlan,
+    state: ExecutionState,
+    ctx: CallContext,
+    response_ids: Sequence[int],
+) -> list[SpanRecord]:
+    """What `record_call` would put: `ctx.pending`, then this call's new segments, in order."""
+    return list(ctx.pending) + _new_records(prompt, plan, state, ctx, response_ids)
+
+
+def put_records(ctx: CallContext, records: Sequence[SpanRecord]) -> int:
+    """Put `records` in order until one fails; returns how many were stored."""
+    if ctx.store is None:
+        return 0
     num_stored = 0
     for record in records:
         if not _put(ctx, record):

@@ -1,0 +1,311 @@
+"""Mode `anchor` (KVComm): placeholders corrected from an anchor pool, or dense plus a new anchor.
+
+Per placeholder after the exact prefix: its standalone base K/V (`question_base`,
+paid in the TTFT of the call that computes it), the placeholder's pool decoded
+with this agent's offsets, and the gate. All confident → one layerwise call
+reusing each placeholder and the text after it as corrected K/V. Otherwise the
+call is dense (KVComm: an agent relying on an unshareable placeholder prefills)
+and, after its first token, each such placeholder joins (or becomes) an anchor
+with this agent's real − base offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+import xxhash
+
+from kvsplice.client.anchor_codec import (
+    AnchorStore,
+    anchor_id_of,
+    decode_anchor,
+    encode_base,
+    encode_offsets,
+    placeholder_id_of,
+)
+from kvsplice.client.call_timings import CallTimings, timed
+from kvsplice.client.layerwise import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.modes.anchor_gate import GateConfig, GateDecision, decide
+from kvsplice.client.modes.anchor_math import AnchorQuery, anchor_spans, correct
+from kvsplice.client.modes.anchor_types import AgentOffsets, Anchor, kv_offset
+from kvsplice.client.modes.spans import tile_spans
+from kvsplice.client.policies.base import CallContext, PlanBuilder, PromptSpan, SpannedPrompt
+from kvsplice.client.policies.exact import plan_exact_prefix
+from kvsplice.client.policies.layerwise_call import (
+    LayerwiseCall,
+    SpanSource,
+    compute_last_token,
+    reuse_spans,
+)
+from kvsplice.client.policies.naive import question_base
+from kvsplice.client.policies.recorder import RecordingPolicy, put_records
+from kvsplice.client.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.span_executor import ExecutionState
+from kvsplice.common.errors import ResourceExhausted
+from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+MODE = "anchor"
+
+
+@dataclass(frozen=True)
+class AnchorConfig:
+    """gate: γ, metric and weights (τ); quant: the anchor payloads' scheme.
+
+    max_anchor_nbytes: an anchor whose payloads would exceed it is not stored
+    (the store refuses more than its own limit, 4 MiB by default).
+    """
+
+    gate: GateConfig = field(default_factory=GateConfig)
+    quant: str = "int8"
+    max_anchor_nbytes: int = (4 << 20) - (64 << 10)
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANT_SCHEMES:
+            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        if self.max_anchor_nbytes < 1:
+            raise ValueError(f"max_anchor_nbytes {self.max_anchor_nbytes} must be >= 1")
+
+
+@dataclass(frozen=True, eq=False)
+class _Gated:
+    """One placeholder's gate outcome; `pool`: its eligible anchors for this agent."""
+
+    span: PromptSpan
+    placeholder_id: str
+    decision: GateDecision
+    base: SegmentKV | None = None
+    pool: tuple[Anchor, ...] = ()
+
+
+@dataclass
+class _Notes:
+    """What `plan` leaves for `after_call`: anchors to add, activations to count."""
+
+    agent_id: str
+    to_anchor: list[PromptSpan] = field(default_factory=list)
+    activated: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+
+def agent_key(prompt: SpannedPrompt) -> str:
+    """The agent's offset key: a digest of its template (fixed text ids and placeholder names).
+
+    Stable across samples (only placeholder values change) and distinct per
+    agent; two agents with the same template see the same context, so sharing
+    offsets between them is correct. Weights are never cached across agents.
+    """
+    digest = xxhash.xxh3_64()
+    for span in prompt.spans:
+        part = span.name if span.kind == "placeholder" else prompt.token_ids[span.start : span.end]
+        digest.update(f"{span.kind}:{part};".encode())
+    return f"tpl-{digest.hexdigest()}"
+
+
+class AnchorPolicy(RecordingPolicy):
+    mode = MODE
+
+    def __init__(self, config: AnchorConfig | None = None) -> None:
+        self.config = config or AnchorConfig()
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+        builder = PlanBuilder(prompt.token_ids)
+        plan_exact_prefix(prompt, ctx, builder)
+        exact = builder.build()
+        placeholders = [
+            s for s in prompt.spans if s.kind == "placeholder" and s.start >= builder.covered_until
+        ]  # fmt: skip
+        if ctx.store is None or not placeholders:
+            return exact
+        notes = ctx.notes[MODE] = _Notes(agent_key(prompt))
+        gated: list[_Gated] = []
+        for index, span in enumerate(placeholders):
+            outcome = self._gate(span, prompt, ctx, notes.agent_id, plan_time=True)
+            if outcome is None:
+                return exact  # the store is unreachable: no base, no anchors
+            if not outcome.decision.reuse:
+                notes.to_anchor = placeholders[index:]
+                return exact
+            gated.append(outcome)
+        notes.activated = [(g.placeholder_id, g.decision.activated_ids) for g in gated]
+        return self._reuse_call(exact, gated, prompt, ctx, notes.agent_id)
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        plan: ReusePlan,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        super().after_call(prompt, plan, state, ctx, response_ids)  # bases first: then fetched
+        notes = ctx.notes.get(MODE)
+        if not isinstance(notes, _Notes) or ctx.store is None:
+            return
+        store = cast(AnchorStore, ctx.store)
+        for placeholder_id, anchor_ids in notes.activated:
+            store.touch_anchors(ctx.fingerprint, placeholder_id, anchor_ids)
+        # After the first token: its costs are the call's store_s, not TTFT stages.
+        after = replace(ctx, timings=CallTimings(), pending=[])
+        for span in notes.to_anchor:
+            self._add_anchor(span, prompt, state, after, notes.agent_id)
+        put_records(after, after.pending)  # bases first computed for the anchors
+
+    def _gate(
+        self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext, agent_id: str,
+        *, plan_time: bool,
+    ) -> _Gated | None:  # fmt: skip
+        """The gate for one placeholder (None: no base, the store is unreachable).
+
+        At plan time a pool without two anchors long enough is dense without
+        computing the base (the base is then paid after the first token).
+        """
+        store = cast(AnchorStore, ctx.store)
+        tokens = prompt.token_ids[span.start : span.end]
+        placeholder_id = placeholder_id_of(span.name)
+        if plan_time:
+            with timed(ctx.timings, "lookup_s"):
+                listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
+            if sum(entry.num_tokens >= len(tokens) for entry in listed) <= 1:
+                return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
+        base = question_base(tokens, ctx)
+        if base is None:
+            return None
+        pool = self._pool(placeholder_id, len(tokens), agent_id, ctx)
+        assert ctx.rope is not None
+        with timed(ctx.timings, "lookup_s"):
+            decision = decide(base, pool, ctx.rope, self.config.gate, agent_id)
+        return _Gated(span, placeholder_id, decision, base, pool)
+
+    def _pool(
+        self, placeholder_id: str, num_tokens: int, agent_id: str, ctx: CallContext
+    ) -> tuple[Anchor, ...]:
+        """The pool's anchors this agent could use (its offsets, long enough), decoded."""
+        store = cast(AnchorStore, ctx.store)
+        with timed(ctx.timings, "fetch_s"):
+            entries = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=True)
+        usable = [e for e in entries if e.num_tokens >= num_tokens and agent_id in e.agent_payloads]
+        with timed(ctx.timings, "decode_s"):
+            decoded = [
+                decode_anchor(e, agent_id, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype)
+                for e in usable
+            ]  # fmt: skip
+        return tuple(a for a in decoded if a is not None)
+
+    def _reuse_call(
+        self,
+        exact: ReusePlan,
+        gated: Sequence[_Gated],
+        prompt: SpannedPrompt,
+        ctx: CallContext,
+        agent_id: str,
+    ) -> LayerwiseCall:
+        """Exact prefix, corrected placeholders and next texts, the rest computed."""
+        assert ctx.rope is not None and ctx.layerwise_executor is not None
+        num_layers = ctx.layerwise_executor().num_layers
+        spans, sources = reuse_spans(exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE)  # fmt: skip
+        reused = [s for s in spans if s.keys is not None]
+        for outcome in gated:
+            corrected, corrected_sources = self._corrected(outcome, prompt, ctx, agent_id)
+            reused += corrected
+            sources.update(corrected_sources)
+        tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused))
+        return LayerwiseCall(LayerwisePlan(prompt.token_ids, tuple(tiled)), sources)
+
+    def _corrected(
+        self, outcome: _Gated, prompt: SpannedPrompt, ctx: CallContext, agent_id: str
+    ) -> tuple[tuple[LayerwiseSpan, ...], dict[str, SpanSource]]:
+        """The placeholder's (and its next text's) corrected spans and their sources."""
+        assert outcome.base is not None and ctx.rope is not None
+        span, base = outcome.span, outcome.base
+        next_span = _following_text(prompt, span)
+        next_base = None
+        if next_span is not None and _all_have_prefix(outcome.pool, agent_id, next_span):
+            next_base = question_base(prompt.token_ids[next_span.start : next_span.end], ctx)
+        query = AnchorQuery(agent_id, base, span.start, next_base)
+        with timed(ctx.timings, "shift_s"):
+            correction = correct(query, outcome.pool, ctx.rope, self.config.gate.weights)
+        name = f"{MODE}@{span.start}"
+        spans = anchor_spans(correction, name=name)
+        sources = {spans[0].name: SpanSource(span.start, Reuse(base, MODE, exact=False))}
+        if next_base is not None and next_span is not None:
+            sources[spans[1].name] = SpanSource(next_span.start, Reuse(next_base, MODE, False))
+        return spans, sources
+
+    def _add_anchor(
+        self,
+        span: PromptSpan,
+        prompt: SpannedPrompt,
+        state: ExecutionState,
+        ctx: CallContext,
+        agent_id: str,
+    ) -> None:
+        """Gate again (now with the base) and, if still dense, store this agent's offsets."""
+        outcome = self._gate(span, prompt, ctx, agent_id, plan_time=False)
+        if outcome is None or outcome.decision.reuse or outcome.base is None:
+            return
+        assert ctx.rope is not None
+        real = ctx.executor.read_kv(state, span.start, span.end)
+        offsets = AgentOffsets(kv_offset(real, outcome.base, ctx.rope))
+        next_span = _following_text(prompt, span)
+        if next_span is not None:
+            next_base = question_base(prompt.token_ids[next_span.start : next_span.end], ctx)
+            next_real = ctx.executor.read_kv(state, next_span.start, next_span.end)
+            if next_base is not None:
+                offsets = replace(offsets, prefix=kv_offset(next_real, next_base, ctx.rope))
+        tokens = prompt.token_ids[span.start : span.end]
+        self._put_anchor(outcome.placeholder_id, tokens, outcome.base, offsets, agent_id, ctx)
+
+    def _put_anchor(
+        self,
+        placeholder_id: str,
+        tokens: Sequence[int],
+        base: SegmentKV,
+        offsets: AgentOffsets,
+        agent_id: str,
+        ctx: CallContext,
+    ) -> None:
+        """Put the anchor of `tokens`, keeping the offsets other agents stored for it."""
+        store, fingerprint, quant = cast(AnchorStore, ctx.store), ctx.fingerprint, self.config.quant
+        anchor_id = anchor_id_of(tokens)
+        entries = store.get_anchors(fingerprint, placeholder_id, include_payloads=True)
+        existing = next((e for e in entries if e.anchor_id == anchor_id), None)
+        agent_payloads = dict(existing.agent_payloads) if existing is not None else {}
+        agent_payloads[agent_id] = encode_offsets(offsets, fingerprint=fingerprint, quant=quant)
+        base_payload = (
+            existing.base_payload
+            if existing is not None
+            else encode_base(base, fingerprint=fingerprint, quant=quant)
+        )
+        nbytes = len(base_payload) + sum(len(p) for p in agent_payloads.values())
+        if nbytes > self.config.max_anchor_nbytes:
+            logger.info(
+                "anchor %s/%s holds %d bytes; not stored", placeholder_id, anchor_id, nbytes
+            )
+            return
+        try:
+            store.put_anchor(
+                fingerprint, placeholder_id, anchor_id, base_payload, agent_payloads, len(tokens)
+            )
+        except ResourceExhausted as error:  # a full store costs later reuse, never this call
+            logger.warning("store is full, anchor not stored: %s", error)
+
+
+def _following_text(prompt: SpannedPrompt, span: PromptSpan) -> PromptSpan | None:
+    """The template text right after `span` (KVComm's "prefix" segment), if any."""
+    return next((s for s in prompt.spans if s.start == span.end and s.kind == "text"), None)
+
+
+def _all_have_prefix(pool: Sequence[Anchor], agent_id: str, next_span: PromptSpan) -> bool:
+    """Whether every anchor recorded this agent's offset of a next text this long."""
+    for anchor in pool:
+        offsets = anchor.offsets(agent_id)
+        if offsets is None or offsets.prefix is None:
+            return False
+        if offsets.prefix.num_tokens != next_span.end - next_span.start:
+            return False
+    return bool(pool)
