@@ -37,7 +37,7 @@ class BenchAgentsConfig:
     """One benchmark run. `prefix_len`/`input_len`/`response_len` shape the synthetic
     workload only (its responses are exactly `response_len` tokens); the task
     workloads cap each agent at `max_new_tokens`. `store_target` None runs an
-    embedded store. `data_path` replaces the shipped sample for math/mc (a
+    embedded memory-only store of `store_memory_mib`. `data_path` replaces the shipped sample for math/mc (a
     GSM8K/MMLU-format JSONL). See `ModeRunConfig` for `quant` and `reference`.
     """
 
@@ -52,6 +52,7 @@ class BenchAgentsConfig:
     response_len: int = 128
     out_dir: Path = Path("results/bench_agents")
     store_target: str | None = None
+    store_memory_mib: int = 2048
     quant: str = "none"
     reference: str = "full"
     warmup: bool = True
@@ -64,6 +65,8 @@ class BenchAgentsConfig:
             raise ValueError(f"workload {self.workload!r} not in {WORKLOADS}")
         if not MIN_AGENTS <= self.num_agents <= MAX_AGENTS:
             raise ValueError(f"num_agents {self.num_agents} outside [{MIN_AGENTS}, {MAX_AGENTS}]")
+        if self.store_memory_mib < 1:
+            raise ValueError(f"store_memory_mib {self.store_memory_mib} must be >= 1")
         if self.samples < 1:
             raise ValueError(f"samples {self.samples} must be >= 1")
         if self.data_path is not None and self.workload not in ("math", "mc"):
@@ -140,7 +143,7 @@ def run_bench_agents(
         )
     run_config = config.mode_run_config(time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2))
     start_s = time.perf_counter()
-    with open_store(config.store_target) as store:
+    with open_store(config.store_target, memory_bytes=config.store_memory_mib << 20) as store:
         records = run_modes(loaded, workload, problems, run_config, store.target, progress)
     result = BenchResult(
         config=config,

@@ -20,6 +20,10 @@ from kvsplice.server.embedded import EmbeddedStore, loopback_config
 logger = logging.getLogger(__name__)
 
 ADMIN_HOST = "127.0.0.1"
+# NOTE: unquantized SmolLM2 K/V is 46 KB per token, and a 5-agent sample stores
+# thousands of tokens per mode; a small budget evicts the template segments that
+# later samples should hit, which would understate reuse.
+DEFAULT_MEMORY_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -40,19 +44,25 @@ class StoreSession:
 
 @contextmanager
 def open_store(
-    target: str | None, *, lmdb_path: Path | None = None, admin: bool = False
+    target: str | None,
+    *,
+    lmdb_path: Path | None = None,
+    admin: bool = False,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
 ) -> Iterator[StoreSession]:
     """`target` as is, or (None) an embedded store for the duration of the `with` block.
 
-    The embedded store keeps a memory tier, over LMDB at `lmdb_path` when given,
-    and serves the admin API on a free loopback port when `admin`.
+    The embedded store keeps a memory tier of `memory_bytes`, over LMDB at
+    `lmdb_path` when given, and serves the admin API on a free loopback port
+    when `admin`.
     """
     if target is not None:
         yield StoreSession(target, embedded=False)
         return
     admin_port = free_port(ADMIN_HOST) if admin else None
+    lmdb = None if lmdb_path is None else str(lmdb_path)
     config = loopback_config(
-        None if lmdb_path is None else str(lmdb_path), admin_host=ADMIN_HOST, admin_port=admin_port
+        lmdb, memory_bytes=memory_bytes, admin_host=ADMIN_HOST, admin_port=admin_port
     )
     with EmbeddedStore(config) as store:
         admin_url = None if admin_port is None else f"http://{ADMIN_HOST}:{admin_port}"

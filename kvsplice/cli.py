@@ -12,7 +12,11 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="KV-cache reuse for multi-agent LLM inference: the store sidecar, worker tools, benchmarks.",
+)
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (ratios measured in one run).")
 app.add_typer(bench_app, name="bench")
 
@@ -241,6 +245,113 @@ def list_segments(
     Console().print(table)
     if body.get("next_offset") is not None:
         typer.echo(f"more: --offset {body['next_offset']}")
+
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="KVSPLICE_STORE",
+        help="host:port of a running sidecar; default: embedded.",
+    ),
+]
+
+
+def _progress_bar():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    )
+    task = bar.add_task("agent calls", total=None)
+
+    def on_event(event: object) -> None:
+        bar.update(task, completed=event.done, total=event.total, description=event.message[:60])
+
+    return bar, on_event
+
+
+@app.command()
+def demo(
+    store: StoreOpt = None,
+    problems: Annotated[int, typer.Option(min=1, max=164, help="HumanEval problems.")] = 3,
+    modes: Annotated[
+        str, typer.Option(help="Comma-separated modes; dense is the baseline.")
+    ] = "dense,exact,naive",
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    out_dir: Annotated[Path, typer.Option("--out")] = Path("results/demo"),
+    auth_token: TokenOpt = None,
+    model: ModelOpt = "smollm2",
+    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    log_level: LogLevelOpt = "WARNING",
+) -> None:
+    """The 5-agent HumanEval pipeline in each mode against the store; prints TTFT and fidelity."""
+    from rich.console import Console
+
+    from kvsplice.client.models import ModelConfig
+    from kvsplice.eval.agents_demo import DemoConfig, render_demo, run_agents_demo
+
+    _setup_logging(log_level)
+    config = DemoConfig(
+        store_target=store,
+        store_token=auth_token or None,
+        num_problems=problems,
+        modes=tuple(modes.split(",")),
+        max_new_tokens=max_new_tokens,
+        out_dir=out_dir,
+        model=ModelConfig(source=model, cache_dir=model_cache),
+    )
+    console = Console()
+    console.print(
+        "[bold]kvsplice demo[/]: loading the model (the first run converts the GGUF once)"
+    )
+    bar, on_event = _progress_bar()
+    with bar:
+        result = run_agents_demo(config, progress=on_event)
+    for renderable in render_demo(result):
+        console.print(renderable)
+
+
+@bench_app.command("agents")
+def bench_agents(
+    workload: Annotated[str, typer.Option(help="synthetic, humaneval, math or mc")] = "synthetic",
+    agents: Annotated[int, typer.Option("--agents", min=2, max=5)] = 5,
+    modes: Annotated[str, typer.Option(help="Comma-separated modes.")] = "dense,exact,naive",
+    samples: Annotated[int, typer.Option(min=1)] = 3,
+    graph: Annotated[str, typer.Option(help="fully_connected or chain")] = "fully_connected",
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    prefix_len: Annotated[int, typer.Option(help="synthetic: system prompt tokens")] = 512,
+    input_len: Annotated[int, typer.Option(help="synthetic: user input tokens")] = 256,
+    response_len: Annotated[int, typer.Option(help="synthetic: tokens per response")] = 128,
+    quant: Annotated[str, typer.Option(help="none, fp16 or int8 payloads")] = "none",
+    data: Annotated[Path | None, typer.Option(help="GSM8K/MMLU-format JSONL for math/mc")] = None,
+    out: Annotated[Path, typer.Option("--out")] = Path("results/bench_agents"),
+    store: StoreOpt = None,
+    auth_token: TokenOpt = None,
+    model: ModelOpt = "smollm2",
+    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    log_level: LogLevelOpt = "WARNING",
+) -> None:
+    """Multi-agent TTFT, reuse rate and fidelity per mode; writes JSON, markdown and PNG plots."""
+    from rich.console import Console
+
+    from kvsplice.client.models import ModelConfig
+    from kvsplice.eval.bench_agents import BenchAgentsConfig, run_bench_agents
+    from kvsplice.eval.report import render_bench_agents
+
+    _setup_logging(log_level)
+    config = BenchAgentsConfig(
+        workload=workload, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
+        graph=graph, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
+        response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
+        quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
+    )  # fmt: skip
+    bar, on_event = _progress_bar()
+    with bar:
+        result = run_bench_agents(config, progress=on_event)
+    console = Console()
+    for renderable in render_bench_agents(result):
+        console.print(renderable)
 
 
 @bench_app.command("core")

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoResult, list[ProgressEvent]]:
     use_one_torch_thread()
     loaded = load_model_cached(ModelConfig())
-    config = DemoConfig(num_problems=1, max_new_tokens=6, warmup=False, out_dir=tmp_path_factory.mktemp("demo"))
+    config = DemoConfig(
+        num_problems=1, max_new_tokens=6, warmup=False, out_dir=tmp_path_factory.mktemp("demo")
+    )
     events: list[ProgressEvent] = []
     return run_agents_demo(config, events.append, loaded), events
 

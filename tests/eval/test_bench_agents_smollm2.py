@@ -33,7 +33,9 @@ def smollm2() -> LoadedModel:
 
 
 @pytest.fixture(scope="module", params=sorted(RUNS))
-def bench(request: pytest.FixtureRequest, smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchResult, list[ProgressEvent]]:
+def bench(
+    request: pytest.FixtureRequest, smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[BenchResult, list[ProgressEvent]]:
     workload = request.param
     config = BenchAgentsConfig(
         workload=workload, num_agents=3, max_new_tokens=6,
@@ -49,7 +51,9 @@ def test_exact_mode_reproduces_dense_for_every_call(bench) -> None:
     assert exact and all(r.output_matches for r in exact)
     assert all(r.first_token_agrees for r in exact)
     summary = result.aggregates.at("exact")
-    assert summary is not None and summary.first_token_agreement == 1.0 and summary.output_match == 1.0
+    assert (
+        summary is not None and summary.first_token_agreement == 1.0 and summary.output_match == 1.0
+    )
 
 
 def test_reuse_where_possible(bench) -> None:

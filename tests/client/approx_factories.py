@@ -1,0 +1,66 @@
+"""Factories for the approximate-mode policy tests: a 4-layer tiny Llama and a 2-agent chain."""
+
+from __future__ import annotations
+
+import torch
+from client_factories import VOCAB, CharTokenizer, FakePrompt, make_prompt
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kvsplice.client.models import LoadedModel, bundle_model
+from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
+from kvsplice.client.span_executor import GenerationConfig
+
+NUM_LAYERS = 4
+GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
+# Both systems end in the same 17 tokens, the left context the question shares.
+SYSTEM_1 = "<|im_start|>system\nYou plan.<|im_end|>\n<|im_start|>user\nProblem:\n"
+SYSTEM_2 = "<|im_start|>system\nYou solve.<|im_end|>\n<|im_start|>user\nProblem:\n"
+SYSTEM_3 = "<|im_start|>system\nYou judge.<|im_end|>\n<|im_start|>user\nProblem:\n"
+HANDOFF = "\nAgent 1 said:\n"
+CLOSING = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def make_loaded4(seed: int = 0) -> LoadedModel:
+    """4 layers, hidden 64, 4 query / 2 KV heads (GQA), fp32, over the character vocabulary."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rope_theta=10000.0, attn_implementation="eager",
+    )  # fmt: skip
+    return bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+
+
+def first_prompt(question: str, system: str = SYSTEM_1) -> FakePrompt:
+    return make_prompt(
+        [
+            ("text", "text_0", system),
+            ("placeholder", "user_question", question),
+            ("text", "text_2", CLOSING),
+        ]
+    )
+
+
+def second_prompt(question: str, upstream: tuple[int, ...]) -> FakePrompt:
+    return make_prompt(
+        [
+            ("text", "text_0", SYSTEM_2),
+            ("placeholder", "user_question", question),
+            ("text", "text_2", HANDOFF),
+            ("placeholder", "agent_1_current", upstream),
+            ("text", "text_4", CLOSING),
+        ]
+    )
+
+
+def run_chain(engine: ReuseEngine, question: str) -> list[tuple[FakePrompt, CallOutcome]]:
+    """Agent 1 sees the question; agent 2 the question and agent 1's answer (as ids)."""
+    prompt_1 = first_prompt(question)
+    first = engine.run(prompt_1, GENERATION)
+    prompt_2 = second_prompt(question, first.output_ids or (32,))
+    return [(prompt_1, first), (prompt_2, engine.run(prompt_2, GENERATION))]
+
+
+def approximate_tokens(outcome: CallOutcome) -> int:
+    """Reused tokens that did not come from an exact left-context match."""
+    return sum(span.num_tokens for span in outcome.reused if not span.exact)

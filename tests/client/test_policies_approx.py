@@ -1,0 +1,272 @@
+"""Approximate reuse policies (anchor, multicut, blend, halo) end to end on a tiny Llama.
+
+Each runs a 2-agent chain against an embedded store; degenerate settings must
+equal dense prefill, and every mode must fall back to dense without a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from approx_factories import (
+    GENERATION,
+    NUM_LAYERS,
+    SYSTEM_1,
+    SYSTEM_3,
+    approximate_tokens,
+    first_prompt,
+    make_loaded4,
+    run_chain,
+)
+from client_factories import CharTokenizer
+
+from kvsplice.client.anchor_codec import (
+    anchor_id_of,
+    decode_anchor,
+    encode_offsets,
+    placeholder_id_of,
+    split_offsets,
+)
+from kvsplice.client.models import LoadedModel
+from kvsplice.client.modes.anchor_gate import GateConfig
+from kvsplice.client.modes.anchor_types import AgentOffsets
+from kvsplice.client.modes.blend import BlendConfig
+from kvsplice.client.modes.halo_acceptance import AcceptanceConfig
+from kvsplice.client.modes.multicut import ExactWindow
+from kvsplice.client.policies import ReusePolicy
+from kvsplice.client.policies.anchor import AnchorConfig, AnchorPolicy, agent_key
+from kvsplice.client.policies.blend import BlendPolicy
+from kvsplice.client.policies.halo import HaloConfig, HaloPolicy
+from kvsplice.client.policies.multicut import MulticutConfig, MulticutPolicy
+from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.common.keys import context_key, root_key
+from kvsplice.index.anchor_pool import AnchorPoolConfig
+from kvsplice.kvmath.payload import decode_payload
+from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+ATOL = 1e-4  # fp32 logits of a plan that computes what dense computes
+QUESTIONS = ("what is two plus two?", "name a prime number above ten")
+NEAR_DUPLICATE = "what is two plus two!"  # as long as QUESTIONS[0], one character apart
+QUESTION_POOL = placeholder_id_of("user_question")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny matmuls on a shared 2-core box: intra-op threads only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    lmdb_path = tmp_path_factory.mktemp("approx") / "lmdb"
+    with EmbeddedStore(loopback_config(str(lmdb_path))) as store:
+        yield store.target
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return make_loaded4()
+
+
+def make_engine(
+    loaded: LoadedModel, policy: ReusePolicy | str, target: str, namespace: str
+) -> ReuseEngine:
+    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
+
+
+def test_blend_and_halo_reuse_upstream_spans_on_the_second_call(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    for mode, policy in (("blend", BlendPolicy()), ("halo", HaloPolicy(HaloConfig(num_halo=2)))):
+        engine = make_engine(loaded, policy, store_target, f"approx-reuse-{mode}")
+        (_, first), (_, second) = run_chain(engine, QUESTIONS[0])
+        assert first.output_ids and second.output_ids
+        assert approximate_tokens(second) > 0
+        approximate = [s for s in second.reused if not s.exact]
+        assert {s.mode for s in approximate} == {mode}
+        # blend keeps the old K/V above the check layer only; halo reads every layer
+        expected_layers = NUM_LAYERS - 1 if mode == "blend" else NUM_LAYERS
+        assert {s.num_layers for s in approximate} == {expected_layers}
+        assert second.ttft_s > second.timings.prefill_s > 0
+
+
+def test_multicut_reuses_lower_layers_and_stores_boundary_states(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    # the question's left contexts share 17 tokens: cut 3 (needs 16) passes, cut 4 (full) not
+    config = MulticutConfig(w_exact=ExactWindow(((3, 16),)), cut_every=1)
+    engine = make_engine(loaded, MulticutPolicy(config), store_target, "approx-multicut")
+    (prompt, first), (_, second) = run_chain(engine, QUESTIONS[0])
+    assert first.num_reused_tokens == 0
+    [reused] = second.reused
+    assert (reused.name, reused.mode, reused.num_layers) == ("user_question", "multicut", 3)
+    assert reused.num_tokens == len(QUESTIONS[0]) and reused.delta == 1  # "plan." vs "solve."
+    tokenizer = CharTokenizer()
+    system_key = context_key(root_key(loaded.fingerprint), tokenizer.encode(SYSTEM_1))
+    question_key = context_key(system_key, tokenizer.encode(QUESTIONS[0]))
+    assert engine.store is not None
+    found = engine.store.get_segment(question_key)
+    assert found is not None
+    assert decode_payload(found[1]).boundary_states.keys() == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        BlendPolicy(BlendConfig(ratio=1.0)),
+        HaloPolicy(HaloConfig(num_halo=10_000)),
+        HaloPolicy(HaloConfig(num_halo=2, acceptance=AcceptanceConfig(epsilon_nats=0.0))),
+        MulticutPolicy(MulticutConfig(w_exact=ExactWindow(((0, "full"),)), cut_every=1)),
+    ],
+    ids=["blend-r1", "halo-h-all", "halo-reject", "multicut-full-window"],
+)
+def test_degenerate_settings_equal_dense(
+    loaded: LoadedModel, store_target: str, policy: ReusePolicy
+) -> None:
+    namespace = f"approx-degenerate-{policy.mode}-{id(policy)}"
+    engine = make_engine(loaded, policy, store_target, namespace)
+    calls = [call for q in QUESTIONS for call in run_chain(engine, q)]
+    for prompt, outcome in calls:
+        reference = engine.dense_reference(prompt, GENERATION)
+        assert outcome.generated_ids == reference.generated_ids
+        assert (outcome.logits_first - reference.logits_first).abs().max() <= ATOL
+        assert approximate_tokens(outcome) == 0
+    assert calls[2][1].num_reused_tokens > 0  # the exact prefix still hits
+
+
+def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-anchor")
+    store = engine.store
+    assert isinstance(store, StoreClient)
+    filling = [call for q in QUESTIONS for call in run_chain(engine, q)]
+    assert all(approximate_tokens(outcome) == 0 for _, outcome in filling)
+    pool = store.get_anchors(loaded.fingerprint, QUESTION_POOL)
+    assert [e.anchor_id for e in pool] == [
+        anchor_id_of(CharTokenizer().encode(q)) for q in QUESTIONS
+    ]
+    agents = {agent_key(prompt) for prompt, _ in filling}
+    assert len(agents) == 2 and all(set(e.agent_payloads) == agents for e in pool)
+    (prompt, outcome), _ = run_chain(engine, NEAR_DUPLICATE)
+    assert approximate_tokens(outcome) > 0
+    assert {s.mode for s in outcome.reused if not s.exact} == {"anchor"}
+    reference = engine.dense_reference(prompt, GENERATION)
+    assert outcome.generated_ids == reference.generated_ids  # measured max |Δlogit| 7e-3
+    after = store.get_anchors(loaded.fingerprint, QUESTION_POOL)
+    assert len(after) == 2  # the reused sample did not become an anchor
+    assert sum(e.activation_count for e in after) > 0
+
+
+def test_anchor_with_an_identical_anchor_equals_dense(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    # quant "none": the anchor's base equals the query's, its weight is 1 and
+    # base + (real − base) is the real K/V (up to fp32 rounding).
+    policy = AnchorPolicy(AnchorConfig(quant="none"))
+    engine = make_engine(loaded, policy, store_target, "approx-anchor-oracle")
+    for question in QUESTIONS:
+        run_chain(engine, question)
+    tokenizer = CharTokenizer()
+    system_key = context_key(root_key(loaded.fingerprint), tokenizer.encode(SYSTEM_1))
+    assert engine.store is not None  # forget agent 1's question so exact reuse stops before it
+    assert engine.store.delete(context_key(system_key, tokenizer.encode(QUESTIONS[0])))
+    prompt = first_prompt(QUESTIONS[0])
+    outcome = engine.run(prompt, GENERATION)
+    reference = engine.dense_reference(prompt, GENERATION)
+    assert approximate_tokens(outcome) == len(prompt.token_ids) - len(SYSTEM_1) - 1 - 3
+    assert (outcome.logits_first - reference.logits_first).abs().max() <= 1e-3
+    assert outcome.generated_ids == reference.generated_ids
+
+
+def test_anchor_offsets_never_serve_another_agent(loaded: LoadedModel, store_target: str) -> None:
+    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-anchor-agents")
+    for question in QUESTIONS:
+        run_chain(engine, question)
+    stranger = first_prompt(NEAR_DUPLICATE, system=SYSTEM_3)
+    outcome = engine.run(stranger, GENERATION)
+    assert approximate_tokens(outcome) == 0  # no anchor holds offsets for this template
+    assert isinstance(engine.store, StoreClient)
+    [entry, _] = engine.store.get_anchors(loaded.fingerprint, QUESTION_POOL)[:2]
+    anchor = decode_anchor(
+        entry, agent_key(first_prompt("x")), fingerprint=loaded.fingerprint, dtype=torch.float32
+    )
+    assert anchor is not None and list(anchor.offsets_by_agent) == [agent_key(first_prompt("x"))]
+
+
+def test_anchor_pool_never_exceeds_its_capacity(loaded: LoadedModel) -> None:
+    config = loopback_config(None, anchor_pool=AnchorPoolConfig(capacity=2))
+    with EmbeddedStore(config) as store:
+        engine = make_engine(loaded, AnchorPolicy(), store.target, "approx-anchor-capacity")
+        client = engine.store
+        assert isinstance(client, StoreClient)
+        sizes = []
+        for question in ("one question", "two questions", "three questions", "four questions"):
+            engine.run(first_prompt(question), GENERATION)
+            sizes.append(len(client.get_anchors(loaded.fingerprint, QUESTION_POOL)))
+        assert sizes == [1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("mode", ["anchor", "multicut", "blend", "halo"])
+def test_unreachable_store_falls_back_to_dense(loaded: LoadedModel, mode: str) -> None:
+    config = StoreClientConfig(
+        lookup_timeout_s=0.05, get_timeout_s=0.05, put_timeout_s=0.05, max_attempts=1
+    )
+    dead = StoreClient("127.0.0.1:1", "approx-dead", config=config)
+    engine = ReuseEngine(loaded, mode, dead, EngineConfig(quant="none"))
+    for prompt, outcome in run_chain(engine, QUESTIONS[0]):
+        reference = engine.dense_reference(prompt, GENERATION)
+        assert outcome.num_reused_tokens == 0
+        assert outcome.generated_ids == reference.generated_ids
+    assert dead.counters.num_degraded_calls > 0
+
+
+@pytest.mark.parametrize("mode", ["anchor", "multicut", "blend", "halo"])
+def test_without_store_every_mode_is_dense(loaded: LoadedModel, mode: str) -> None:
+    engine = ReuseEngine(loaded, mode, None)
+    prompt = first_prompt(QUESTIONS[0])
+    outcome, reference = engine.run(prompt, GENERATION), engine.dense_reference(prompt, GENERATION)
+    assert outcome.num_reused_tokens == 0 and outcome.generated_ids == reference.generated_ids
+
+
+def make_offsets(num_placeholder: int, num_next: int, start: int) -> AgentOffsets:
+    generator = torch.Generator().manual_seed(num_placeholder * 31 + num_next)
+    shape = (NUM_LAYERS, 2, num_placeholder + num_next, 16)
+    keys, values = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    joined = SegmentKV(keys, values, start_position=start)
+    return split_offsets(joined, num_placeholder)
+
+
+@pytest.mark.parametrize(("num_placeholder", "num_next"), [(5, 0), (5, 3), (1, 7)])
+def test_offset_payload_round_trips(
+    loaded: LoadedModel, num_placeholder: int, num_next: int
+) -> None:
+    offsets = make_offsets(num_placeholder, num_next, start=9)
+    payload = encode_offsets(offsets, fingerprint=loaded.fingerprint, quant="none")
+    back = split_offsets(decode_payload(payload), num_placeholder)
+    assert torch.equal(back.placeholder.keys, offsets.placeholder.keys)
+    assert back.placeholder.start_position == 9
+    if num_next:
+        assert back.prefix is not None and offsets.prefix is not None
+        assert torch.equal(back.prefix.values, offsets.prefix.values)
+        assert back.prefix.start_position == 9 + num_placeholder
+    else:
+        assert back.prefix is None
+
+
+def test_ids_are_stable_and_valid_store_ids(tmp_path: Path) -> None:
+    assert placeholder_id_of("agent_1_history_-1") == "agent.1.history.-1"
+    assert anchor_id_of((1, 2, 3)) == anchor_id_of([1, 2, 3]) != anchor_id_of((1, 2, 4))
+    same_template = [first_prompt(q) for q in QUESTIONS]
+    assert agent_key(same_template[0]) == agent_key(same_template[1])
+    assert agent_key(first_prompt("q", system=SYSTEM_3)) != agent_key(same_template[0])
+    assert GateConfig().gamma == 0.3  # the documented default the pool tests rely on
