@@ -136,9 +136,7 @@ class StreamMethod(NamedTuple):
 # NOTE: the generated stub would build and parse protobuf objects around every payload
 # chunk: three copies into fresh pages per chunk (~20 ms per 8 MiB on a loaded 2-core
 # host); these calls send `put_frames` and read `parse_get_response` instead.
-PUT_SEGMENT = StreamMethod(
-    f"/{_SERVICE_NAME}/PutSegment", None, pb.PutSegmentResponse.FromString
-)
+PUT_SEGMENT = StreamMethod(f"/{_SERVICE_NAME}/PutSegment", None, pb.PutSegmentResponse.FromString)
 GET_SEGMENT = StreamMethod(
     f"/{_SERVICE_NAME}/GetSegment", pb.GetSegmentRequest.SerializeToString, parse_get_response
 )

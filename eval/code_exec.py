@@ -2,8 +2,8 @@
 
 Owns `ExecLimits`, `ExecResult` and `run_program`. It never `exec`s code in this
 process: the program is written to a temp dir and run by a fresh interpreter in
-its own session, with CPU-time, memory, file-size and open-file limits set
-before it starts. It is a guard against accidents, not a security boundary.
+its own session, whose first act is to set CPU-time, memory, file-size and
+open-file limits. It is a guard against accidents, not a security boundary.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,18 @@ logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
 STDERR_TAIL_CHARS = 2000
+# NOTE: the limits are set by the child interpreter before it runs the program,
+# not in a `preexec_fn`: this process runs gRPC and torch threads, and Python
+# documents `preexec_fn` as unsafe (it may deadlock) in a threaded parent.
+_BOOTSTRAP = """\
+import resource, runpy, sys
+script, *limits = sys.argv[1:]
+for limit in limits:
+    name, value = limit.split("=")
+    resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+sys.argv = [script]
+runpy.run_path(script, run_name="__main__")
+"""
 
 
 @dataclass(frozen=True)
@@ -59,14 +69,13 @@ def run_program(source: str, limits: ExecLimits | None = None) -> ExecResult:
         script = Path(workdir) / "program.py"
         script.write_text(source, encoding="utf-8")
         process = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(script)],
+            [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, str(script), *_limit_args(limits)],
             cwd=workdir,
             env={"PATH": os.defpath, "PYTHONHASHSEED": "0"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group, so a timeout kills any children
-            preexec_fn=_limiter(limits),
         )
         return _wait(process, limits.timeout_s)
 
@@ -87,17 +96,15 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def _limiter(limits: ExecLimits) -> Callable[[], None]:
-    """The child-side hook that caps CPU, memory, file size and open files."""
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+def _limit_args(limits: ExecLimits) -> list[str]:
+    """`RLIMIT_<NAME>=<value>` arguments for the bootstrap (and no core dumps)."""
+    return [
+        f"RLIMIT_CPU={limits.cpu_s}",
+        f"RLIMIT_AS={limits.memory_bytes}",
+        f"RLIMIT_FSIZE={limits.file_bytes}",
+        f"RLIMIT_NOFILE={limits.max_open_files}",
+        "RLIMIT_CORE=0",
+    ]
 
 
 def _tail(stderr: bytes | None) -> str:

@@ -74,6 +74,17 @@ def test_run_program_passes_fails_and_times_out() -> None:
     assert (looped.passed, looped.timed_out) == (False, True)
 
 
+def test_run_program_sets_the_limits_before_the_program_runs() -> None:
+    check = (
+        "import resource\n"
+        "assert resource.getrlimit(resource.RLIMIT_CPU) == (3, 3)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE) == (64, 64)\n"
+        "assert resource.getrlimit(resource.RLIMIT_CORE) == (0, 0)\n"
+    )
+    result = run_program(check, FAST)
+    assert result.passed, result.stderr_tail
+
+
 def test_run_program_caps_memory() -> None:
     hog = run_program("x = bytearray(1 << 30)\n", ExecLimits(timeout_s=3.0, memory_bytes=256 << 20))
     assert not hog.passed
