@@ -90,11 +90,17 @@ def encode_offsets(offsets: AgentOffsets, *, fingerprint: str, quant: str) -> by
 
 
 def decode_anchor(
-    entry: AnchorEntry, agent_id: str, *, fingerprint: str, dtype: torch.dtype
+    entry: AnchorEntry,
+    agent_id: str,
+    *,
+    fingerprint: str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
 ) -> Anchor | None:
     """`entry` as an `Anchor` holding only `agent_id`'s offsets; None if a payload is corrupt.
 
     Other agents' payloads are left undecoded: they could not serve this agent.
+    Tensors land on `device` (the correction runs where the query's base is).
     """
     try:
         base = decode_payload(entry.base_payload, expect_fingerprint=fingerprint, dtype=dtype)
@@ -108,8 +114,17 @@ def decode_anchor(
     if base.num_tokens != entry.num_tokens or (joined and joined.num_tokens < entry.num_tokens):
         logger.warning("anchor %s payloads disagree with its length; skipped", entry.anchor_id)
         return None
-    offsets = {} if joined is None else {agent_id: split_offsets(joined, entry.num_tokens)}
+    base = on_device(base, device)
+    offsets = {}
+    if joined is not None:
+        offsets[agent_id] = split_offsets(on_device(joined, device), entry.num_tokens)
     return Anchor(entry.anchor_id, base, offsets)
+
+
+def on_device(segment: SegmentKV, device: torch.device | str) -> SegmentKV:
+    """`segment`'s K/V on `device` (no copy when already there; boundary states dropped)."""
+    keys, values = segment.keys.to(device), segment.values.to(device)
+    return SegmentKV(keys, values, segment.start_position, segment.layer_start)
 
 
 def split_offsets(joined: SegmentKV, num_placeholder_tokens: int) -> AgentOffsets:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import xxhash
 
@@ -116,7 +116,7 @@ def put_frames(meta: SegmentMeta, payload: bytes, chunk_nbytes: int) -> Iterator
         yield encode_chunk(view[start : start + chunk_nbytes])
 
 
-GetPart = pb.GetSegmentResponse | memoryview
+GetPart: TypeAlias = pb.GetSegmentResponse | memoryview
 
 
 def parse_get_response(message: bytes) -> GetPart:

@@ -8,6 +8,7 @@ also travel as `proto.chunk_frames` (`parse_put_request`, `segment_frames`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Callable, Iterator, Sequence
+from typing import TypeAlias
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta
@@ -21,7 +22,7 @@ from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
-PutPart = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
+PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
 
 
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:

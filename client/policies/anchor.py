@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+import torch
 import xxhash
 
 from kvsplice.client.anchor_codec import (
@@ -24,6 +25,7 @@ from kvsplice.client.anchor_codec import (
     decode_anchor,
     encode_base,
     encode_offsets,
+    on_device,
     placeholder_id_of,
 )
 from kvsplice.client.call_timings import CallTimings, timed
@@ -118,7 +120,7 @@ class AnchorPolicy(RecordingPolicy):
         exact = builder.build()
         placeholders = [
             s for s in prompt.spans if s.kind == "placeholder" and s.start >= builder.covered_until
-        ]  # fmt: skip
+        ]
         if ctx.store is None or not placeholders:
             return exact
         notes = ctx.notes[MODE] = _Notes(agent_key(prompt))
@@ -156,9 +158,14 @@ class AnchorPolicy(RecordingPolicy):
         put_records(after, after.pending)  # bases first computed for the anchors
 
     def _gate(
-        self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext, agent_id: str,
-        *, plan_time: bool,
-    ) -> _Gated | None:  # fmt: skip
+        self,
+        span: PromptSpan,
+        prompt: SpannedPrompt,
+        ctx: CallContext,
+        agent_id: str,
+        *,
+        plan_time: bool,
+    ) -> _Gated | None:
         """The gate for one placeholder (None: no base, the store is unreachable).
 
         At plan time a pool without two anchors long enough is dense without
@@ -172,7 +179,7 @@ class AnchorPolicy(RecordingPolicy):
                 listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
             if sum(entry.num_tokens >= len(tokens) for entry in listed) <= 1:
                 return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
-        base = question_base(tokens, ctx)
+        base = _base(tokens, ctx)
         if base is None:
             return None
         pool = self._pool(placeholder_id, len(tokens), agent_id, ctx)
@@ -189,11 +196,12 @@ class AnchorPolicy(RecordingPolicy):
         with timed(ctx.timings, "fetch_s"):
             entries = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=True)
         usable = [e for e in entries if e.num_tokens >= num_tokens and agent_id in e.agent_payloads]
+        fingerprint, dtype, device = ctx.fingerprint, ctx.decode_dtype, _device(ctx)
         with timed(ctx.timings, "decode_s"):
             decoded = [
-                decode_anchor(e, agent_id, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype)
+                decode_anchor(e, agent_id, fingerprint=fingerprint, dtype=dtype, device=device)
                 for e in usable
-            ]  # fmt: skip
+            ]
         return tuple(a for a in decoded if a is not None)
 
     def _reuse_call(
@@ -207,7 +215,9 @@ class AnchorPolicy(RecordingPolicy):
         """Exact prefix, corrected placeholders and next texts, the rest computed."""
         assert ctx.rope is not None and ctx.layerwise_executor is not None
         num_layers = ctx.layerwise_executor().num_layers
-        spans, sources = reuse_spans(exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE)  # fmt: skip
+        spans, sources = reuse_spans(
+            exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE
+        )
         reused = [s for s in spans if s.keys is not None]
         for outcome in gated:
             corrected, corrected_sources = self._corrected(outcome, prompt, ctx, agent_id)
@@ -225,7 +235,7 @@ class AnchorPolicy(RecordingPolicy):
         next_span = _following_text(prompt, span)
         next_base = None
         if next_span is not None and _all_have_prefix(outcome.pool, agent_id, next_span):
-            next_base = question_base(prompt.token_ids[next_span.start : next_span.end], ctx)
+            next_base = _base(prompt.token_ids[next_span.start : next_span.end], ctx)
         query = AnchorQuery(agent_id, base, span.start, next_base)
         with timed(ctx.timings, "shift_s"):
             correction = correct(query, outcome.pool, ctx.rope, self.config.gate.weights)
@@ -253,7 +263,7 @@ class AnchorPolicy(RecordingPolicy):
         offsets = AgentOffsets(kv_offset(real, outcome.base, ctx.rope))
         next_span = _following_text(prompt, span)
         if next_span is not None:
-            next_base = question_base(prompt.token_ids[next_span.start : next_span.end], ctx)
+            next_base = _base(prompt.token_ids[next_span.start : next_span.end], ctx)
             next_real = ctx.executor.read_kv(state, next_span.start, next_span.end)
             if next_base is not None:
                 offsets = replace(offsets, prefix=kv_offset(next_real, next_base, ctx.rope))
@@ -293,6 +303,22 @@ class AnchorPolicy(RecordingPolicy):
             )
         except ResourceExhausted as error:  # a full store costs later reuse, never this call
             logger.warning("store is full, anchor not stored: %s", error)
+
+
+def _device(ctx: CallContext) -> torch.device:
+    assert ctx.layerwise_executor is not None
+    return ctx.layerwise_executor().adapter.device
+
+
+def _base(tokens: Sequence[int], ctx: CallContext) -> SegmentKV | None:
+    """The standalone base K/V of `tokens` (fetched or computed, see `question_base`), fp32
+    on the model's device: where the call's real K/V are, so offsets and corrections mix them."""
+    base = question_base(tuple(tokens), ctx)
+    if base is None:
+        return None
+    return on_device(
+        SegmentKV(base.keys.float(), base.values.float(), base.start_position), _device(ctx)
+    )
 
 
 def _following_text(prompt: SpannedPrompt, span: PromptSpan) -> PromptSpan | None:

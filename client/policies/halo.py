@@ -1,4 +1,4 @@
-"""Mode `halo` (EPIC's LegoLink, seed 004): naive's reused spans with their first h tokens recomputed.
+"""Mode `halo` (EPIC's LegoLink, seed 004): naive's reuse with each span's first h tokens computed.
 
 Naive's plan decides what is reused; every approximate span's first h tokens
 are computed against the true left context (`halo_plan`) and the rest is read
@@ -60,7 +60,8 @@ class HaloPolicy:
             naive, ctx.rope, executor.num_layers, approx_start_layer=executor.num_layers, mode=MODE
         )  # fmt: skip
         exact_names = {name for name, source in sources.items() if source.action.exact}
-        plan = halo_plan(LayerwisePlan(naive.token_ids, tuple(spans)), self.config.num_halo, exact_names)  # fmt: skip
+        reused = LayerwisePlan(naive.token_ids, tuple(spans))
+        plan = halo_plan(reused, self.config.num_halo, exact_names)
         acceptance = self.config.acceptance
         if acceptance is None:
             return LayerwiseCall(plan, sources)

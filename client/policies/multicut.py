@@ -78,7 +78,9 @@ class MulticutPolicy(RecordingPolicy):
             return exact  # nothing to find and nowhere to store boundary states
         assert ctx.rope is not None and ctx.layerwise_executor is not None
         num_layers = ctx.layerwise_executor().num_layers
-        spans, sources = reuse_spans(exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE)  # fmt: skip
+        spans, sources = reuse_spans(
+            exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE
+        )
         reused = [s for s in spans if s.keys is not None]
         for span in prompt.spans:
             if span.start < builder.covered_until:
@@ -91,7 +93,8 @@ class MulticutPolicy(RecordingPolicy):
                 sources[layerwise_span.name] = source
         tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused))
         cuts = self.config.cut_layers(num_layers)
-        return LayerwiseCall(LayerwisePlan(prompt.token_ids, tuple(tiled), capture_layers=cuts), sources)  # fmt: skip
+        plan = LayerwisePlan(prompt.token_ids, tuple(tiled), capture_layers=cuts)
+        return LayerwiseCall(plan, sources)
 
     def after_call(
         self,
@@ -107,7 +110,8 @@ class MulticutPolicy(RecordingPolicy):
             super().after_call(prompt, plan, state, ctx, response_ids)
             return
         records = call_records(prompt, plan, state, ctx, response_ids)
-        response = self._response_states(plan, state, ctx, response_ids)
+        exact_response = any(_exact_kind(r) == "response" for r in records)
+        response = self._response_states(plan, state, ctx, response_ids) if exact_response else {}
         put_records(ctx, [_with_states(r, captured, response) for r in records])
 
     def _place(
@@ -176,10 +180,10 @@ class MulticutPolicy(RecordingPolicy):
         executor = ctx.layerwise_executor()
         prompt_kv = ctx.executor.read_kv(state, 0, plan.num_tokens)
         num_layers, end = executor.num_layers, plan.num_tokens + len(response_ids)
-        spans = (
-            LayerwiseSpan(0, plan.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"),
-            LayerwiseSpan(plan.num_tokens, end, name="response"),
-        )  # fmt: skip
+        prompt_span = LayerwiseSpan(
+            0, plan.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"
+        )
+        spans = (prompt_span, LayerwiseSpan(plan.num_tokens, end, name="response"))
         cuts = self.config.cut_layers(num_layers)
         ids = plan.token_ids + tuple(int(t) for t in response_ids)
         result = executor.run(LayerwisePlan(ids, spans, capture_layers=cuts))
@@ -191,10 +195,13 @@ def _with_states(
     captured: dict[int, CapturedStates],
     response: dict[int, torch.Tensor],
 ) -> SpanRecord:
-    """`record` with boundary states at every cut its tokens were computed at."""
+    """An exact `record` with boundary states at every cut its tokens were computed at.
+
+    Approximate records get none: the guard never admits them (see `_cut`).
+    """
     kv = record.kv
     start, end = kv.start_position, kv.start_position + kv.num_tokens
-    kind = dict(record.labels).get("kind")
+    kind = _exact_kind(record)
     if kind == "response":
         states = dict(response)
     elif kind == "prompt":
@@ -207,6 +214,12 @@ def _with_states(
         return record
     with_states = SegmentKV(kv.keys, kv.values, kv.start_position, kv.layer_start, states)
     return replace(record, kv=with_states)
+
+
+def _exact_kind(record: SpanRecord) -> str | None:
+    """The record's kind ("prompt", "response", "base") when its K/V are exact, else None."""
+    labels = dict(record.labels)
+    return labels.get("kind") if labels.get("exact") == "1" else None
 
 
 def _rows(captured: CapturedStates, start: int, end: int) -> torch.Tensor | None:

@@ -30,6 +30,13 @@ from kvsplice.client.anchor_codec import (
     placeholder_id_of,
     split_offsets,
 )
+from kvsplice.client.layerwise import (
+    KVBuffer,
+    LayerwisePlan,
+    LayerwiseResult,
+    LayerwiseSpan,
+    SubsetRule,
+)
 from kvsplice.client.models import LoadedModel
 from kvsplice.client.modes.anchor_types import AgentOffsets
 from kvsplice.client.modes.blend import BlendConfig
@@ -39,8 +46,10 @@ from kvsplice.client.policies import ReusePolicy
 from kvsplice.client.policies.anchor import AnchorConfig, AnchorPolicy, agent_key
 from kvsplice.client.policies.blend import BlendPolicy
 from kvsplice.client.policies.halo import HaloConfig, HaloPolicy
+from kvsplice.client.policies.layerwise_call import LayerwiseCall, SpanSource
 from kvsplice.client.policies.multicut import MulticutConfig, MulticutPolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.client.reuse_plan import Reuse
 from kvsplice.client.store_client import StoreClient
 from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.common.keys import context_key, root_key
@@ -280,3 +289,44 @@ def test_ids_are_stable_across_samples_and_valid_store_ids() -> None:
     assert agent_key(first_prompt("q", system=SYSTEM_3)) != agent_key(same_template[0])
     ids = [placeholder_id_of("user_question"), anchor_id_of((5,)), agent_key(same_template[0])]
     assert all(ID_PATTERN.match(i) for i in ids)
+
+
+def make_kv(num_layers: int, num_tokens: int, start: int) -> SegmentKV:
+    keys = torch.randn(num_layers, 2, num_tokens, 16)
+    return SegmentKV(keys, torch.randn_like(keys), start_position=start)
+
+
+def test_view_counts_the_layers_each_token_reused() -> None:
+    exact, chunk, lower = make_kv(4, 3, 0), make_kv(4, 5, 40), make_kv(4, 2, 70)
+    spans = (
+        LayerwiseSpan(0, 3, 4, exact.keys, exact.values, name="exact@0"),
+        LayerwiseSpan(3, 8, 0, chunk.keys, chunk.values, name="blend@3"),
+        LayerwiseSpan(8, 10, 2, lower.keys[:2], lower.values[:2], torch.zeros(2, 64), "cut@8"),
+        LayerwiseSpan(10, 11, name="computed"),
+    )
+    rule = SubsetRule(1, lambda layer, new, old: torch.tensor([2]))  # keeps chunk slot 5
+    plan = LayerwisePlan(tuple(range(11)), spans, subsets=(rule,))
+    sources = {
+        "exact@0": SpanSource(0, Reuse(exact, "exact", True, b"k" * 16, 3)),
+        "blend@3": SpanSource(3, Reuse(chunk, "blend", False)),
+        "cut@8": SpanSource(8, Reuse(lower, "multicut", False)),
+    }
+    kv = KVBuffer.zeros((4, 2, 11, 16), torch.float32, "cpu")
+    result = LayerwiseResult(torch.zeros(1, 5), (10,), kv, {}, {1: (5, 8, 9, 10)}, (11, 8, 4, 4))
+    view = LayerwiseCall(plan, sources).view(result)
+    got = [
+        (s.start, s.end, s.action.segment.layer_start, s.action.segment.num_layers, s.delta)
+        if isinstance(s.action, Reuse)
+        else (s.start, s.end)
+        for s in view.spans
+    ]
+    assert got == [
+        (0, 3, 0, 4, 0),
+        (3, 5, 1, 3, -37),  # dropped at the check layer: old K/V from layer 1 on
+        (5, 6),  # selected: computed through every layer
+        (6, 8, 1, 3, -37),
+        (8, 10, 0, 2, -62),  # multicut: layers below the cut
+        (10, 11),
+    ]
+    assert view.spans[0].action.chain_key == b"k" * 16  # type: ignore[union-attr]
+    assert view.num_reused_tokens == 9

@@ -95,11 +95,13 @@ async def test_protobuf_clients_round_trip_through_the_frame_path() -> None:
 async def test_frame_clients_round_trip_and_miss_through_the_frame_path() -> None:
     payload = make_payload(3 * CHUNK_NBYTES + 5, seed=1)
     meta = make_meta(range(50), payload)
-    async with frames_server() as target:
-        async with AsyncStoreClient(target, NAMESPACE, config=CLIENT_CONFIG) as client:
-            assert await client.put_segment(meta, payload)
-            got = await client.get_segment(meta.context_key)
-            missing = await client.get_segment(b"\x00" * 16)
+    async with (
+        frames_server() as target,
+        AsyncStoreClient(target, NAMESPACE, config=CLIENT_CONFIG) as client,
+    ):
+        assert await client.put_segment(meta, payload)
+        got = await client.get_segment(meta.context_key)
+        missing = await client.get_segment(b"\x00" * 16)
     assert got is not None and got[1] == payload and got[0].context_key == meta.context_key
     assert missing is None
 
