@@ -18,14 +18,13 @@ from grpc_reflection.v1alpha import reflection
 
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
-from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService
-from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer
+from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer, add_to_server
 from kvsplice.storage.config import build_store
 from kvsplice.storage.tiered_store import TieredStore
 
@@ -130,7 +129,7 @@ def _grpc_server(
         ],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
-    store_pb2_grpc.add_SegmentStoreServicer_to_server(servicer, server)
+    add_to_server(servicer, server)  # chunk frames bypass protobuf copies on Put/GetSegment
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if config.enable_reflection:

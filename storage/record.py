@@ -8,6 +8,7 @@ Owns sealing and verification only; what the body means belongs to the caller.
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ HEADER_NBYTES = HEADER.size
 # Level 1: on int8 KV, levels 1-9 reach the same ratio (~1.02) and level 1 is ~2x faster.
 ZSTD_LEVEL = 1
 _PREFIX_CHUNK_NBYTES = 64 * 1024
+_MAX_BODY_NBYTES = sys.maxsize  # a longer body cannot exist (and overflows C length arguments)
 
 _local = threading.local()  # zstd contexts are not safe to share between threads
 
@@ -80,6 +82,8 @@ def read_header(raw: bytes | memoryview) -> RecordHeader:
         raise CorruptPayload(f"unknown record flags {flags:#x} / reserved bits {reserved:#x}")
     if not flags & FLAG_ZSTD and stored_nbytes != raw_nbytes:
         raise CorruptPayload(f"raw record stores {stored_nbytes} bytes but claims {raw_nbytes}")
+    if raw_nbytes > _MAX_BODY_NBYTES:
+        raise CorruptPayload(f"record claims a body of {raw_nbytes} bytes")
     return RecordHeader(flags, stored_nbytes, raw_nbytes, checksum)
 
 

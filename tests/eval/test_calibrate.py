@@ -1,0 +1,142 @@
+"""Calibration: the selection rule on hand-built measurements, and one tiny end-to-end run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
+
+from kvsplice.client.admission import load_policy
+from kvsplice.common.errors import FingerprintMismatch
+from kvsplice.eval.calibrate import (
+    CalibrationConfig,
+    Thresholds,
+    build_policy,
+    render_calibration,
+    run_calibration,
+    select,
+    write_policy,
+)
+from kvsplice.eval.calibrate_probes import (
+    W_EXACT_TABLES,
+    Candidate,
+    Measurement,
+    candidate_grid,
+    percentile,
+)
+
+FP = "kvfp1-" + "a" * 32
+OTHER_FP = "kvfp1-" + "b" * 32
+THRESHOLDS = Thresholds(max_mean_kl=0.05, min_first_token_agreement=0.95)
+
+
+def make_measurement(
+    mode: str = "blend",
+    label: str = "r=0.3",
+    overrides: dict[str, object] | None = None,
+    rank: int = 0,
+    kl: float = 0.01,
+    agreement: float = 1.0,
+    reuse: float = 0.5,
+    layer_reuse: float = 0.4,
+) -> Measurement:
+    candidate = Candidate(mode, label, overrides or {}, rank)
+    return Measurement(candidate, 6, kl, 2 * kl, agreement, reuse, layer_reuse)
+
+
+def blend(ratio: float, rank: int, **kw: float) -> Measurement:
+    return make_measurement("blend", f"r={ratio}", {"blend_ratio": ratio}, rank, **kw)
+
+
+def test_picks_the_most_saving_passing_parameter() -> None:
+    rows = [
+        blend(0.15, 0, kl=0.2, layer_reuse=0.6),  # saves most, drifts too much
+        blend(0.3, -1, kl=0.03, layer_reuse=0.5),
+        blend(0.5, -2, kl=0.01, layer_reuse=0.3),
+    ]
+    chosen = select(rows, THRESHOLDS)
+    assert chosen["blend"] is rows[1]
+    assert build_policy(FP, chosen).blend_ratio == 0.3
+
+
+def test_thresholds_are_inclusive_at_the_boundary() -> None:
+    assert THRESHOLDS.passes(make_measurement(kl=0.05, agreement=0.95))
+    assert not THRESHOLDS.passes(make_measurement(kl=0.0500001))
+    assert not THRESHOLDS.passes(make_measurement(agreement=0.9499))
+
+
+def test_a_parameter_that_reused_nothing_measured_nothing_and_does_not_pass() -> None:
+    assert not THRESHOLDS.passes(make_measurement(kl=0.0, reuse=0.0, layer_reuse=0.0))
+
+
+def test_equal_measured_reuse_is_broken_by_the_parameters_rank() -> None:
+    rows = [blend(0.5, -2), blend(0.15, 0), blend(0.3, -1)]
+    assert select(rows, THRESHOLDS)["blend"].candidate.label == "r=0.15"
+
+
+def test_admits_dense_exact_and_exactly_the_modes_with_a_passing_parameter() -> None:
+    rows = [
+        make_measurement("naive", "-", kl=0.4, agreement=0.5),
+        make_measurement("halo", "h=2", {"halo_tokens": 2}, 0, kl=0.09),
+        make_measurement("halo", "h=8", {"halo_tokens": 8}, -2, kl=0.02, layer_reuse=0.3),
+        make_measurement("anchor", "γ=0.5", {"anchor_gamma": 0.5}, 1, agreement=0.9),
+        make_measurement("multicut", "permissive", {"w_exact": W_EXACT_TABLES["permissive"]}, 2),
+    ]
+    policy = build_policy(FP, select(rows, THRESHOLDS), "2026-01-01T00:00:00+00:00")
+    assert policy.admitted_modes == ("dense", "exact", "halo", "multicut")
+    assert policy.halo_tokens == 8
+    assert policy.w_exact == W_EXACT_TABLES["permissive"]
+    assert policy.anchor_gamma == 0.3  # not admitted: the default stays
+    assert set(policy.drift) == {"halo", "multicut"}
+    assert policy.drift["halo"].kl_mean_nats == 0.02
+    assert policy.drift["halo"].kl_p95_nats == 0.04
+
+
+def test_grid_ranks_the_more_saving_parameter_higher() -> None:
+    grid = candidate_grid((0.5, 0.15), (8, 2), (0.5, 0.3), ("permissive", "conservative"))
+    rank = {(c.mode, c.label): c.rank for c in grid}
+    assert rank["blend", "r=0.15"] > rank["blend", "r=0.5"]
+    assert rank["halo", "h=2"] > rank["halo", "h=8"]
+    assert rank["anchor", "γ=0.5"] > rank["anchor", "γ=0.3"]
+    assert rank["multicut", "permissive"] > rank["multicut", "conservative"]
+    assert [c.mode for c in grid].count("naive") == 1
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 0.95) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 0.95) == 3.0
+    assert percentile([float(i) for i in range(1, 21)], 0.95) == 19.0
+
+
+def test_config_names_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="probes"):
+        CalibrationConfig(probes=0)
+    with pytest.raises(ValueError, match="w_exact_tables"):
+        CalibrationConfig(w_exact_tables=("loose",))
+    with pytest.raises(ValueError, match="max_mean_kl"):
+        Thresholds(max_mean_kl=-1.0)
+
+
+@pytest.mark.slow
+def test_end_to_end_on_a_tiny_model_writes_a_policy_for_that_model(tmp_path: Path) -> None:
+    use_one_torch_thread()
+    loaded = make_tiny_loaded()
+    config = CalibrationConfig(
+        probes=1, num_agents=2, max_new_tokens=3, blend_ratios=(0.3,), halo_tokens=(2,),
+        anchor_gammas=(0.5,), w_exact_tables=("permissive",), namespace="calibrate-test",
+    )  # fmt: skip
+    events: list[str] = []
+    result = run_calibration(config, events.append, loaded=loaded, workload=ToyWorkload())
+    assert [m.mode for m in result.measurements] == ["naive", "anchor", "multicut", "blend", "halo"]
+    assert len(events) == 5 * 2 and all(m.num_calls == 2 for m in result.measurements)
+    path = tmp_path / "policy.json"
+    write_policy(result, path)
+    policy = load_policy(path, loaded.fingerprint)
+    passing = {m.mode for m in result.measurements if result.thresholds.passes(m)}
+    assert set(policy.admitted_modes) == {"dense", "exact"} | passing
+    for mode in passing:
+        assert policy.drift[mode].kl_mean_nats <= config.thresholds.max_mean_kl
+    with pytest.raises(FingerprintMismatch):
+        load_policy(path, OTHER_FP)
+    assert render_calibration(result).row_count == 5
