@@ -51,7 +51,8 @@ class Measurement:
     """One candidate's drift against dense over its probe calls, and the compute it saved.
 
     token_reuse: reused / prompt tokens; token_layer_reuse: reused (token, layer)
-    pairs / (prompt tokens × layers), over all calls.
+    pairs / (prompt tokens × layers); approx_reuse: tokens reused by the mode's
+    approximation (not exact-prefix reuse) / prompt tokens; all over all calls.
     """
 
     candidate: Candidate
@@ -61,11 +62,12 @@ class Measurement:
     first_token_agreement: float
     token_reuse: float
     token_layer_reuse: float
+    approx_reuse: float
 
     def __post_init__(self) -> None:
         if self.num_calls < 0:
             raise ValueError(f"num_calls {self.num_calls} < 0")
-        for name in ("token_reuse", "token_layer_reuse", "first_token_agreement"):
+        for name in ("token_reuse", "token_layer_reuse", "approx_reuse", "first_token_agreement"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} {getattr(self, name)} not in [0, 1]")
 
@@ -148,6 +150,7 @@ def summarize(
         agreements.append(fidelity.first_token_agrees)
     prompt_tokens = sum(c.num_prompt_tokens for c in calls) or 1
     layer_tokens = sum(s.num_tokens * s.num_layers for c in calls for s in c.reused_spans)
+    approx_tokens = sum(s.num_tokens for c in calls for s in c.reused_spans if not s.exact)
     return Measurement(
         candidate=candidate,
         num_calls=len(calls),
@@ -156,6 +159,7 @@ def summarize(
         first_token_agreement=sum(agreements) / len(agreements) if agreements else 0.0,
         token_reuse=sum(c.num_reused_tokens for c in calls) / prompt_tokens,
         token_layer_reuse=min(1.0, layer_tokens / (prompt_tokens * num_layers)),
+        approx_reuse=min(1.0, approx_tokens / prompt_tokens),
     )
 
 

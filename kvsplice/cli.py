@@ -354,6 +354,50 @@ def bench_agents(
         console.print(renderable)
 
 
+@app.command()
+def calibrate(
+    out: Annotated[
+        Path, typer.Option("--out", help="Where to write the admission policy JSON.")
+    ] = Path("policy.json"),
+    probes: Annotated[int, typer.Option(min=1, help="Probe questions (math workload).")] = 2,
+    agents: Annotated[int, typer.Option("--agents", min=2, max=5)] = 3,
+    max_kl: Annotated[
+        float,
+        typer.Option(help="Admit a mode only if its mean first-token KL is at most this (nats)."),
+    ] = 0.05,
+    min_agreement: Annotated[
+        float, typer.Option(help="... and its first-token agreement with dense is at least this.")
+    ] = 0.95,
+    model: ModelOpt = "smollm2",
+    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    log_level: LogLevelOpt = "WARNING",
+) -> None:
+    """Measure each approximate mode's drift vs dense on this model and write the admission policy."""
+    from rich.console import Console
+
+    from kvsplice.client.models import ModelConfig
+    from kvsplice.eval.calibrate import (
+        CalibrationConfig,
+        Thresholds,
+        render_calibration,
+        run_calibration,
+        write_policy,
+    )
+
+    _setup_logging(log_level)
+    config = CalibrationConfig(
+        model=ModelConfig(source=model, cache_dir=model_cache),
+        probes=probes,
+        num_agents=agents,
+        thresholds=Thresholds(max_mean_kl=max_kl, min_first_token_agreement=min_agreement),
+    )
+    console = Console()
+    result = run_calibration(config, progress=lambda message: console.log(message))
+    console.print(render_calibration(result))
+    write_policy(result, out)
+    console.print(f"admitted: {', '.join(result.policy.admitted_modes)} -> {out}")
+
+
 @bench_app.command("core")
 def bench_core(
     model: ModelOpt = "smollm2",

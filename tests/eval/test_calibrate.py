@@ -40,9 +40,10 @@ def make_measurement(
     agreement: float = 1.0,
     reuse: float = 0.5,
     layer_reuse: float = 0.4,
+    approx_reuse: float = 0.3,
 ) -> Measurement:
     candidate = Candidate(mode, label, overrides or {}, rank)
-    return Measurement(candidate, 6, kl, 2 * kl, agreement, reuse, layer_reuse)
+    return Measurement(candidate, 6, kl, 2 * kl, agreement, reuse, layer_reuse, approx_reuse)
 
 
 def blend(ratio: float, rank: int, **kw: float) -> Measurement:
@@ -66,8 +67,14 @@ def test_thresholds_are_inclusive_at_the_boundary() -> None:
     assert not THRESHOLDS.passes(make_measurement(agreement=0.9499))
 
 
-def test_a_parameter_that_reused_nothing_measured_nothing_and_does_not_pass() -> None:
-    assert not THRESHOLDS.passes(make_measurement(kl=0.0, reuse=0.0, layer_reuse=0.0))
+def test_a_parameter_whose_approximation_never_ran_measured_nothing_and_does_not_pass() -> None:
+    assert not THRESHOLDS.passes(
+        make_measurement(kl=0.0, reuse=0.0, layer_reuse=0.0, approx_reuse=0.0)
+    )
+    exact_prefix_only = make_measurement(
+        "anchor", kl=0.0, reuse=0.12, layer_reuse=0.12, approx_reuse=0.0
+    )
+    assert not THRESHOLDS.passes(exact_prefix_only)
 
 
 def test_equal_measured_reuse_is_broken_by_the_parameters_rank() -> None:
