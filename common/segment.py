@@ -20,9 +20,7 @@ MAX_LEFT_TAIL = 1024
 def validate_namespace(namespace: str) -> str:
     """Return `namespace` or raise `ValueError` naming it."""
     if not NAMESPACE_PATTERN.match(namespace or ""):
-        raise ValueError(
-            f"namespace {namespace!r} must match {NAMESPACE_PATTERN.pattern}"
-        )
+        raise ValueError(f"namespace {namespace!r} must match {NAMESPACE_PATTERN.pattern}")
     return namespace
 
 
@@ -77,11 +75,15 @@ class SegmentMeta:
         if self.start_position < 0:
             raise ValueError(f"start_position {self.start_position} < 0")
         if not 0 <= self.layer_start < self.layer_end:
-            raise ValueError(f"layer range [{self.layer_start}, {self.layer_end}) is empty or negative")
+            raise ValueError(
+                f"layer range [{self.layer_start}, {self.layer_end}) is empty or negative"
+            )
         if any(b < 0 for b in self.boundary_layers):
             raise ValueError(f"boundary_layers {self.boundary_layers} has a negative layer")
         if len(self.left_tail_ids) > MAX_LEFT_TAIL:
-            raise ValueError(f"left_tail_ids holds {len(self.left_tail_ids)} > {MAX_LEFT_TAIL} tokens")
+            raise ValueError(
+                f"left_tail_ids holds {len(self.left_tail_ids)} > {MAX_LEFT_TAIL} tokens"
+            )
         if self.payload_nbytes < 0:
             raise ValueError(f"payload_nbytes {self.payload_nbytes} < 0")
         if self.ttl_s is not None and self.ttl_s <= 0:

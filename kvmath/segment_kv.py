@@ -35,10 +35,14 @@ class SegmentKV:
                 "must both be [L, H_kv, T, D]"
             )
         if self.start_position < 0 or self.layer_start < 0:
-            raise ValueError(f"start_position {self.start_position} / layer_start {self.layer_start} < 0")
+            raise ValueError(
+                f"start_position {self.start_position} / layer_start {self.layer_start} < 0"
+            )
         for layer, state in self.boundary_states.items():
             if state.dim() != 2 or state.shape[0] != self.num_tokens:
-                raise ValueError(f"boundary state at layer {layer} must be [T={self.num_tokens}, hidden]")
+                raise ValueError(
+                    f"boundary state at layer {layer} must be [T={self.num_tokens}, hidden]"
+                )
 
     @property
     def num_layers(self) -> int:
