@@ -50,6 +50,7 @@ class DemoConfig:
     """The demo's knobs; `max_new_tokens` per agent keeps it within minutes on a CPU."""
 
     store_target: str | None = None
+    store_token: str | None = None
     num_problems: int = 3
     modes: tuple[str, ...] = (DENSE, "exact", "naive")
     out_dir: Path = Path("results/demo")
@@ -70,7 +71,7 @@ class DemoConfig:
         return ModeRunConfig(
             modes=self.modes, num_agents=NUM_AGENTS, graph=self.graph,
             max_new_tokens=self.max_new_tokens, quant=self.quant, warmup=self.warmup,
-            namespace=f"demo-{run_id}",
+            namespace=f"demo-{run_id}", store_token=self.store_token,
         )  # fmt: skip
 
 
@@ -135,7 +136,7 @@ def run_agents_demo(
             store.target,
             progress,
         )
-        stats = namespace_stats(store.target, list(namespaces.values()))
+        stats = namespace_stats(store.target, list(namespaces.values()), config.store_token)
         kept = stack.pop_all() if config.keep_store and store.embedded else None
     aggregates = aggregate(records)
     result = DemoResult(

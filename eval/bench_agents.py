@@ -52,6 +52,7 @@ class BenchAgentsConfig:
     response_len: int = 128
     out_dir: Path = Path("results/bench_agents")
     store_target: str | None = None
+    store_token: str | None = None
     store_memory_mib: int = 2048
     quant: str = "none"
     reference: str = "full"
@@ -80,6 +81,7 @@ class BenchAgentsConfig:
             modes=self.modes, num_agents=self.num_agents, graph=self.graph,
             max_new_tokens=self.max_new_tokens, quant=self.quant, reference=self.reference,
             warmup=self.warmup, namespace=f"bench-{self.workload}-{run_id}",
+            store_token=self.store_token,
         )  # fmt: skip
 
 

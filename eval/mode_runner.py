@@ -62,6 +62,7 @@ class ModeRunConfig:
     reference: str = "full"
     warmup: bool = True
     namespace: str = "kvsplice-eval"
+    store_token: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in MODES]
@@ -187,7 +188,9 @@ def _warm_up(
     counter: _Counter,
 ) -> None:
     """One short untimed sample in a throwaway namespace: warms kernels, allocator and channel."""
-    with _connected_client(store_target, config.namespace_of(mode, warmup=True)) as client:
+    with _connected_client(
+        store_target, config.namespace_of(mode, warmup=True), config.store_token
+    ) as client:
         engine = _engine(loaded, mode, client, config.quant)
         run_pipeline(graph, problem.question, engine, ignore_stop=workload.ignore_stop,
                      max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, config.max_new_tokens), on_call=counter.callback(f"warm-up · {mode}"))  # fmt: skip
@@ -199,7 +202,9 @@ def _timed_engine(
     """`mode`'s engine for the timed samples, on a connected client of its own namespace."""
     if mode == DENSE:
         return _engine(loaded, mode, None, config.quant)
-    client = clients.enter_context(_connected_client(store_target, config.namespace_of(mode)))
+    client = clients.enter_context(
+        _connected_client(store_target, config.namespace_of(mode), config.store_token)
+    )
     return _engine(loaded, mode, client, config.quant)
 
 
@@ -219,9 +224,9 @@ def _references(loaded: LoadedModel, kind: str) -> DenseReferences | None:
     )
 
 
-def _connected_client(store_target: str, namespace: str) -> StoreClient:
+def _connected_client(store_target: str, namespace: str, token: str | None) -> StoreClient:
     """A client whose channel is connected before any timed call (the first RPC pays it)."""
-    client = StoreClient(store_target, namespace)
+    client = StoreClient(store_target, namespace, token=token)
     client.stats()
     return client
 

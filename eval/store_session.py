@@ -77,11 +77,13 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def namespace_stats(target: str, namespaces: Sequence[str]) -> dict[str, dict[str, int] | None]:
+def namespace_stats(
+    target: str, namespaces: Sequence[str], token: str | None = None
+) -> dict[str, dict[str, int] | None]:
     """Segments, bytes, hits and misses per namespace (None where the store did not answer)."""
     snapshot: dict[str, dict[str, int] | None] = {}
     for namespace in namespaces:
-        with StoreClient(target, namespace) as client:
+        with StoreClient(target, namespace, token=token) as client:
             stats = client.stats()
         snapshot[namespace] = None if stats is None else asdict(stats)
     return snapshot
