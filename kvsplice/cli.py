@@ -35,6 +35,15 @@ ModelOpt = Annotated[
 LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="KVSPLICE_LOG_LEVEL")]
 
 
+def _console():
+    """A rich console; 160 columns when stdout is not a terminal (logs, CI), so tables stay whole."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -207,7 +216,6 @@ def stats(
     auth_token: TokenOpt = None,
 ) -> None:
     """Per-namespace segments, bytes and hit rate from a running sidecar."""
-    from rich.console import Console
     from rich.table import Table
 
     params = {"namespace": namespace} if namespace else {}
@@ -219,7 +227,7 @@ def stats(
             row["namespace"], str(row["num_segments"]), str(row["stored_bytes"]),
             str(row["num_hits"]), str(row["num_misses"]), "-" if rate is None else f"{rate:.1%}",
         )  # fmt: skip
-    Console().print(table)
+    _console().print(table)
 
 
 @app.command("ls")
@@ -231,7 +239,6 @@ def list_segments(
     auth_token: TokenOpt = None,
 ) -> None:
     """List a namespace's segments, one page at a time."""
-    from rich.console import Console
     from rich.table import Table
 
     params = {"namespace": namespace, "offset": offset, "limit": limit}
@@ -242,7 +249,7 @@ def list_segments(
             seg["segment_id"][:16], str(seg["num_tokens"]), str(seg["start_position"]),
             f"{seg['layer_start']}-{seg['layer_end']}", str(seg["payload_nbytes"]), str(seg.get("ttl_s") or "-"),
         )  # fmt: skip
-    Console().print(table)
+    _console().print(table)
     if body.get("next_offset") is not None:
         typer.echo(f"more: --offset {body['next_offset']}")
 
@@ -286,7 +293,6 @@ def demo(
     log_level: LogLevelOpt = "WARNING",
 ) -> None:
     """The 5-agent HumanEval pipeline in each mode against the store; prints TTFT and fidelity."""
-    from rich.console import Console
 
     from kvsplice.client.models import ModelConfig
     from kvsplice.eval.agents_demo import DemoConfig, render_demo, run_agents_demo
@@ -301,7 +307,7 @@ def demo(
         out_dir=out_dir,
         model=ModelConfig(source=model, cache_dir=model_cache),
     )
-    console = Console()
+    console = _console()
     console.print(
         "[bold]kvsplice demo[/]: loading the model (the first run converts the GGUF once)"
     )
@@ -333,7 +339,6 @@ def bench_agents(
     log_level: LogLevelOpt = "WARNING",
 ) -> None:
     """Multi-agent TTFT, reuse rate and fidelity per mode; writes JSON, markdown and PNG plots."""
-    from rich.console import Console
 
     from kvsplice.client.models import ModelConfig
     from kvsplice.eval.bench_agents import BenchAgentsConfig, run_bench_agents
@@ -349,7 +354,7 @@ def bench_agents(
     bar, on_event = _progress_bar()
     with bar:
         result = run_bench_agents(config, progress=on_event)
-    console = Console()
+    console = _console()
     for renderable in render_bench_agents(result):
         console.print(renderable)
 
@@ -373,7 +378,6 @@ def calibrate(
     log_level: LogLevelOpt = "WARNING",
 ) -> None:
     """Measure each approximate mode's drift vs dense on this model and write the admission policy."""
-    from rich.console import Console
 
     from kvsplice.client.models import ModelConfig
     from kvsplice.eval.calibrate import (
@@ -391,7 +395,7 @@ def calibrate(
         num_agents=agents,
         thresholds=Thresholds(max_mean_kl=max_kl, min_first_token_agreement=min_agreement),
     )
-    console = Console()
+    console = _console()
     result = run_calibration(config, progress=lambda message: console.log(message))
     console.print(render_calibration(result))
     write_policy(result, out)
@@ -407,14 +411,13 @@ def bench_core(
     log_level: LogLevelOpt = "WARNING",
 ) -> None:
     """Reuse path (decode + dequantize + shift + splice) vs dense prefill vs memcpy."""
-    from rich.console import Console
 
     from kvsplice.eval.bench_core import render_core_bench, run_core_bench
 
     _setup_logging(log_level)
     loaded = _load_model(model, model_cache)
     rows = run_core_bench(loaded, lengths=_int_tuple(lengths), repeats=repeats)
-    Console().print(render_core_bench(rows))
+    _console().print(render_core_bench(rows))
 
 
 @bench_app.command("store")
@@ -436,8 +439,6 @@ def bench_store(
     """Put/get MB/s (memory and LMDB tiers) beside numpy.copyto; lookup p50/p99 at 10k/100k."""
     import json
 
-    from rich.console import Console
-
     from kvsplice.eval.bench_store import StoreBenchConfig, run_store_bench
     from kvsplice.eval.bench_store_render import render_store_bench, store_bench_to_json
 
@@ -450,7 +451,7 @@ def bench_store(
         include_grpc_lookups=grpc_lookups,
     )
     result = run_store_bench(config)
-    console = Console()
+    console = _console()
     for renderable in render_store_bench(result):
         console.print(renderable)
     if json_out:
