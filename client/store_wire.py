@@ -23,8 +23,10 @@ from kvsplice.client.store_types import (
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.proto import segment_header
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
+from kvsplice.proto.segment_header import meta_to_header
 
 _SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SegmentStore"].full_name
 
@@ -50,50 +52,10 @@ def with_payload_digest(meta: SegmentMeta, payload: bytes) -> SegmentMeta:
     return replace(meta, payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload))
 
 
-def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
-    return pb.SegmentHeader(
-        namespace=meta.namespace,
-        model_fingerprint=meta.model_fingerprint,
-        context_key=meta.context_key,
-        parent_key=meta.parent_key,
-        content_key=meta.content_key,
-        token_ids=meta.token_ids,
-        start_position=meta.start_position,
-        layer_start=meta.layer_start,
-        layer_end=meta.layer_end,
-        boundary_layers=meta.boundary_layers,
-        payload_nbytes=meta.payload_nbytes,
-        checksum=meta.checksum,
-        ttl_s=meta.ttl_s or 0.0,
-        left_tail_ids=meta.left_tail_ids,
-        index_text=meta.index_text,
-        created_at_s=meta.created_at_s,
-        labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
-    )
-
-
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
     """The server's header as `SegmentMeta`; a malformed one is a corrupt reply."""
     try:
-        return SegmentMeta(
-            namespace=header.namespace,
-            model_fingerprint=header.model_fingerprint,
-            context_key=header.context_key,
-            parent_key=header.parent_key,
-            content_key=header.content_key,
-            token_ids=tuple(header.token_ids),
-            start_position=header.start_position,
-            layer_start=header.layer_start,
-            layer_end=header.layer_end,
-            boundary_layers=tuple(header.boundary_layers),
-            payload_nbytes=header.payload_nbytes,
-            checksum=header.checksum,
-            ttl_s=header.ttl_s or None,
-            created_at_s=header.created_at_s,
-            left_tail_ids=tuple(header.left_tail_ids),
-            index_text=header.index_text,
-            labels=tuple((label.key, label.value) for label in header.labels),
-        )
+        return segment_header.header_to_meta(header, keep_created_at=True)
     except ValueError as error:
         raise CorruptPayload(f"segment header from the store is malformed: {error}") from error
 

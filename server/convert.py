@@ -14,8 +14,10 @@ from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
+from kvsplice.proto import segment_header
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
+from kvsplice.proto.segment_header import meta_to_header
 from kvsplice.server.admin_models import NamespaceStats
 from kvsplice.server.anchor_service import AnchorRecord, AnchorWrite
 from kvsplice.server.segment_service import SimilarQuery
@@ -28,48 +30,9 @@ PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
     """The header as `SegmentMeta` (created_at_s is the server's to set, so it is dropped)."""
     try:
-        return SegmentMeta(
-            namespace=header.namespace,
-            model_fingerprint=header.model_fingerprint,
-            context_key=header.context_key,
-            parent_key=header.parent_key,
-            content_key=header.content_key,
-            token_ids=tuple(header.token_ids),
-            start_position=header.start_position,
-            layer_start=header.layer_start,
-            layer_end=header.layer_end,
-            boundary_layers=tuple(header.boundary_layers),
-            payload_nbytes=header.payload_nbytes,
-            checksum=header.checksum,
-            ttl_s=header.ttl_s or None,
-            left_tail_ids=tuple(header.left_tail_ids),
-            index_text=header.index_text,
-            labels=tuple((label.key, label.value) for label in header.labels),
-        )
+        return segment_header.header_to_meta(header, keep_created_at=False)
     except ValueError as error:
         raise InvalidRequest(f"bad segment header: {error}") from error
-
-
-def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
-    return pb.SegmentHeader(
-        namespace=meta.namespace,
-        model_fingerprint=meta.model_fingerprint,
-        context_key=meta.context_key,
-        parent_key=meta.parent_key,
-        content_key=meta.content_key,
-        token_ids=meta.token_ids,
-        start_position=meta.start_position,
-        layer_start=meta.layer_start,
-        layer_end=meta.layer_end,
-        boundary_layers=meta.boundary_layers,
-        payload_nbytes=meta.payload_nbytes,
-        checksum=meta.checksum,
-        ttl_s=meta.ttl_s or 0.0,
-        left_tail_ids=meta.left_tail_ids,
-        index_text=meta.index_text,
-        created_at_s=meta.created_at_s,
-        labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
-    )
 
 
 def parse_put_request(message: bytes) -> PutPart:
