@@ -64,7 +64,8 @@ class AdmissionPolicy:
     w_exact: multicut's guard points ((layer, tokens | "full"), ...); blend_ratio:
     CacheBlend's r; halo_tokens: h; halo_epsilon_nats: the acceptance KL bound
     (None: no acceptance test); anchor_gamma/anchor_tau: KVComm's gate γ and
-    weight temperature. created_at: ISO 8601 time of calibration (None: built in).
+    weight temperature; anchor_metric: the gate's distance ("value" or "key";
+    the anchor policy stores no boundary states for "hidden"). created_at: ISO 8601 time of calibration (None: built in).
     """
 
     model_fingerprint: str
@@ -75,6 +76,7 @@ class AdmissionPolicy:
     halo_epsilon_nats: float | None = None
     anchor_gamma: float = 0.3
     anchor_tau: float = 0.1
+    anchor_metric: str = "value"
     created_at: str | None = None
     drift: Mapping[str, ModeDrift] = field(default_factory=dict)
 
@@ -94,6 +96,8 @@ class AdmissionPolicy:
             raise ValueError(f"halo_epsilon_nats {self.halo_epsilon_nats} must be >= 0")
         if not 0 <= self.anchor_gamma <= 1:
             raise ValueError(f"anchor_gamma {self.anchor_gamma} must be in [0, 1]")
+        if self.anchor_metric not in ("value", "key"):
+            raise ValueError(f"anchor_metric {self.anchor_metric!r} is not 'value' or 'key'")
         if not self.anchor_tau > 0:
             raise ValueError(f"anchor_tau {self.anchor_tau} must be > 0")
 

@@ -42,7 +42,13 @@ class AnchorStore(SegmentStore, Protocol):
     ) -> list[str] | None: ...
 
     def get_anchors(
-        self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        *,
+        include_payloads: bool = True,
+        anchor_ids: Sequence[str] = (),
+        agent_id: str | None = None,
     ) -> list[AnchorEntry]: ...
 
     def touch_anchors(

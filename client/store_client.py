@@ -161,10 +161,26 @@ class StoreClient:
         return self._once("put_anchor", call, self.config.lookup_timeout_s, None)
 
     def get_anchors(
-        self, model_fingerprint: str, placeholder_id: str, *, include_payloads: bool = True
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        *,
+        include_payloads: bool = True,
+        anchor_ids: Sequence[str] = (),
+        agent_id: str | None = None,
     ) -> list[AnchorEntry]:
+        """The pool's anchors (only `anchor_ids` if given; only `agent_id`'s offsets if given).
+
+        With payloads, ask for one anchor at a time: the store refuses answers
+        holding more than one anchor's worth (`max_anchor_nbytes`) of payloads.
+        """
         request = wire.get_anchors_request(
-            self.namespace, model_fingerprint, placeholder_id, include_payloads
+            self.namespace,
+            model_fingerprint,
+            placeholder_id,
+            include_payloads,
+            anchor_ids,
+            agent_id,
         )
         call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
         return self._idempotent("get_anchors", call, self.config.get_timeout_s, [])

@@ -56,7 +56,10 @@ class SimilarCandidate:
 
 @dataclass(frozen=True)
 class AnchorEntry:
-    """One anchor of a placeholder's pool; payloads are empty unless requested."""
+    """One anchor of a placeholder's pool; payloads are empty unless requested.
+
+    agent_ids: the agents holding offsets in it (listed with or without payloads).
+    """
 
     anchor_id: str
     num_tokens: int
@@ -64,6 +67,7 @@ class AnchorEntry:
     created_seq: int
     base_payload: bytes = b""
     agent_payloads: Mapping[str, bytes] = field(default_factory=dict)
+    agent_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

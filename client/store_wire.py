@@ -200,13 +200,20 @@ def put_anchor_request(
 
 
 def get_anchors_request(
-    namespace: str, fingerprint: str, placeholder_id: str, include_payloads: bool
+    namespace: str,
+    fingerprint: str,
+    placeholder_id: str,
+    include_payloads: bool,
+    anchor_ids: Sequence[str] = (),
+    agent_id: str | None = None,
 ) -> pb.GetAnchorsRequest:
     return pb.GetAnchorsRequest(
         namespace=namespace,
         model_fingerprint=fingerprint,
         placeholder_id=placeholder_id,
         include_payloads=include_payloads,
+        anchor_ids=list(anchor_ids),
+        agent_id=agent_id or "",
     )
 
 
@@ -267,6 +274,7 @@ def anchors_result(response: pb.GetAnchorsResponse) -> list[AnchorEntry]:
             created_seq=a.created_seq,
             base_payload=a.base_payload,
             agent_payloads=dict(a.agent_payloads),
+            agent_ids=tuple(a.agent_ids),
         )
         for a in response.anchors
     ]

@@ -188,19 +188,23 @@ class PutAnchorResponse(_message.Message):
     def __init__(self, evicted_anchor_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetAnchorsRequest(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "include_payloads")
+    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "include_payloads", "anchor_ids", "agent_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLACEHOLDER_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     placeholder_id: str
     include_payloads: bool
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., include_payloads: _Optional[bool] = ...) -> None: ...
+    anchor_ids: _containers.RepeatedScalarFieldContainer[str]
+    agent_id: str
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., include_payloads: _Optional[bool] = ..., anchor_ids: _Optional[_Iterable[str]] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class AnchorEntry(_message.Message):
-    __slots__ = ("anchor_id", "num_tokens", "activation_count", "created_seq", "base_payload", "agent_payloads")
+    __slots__ = ("anchor_id", "num_tokens", "activation_count", "created_seq", "base_payload", "agent_payloads", "agent_ids")
     class AgentPayloadsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,13 +218,15 @@ class AnchorEntry(_message.Message):
     CREATED_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     AGENT_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     anchor_id: str
     num_tokens: int
     activation_count: int
     created_seq: int
     base_payload: bytes
     agent_payloads: _containers.ScalarMap[str, bytes]
-    def __init__(self, anchor_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., activation_count: _Optional[int] = ..., created_seq: _Optional[int] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, anchor_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., activation_count: _Optional[int] = ..., created_seq: _Optional[int] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetAnchorsResponse(_message.Message):
     __slots__ = ("anchors",)

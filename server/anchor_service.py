@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kvsplice.common.errors import InvalidRequest
+from kvsplice.common.errors import InvalidRequest, ResourceExhausted
 from kvsplice.index.anchor_pool import AnchorEntry, AnchorPool, AnchorPoolConfig, AnchorPools
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.segment_service import check_fingerprint, check_namespace
@@ -45,6 +45,7 @@ class AnchorRecord:
     num_tokens: int
     activation_count: int
     created_seq: int
+    agent_ids: tuple[str, ...] = ()
     base_payload: bytes = b""
     agent_payloads: Mapping[str, bytes] = field(default_factory=dict)
 
@@ -99,17 +100,44 @@ class AnchorService:
         return evicted
 
     def get(
-        self, namespace: str, fingerprint: str, placeholder_id: str, include_payloads: bool
+        self,
+        namespace: str,
+        fingerprint: str,
+        placeholder_id: str,
+        include_payloads: bool,
+        anchor_ids: Sequence[str] = (),
+        agent_id: str = "",
     ) -> list[AnchorRecord]:
-        """The placeholder's anchors, oldest first; [] when it has none."""
+        """The placeholder's anchors (only `anchor_ids` when given), oldest first; [] if none.
+
+        `agent_id` keeps only that agent's offset payloads. Payloads in one
+        answer are capped at `max_anchor_nbytes` (every single anchor fits):
+        over it, ResourceExhausted tells the caller to ask for fewer ids.
+        """
+        for anchor_id in anchor_ids:
+            check_id("anchor_id", anchor_id)
+        if agent_id:
+            check_id("agent_id", agent_id)
         pool = self._find_pool(namespace, fingerprint, placeholder_id)
         if pool is None:
             return []
-        records = []
+        wanted = set(anchor_ids)
+        records, nbytes = [], 0
         for entry in pool.entries():
-            record = self._record(namespace, fingerprint, placeholder_id, entry, include_payloads)
-            if record is not None:
-                records.append(record)
+            if wanted and entry.anchor_id not in wanted:
+                continue
+            record = self._record(
+                namespace, fingerprint, placeholder_id, entry, include_payloads, agent_id
+            )
+            if record is None:
+                continue
+            nbytes += len(record.base_payload) + sum(map(len, record.agent_payloads.values()))
+            if len(records) >= 1 and nbytes > self.config.max_anchor_nbytes:
+                raise ResourceExhausted(
+                    f"anchor payloads exceed {self.config.max_anchor_nbytes} bytes in one "
+                    "answer; ask for fewer anchor_ids"
+                )
+            records.append(record)
         return records
 
     def touch(
@@ -158,10 +186,20 @@ class AnchorService:
         return self._pools(namespace).get(namespace, fingerprint, placeholder_id)
 
     def _record(
-        self, ns: str, fp: str, ph: str, entry: AnchorEntry, include_payloads: bool
+        self,
+        ns: str,
+        fp: str,
+        ph: str,
+        entry: AnchorEntry,
+        include_payloads: bool,
+        agent_id: str = "",
     ) -> AnchorRecord | None:
         record = AnchorRecord(
-            entry.anchor_id, entry.num_tokens, entry.activation_count, entry.created_seq
+            entry.anchor_id,
+            entry.num_tokens,
+            entry.activation_count,
+            entry.created_seq,
+            agent_ids=tuple(entry.agent_ids),
         )
         if not include_payloads:
             return record
@@ -169,15 +207,13 @@ class AnchorService:
         agents = {
             a: self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, a))
             for a in entry.agent_ids
+            if not agent_id or a == agent_id
         }
         if base is None or any(p is None for p in agents.values()):
             logger.warning("anchor %s/%s lost payload blobs; served as a miss", ph, entry.anchor_id)
             return None
-        return AnchorRecord(
-            entry.anchor_id,
-            entry.num_tokens,
-            entry.activation_count,
-            entry.created_seq,
+        return replace(
+            record,
             base_payload=base,
             agent_payloads={a: p for a, p in agents.items() if p is not None},
         )

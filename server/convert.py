@@ -170,6 +170,7 @@ def anchors_response(records: Sequence[AnchorRecord]) -> pb.GetAnchorsResponse:
                 created_seq=r.created_seq,
                 base_payload=r.base_payload,
                 agent_payloads=dict(r.agent_payloads),
+                agent_ids=list(r.agent_ids),
             )
             for r in records
         ]

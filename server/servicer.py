@@ -121,6 +121,8 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
             request.model_fingerprint,
             request.placeholder_id,
             request.include_payloads,
+            tuple(request.anchor_ids),
+            request.agent_id,
         )
         return convert.anchors_response(records)
 

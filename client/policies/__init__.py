@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.modes.anchor_gate import GateConfig
+from kvsplice.client.modes.anchor_types import Metric
 from kvsplice.client.modes.anchor_weights import WeightConfig
 from kvsplice.client.modes.blend import BlendConfig
 from kvsplice.client.modes.halo_acceptance import AcceptanceConfig
@@ -54,7 +56,10 @@ def _anchor_config(admission: AdmissionPolicy | None) -> AnchorConfig | None:
     if admission is None:
         return None
     weights = WeightConfig(tau=admission.anchor_tau)
-    return AnchorConfig(gate=GateConfig(gamma=admission.anchor_gamma, weights=weights))
+    gate = GateConfig(
+        gamma=admission.anchor_gamma, metric=cast(Metric, admission.anchor_metric), weights=weights
+    )
+    return AnchorConfig(gate=gate)
 
 
 def _multicut_config(admission: AdmissionPolicy | None) -> MulticutConfig | None:

@@ -46,6 +46,7 @@ from kvsplice.client.policies.naive import question_base
 from kvsplice.client.policies.recorder import RecordingPolicy, put_records
 from kvsplice.client.reuse_plan import Reuse, ReusePlan
 from kvsplice.client.span_executor import ExecutionState
+from kvsplice.client.store_types import AnchorEntry
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -174,35 +175,51 @@ class AnchorPolicy(RecordingPolicy):
         store = cast(AnchorStore, ctx.store)
         tokens = prompt.token_ids[span.start : span.end]
         placeholder_id = placeholder_id_of(span.name)
-        if plan_time:
-            with timed(ctx.timings, "lookup_s"):
-                listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
-            if sum(entry.num_tokens >= len(tokens) for entry in listed) <= 1:
-                return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
+        with timed(ctx.timings, "lookup_s"):
+            listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
+        usable = [e.anchor_id for e in listed
+                  if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]  # fmt: skip
+        if plan_time and len(usable) <= 1:
+            return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
         base = _base(tokens, ctx)
         if base is None:
             return None
-        pool = self._pool(placeholder_id, len(tokens), agent_id, ctx)
+        pool = self._pool(placeholder_id, usable, agent_id, ctx)
         assert ctx.rope is not None
         with timed(ctx.timings, "lookup_s"):
             decision = decide(base, pool, ctx.rope, self.config.gate, agent_id)
         return _Gated(span, placeholder_id, decision, base, pool)
 
     def _pool(
-        self, placeholder_id: str, num_tokens: int, agent_id: str, ctx: CallContext
+        self, placeholder_id: str, anchor_ids: Sequence[str], agent_id: str, ctx: CallContext
     ) -> tuple[Anchor, ...]:
-        """The pool's anchors this agent could use (its offsets, long enough), decoded."""
+        """The listed anchors this agent can use, fetched one by one (an answer holds at
+        most one anchor's worth of payloads) with only its own offsets, decoded."""
         store = cast(AnchorStore, ctx.store)
         with timed(ctx.timings, "fetch_s"):
-            entries = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=True)
-        usable = [e for e in entries if e.num_tokens >= num_tokens and agent_id in e.agent_payloads]
+            entries = [
+                entry
+                for anchor_id in anchor_ids
+                for entry in self._fetch(
+                    store, ctx.fingerprint, placeholder_id, anchor_id, agent_id
+                )
+                if agent_id in entry.agent_payloads
+            ]
         fingerprint, dtype, device = ctx.fingerprint, ctx.decode_dtype, _device(ctx)
         with timed(ctx.timings, "decode_s"):
             decoded = [
                 decode_anchor(e, agent_id, fingerprint=fingerprint, dtype=dtype, device=device)
-                for e in usable
+                for e in entries
             ]
         return tuple(a for a in decoded if a is not None)
+
+    @staticmethod
+    def _fetch(
+        store: AnchorStore, fingerprint: str, placeholder_id: str, anchor_id: str, agent_id: str
+    ) -> list[AnchorEntry]:
+        return store.get_anchors(
+            fingerprint, placeholder_id, anchor_ids=(anchor_id,), agent_id=agent_id
+        )
 
     def _reuse_call(
         self,
@@ -282,7 +299,9 @@ class AnchorPolicy(RecordingPolicy):
         """Put the anchor of `tokens`, keeping the offsets other agents stored for it."""
         store, fingerprint, quant = cast(AnchorStore, ctx.store), ctx.fingerprint, self.config.quant
         anchor_id = anchor_id_of(tokens)
-        entries = store.get_anchors(fingerprint, placeholder_id, include_payloads=True)
+        entries = store.get_anchors(
+            fingerprint, placeholder_id, include_payloads=True, anchor_ids=(anchor_id,)
+        )
         existing = next((e for e in entries if e.anchor_id == anchor_id), None)
         agent_payloads = dict(existing.agent_payloads) if existing is not None else {}
         agent_payloads[agent_id] = encode_offsets(offsets, fingerprint=fingerprint, quant=quant)

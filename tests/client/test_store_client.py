@@ -102,6 +102,9 @@ def test_anchors_delete_and_stats(client: StoreClient) -> None:
     (anchor,) = client.get_anchors(FINGERPRINT, "question")
     assert (anchor.anchor_id, anchor.activation_count, anchor.base_payload) == ("a1", 1, b"base")
     assert dict(anchor.agent_payloads) == {"critic": b"off"}
+    assert anchor.agent_ids == ("critic",)
+    (only,) = client.get_anchors(FINGERPRINT, "question", anchor_ids=["a1"], agent_id="judge")
+    assert (only.base_payload, dict(only.agent_payloads)) == (b"base", {})
     payload = make_payload(100)
     meta = make_meta([1, 2, 3], payload)
     client.put_segment(meta, payload)

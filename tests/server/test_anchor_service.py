@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 from store_factories import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_store
 
-from kvsplice.common.errors import InvalidRequest
+from kvsplice.common.errors import InvalidRequest, ResourceExhausted
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.server.anchor_service import POOLS_BLOB, AnchorService, AnchorWrite
 from kvsplice.server.config import SegmentServiceConfig
@@ -61,6 +61,35 @@ def test_without_payloads_only_bookkeeping_is_returned() -> None:
     anchors.put(make_write("a1"))
     (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=False)
     assert (record.base_payload, dict(record.agent_payloads), record.num_tokens) == (b"", {}, 12)
+
+
+def test_get_filters_by_anchor_ids_and_agent() -> None:
+    anchors = make_anchors()
+    anchors.put(make_write("a1", {"critic": b"c1", "judge": b"j1"}))
+    anchors.put(make_write("a2", {"critic": b"c2"}))
+    listed = anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=False)
+    assert [r.agent_ids for r in listed] == [("critic", "judge"), ("critic",)]
+    (record,) = anchors.get(
+        NAMESPACE, FINGERPRINT, "question", True, anchor_ids=("a1",), agent_id="judge"
+    )
+    assert (record.anchor_id, dict(record.agent_payloads)) == ("a1", {"judge": b"j1"})
+    assert record.agent_ids == ("critic", "judge")  # listed even when not sent
+    assert anchors.get(NAMESPACE, FINGERPRINT, "question", True, anchor_ids=("zz",)) == []
+    with pytest.raises(InvalidRequest):
+        anchors.get(NAMESPACE, FINGERPRINT, "question", True, anchor_ids=("a/b",))
+
+
+def test_an_answer_over_one_anchors_worth_of_payloads_is_refused() -> None:
+    """A pool of anchors near the size cap must not be sent as one oversize message."""
+    anchors = make_anchors(max_anchor_nbytes=1000)
+    anchors.put(make_write("a1", {"critic": b"c" * 400}, base=b"b" * 400))
+    anchors.put(make_write("a2", {"critic": b"c" * 400}, base=b"b" * 400))
+    with pytest.raises(ResourceExhausted, match="fewer anchor_ids"):
+        anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=True)
+    for anchor_id in ("a1", "a2"):  # one by one each fits
+        (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", True, anchor_ids=(anchor_id,))
+        assert len(record.base_payload) == 400
+    assert len(anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=False)) == 2
 
 
 def test_a_full_pool_evicts_and_deletes_the_victims_blobs() -> None:
