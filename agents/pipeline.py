@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,7 @@ class AgentCall:
     first_token_logits: torch.Tensor
     timings: CallTimings
     generation: GenerationConfig
+    decisions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -157,4 +158,5 @@ def _agent_call(
         first_token_logits=outcome.logits_first,
         timings=outcome.timings,
         generation=generation,
+        decisions=outcome.decisions,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -80,7 +80,8 @@ class CallOutcome:
 
     output_ids: generated ids without a trailing stop token (what downstream
     agents see); generated_ids: as generated. logits_first: [V] float32 logits of
-    the last prompt token (the first token's distribution).
+    the last prompt token (the first token's distribution). decisions: the
+    policy's gate outcomes (`CallContext.decisions`).
     """
 
     mode: str
@@ -92,6 +93,7 @@ class CallOutcome:
     num_reused_tokens: int
     reused: tuple[ReusedSpan, ...]
     timings: CallTimings = field(default_factory=CallTimings)
+    decisions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -154,6 +156,7 @@ class ReuseEngine:
             state.logits_first,
             ttft_s,
             ctx.timings,
+            ctx.decisions,
         )
 
     def dense_reference(self, prompt: SpannedPrompt, generation: GenerationConfig) -> CallOutcome:
@@ -213,6 +216,7 @@ def _outcome(
     logits_first: torch.Tensor,
     ttft_s: float,
     timings: CallTimings,
+    decisions: Mapping[str, str] | None = None,
 ) -> CallOutcome:
     return CallOutcome(
         mode=mode,
@@ -224,6 +228,7 @@ def _outcome(
         num_reused_tokens=plan.num_reused_tokens,
         reused=tuple(_reused_span(prompt, span) for span in plan.reused_spans),
         timings=timings,
+        decisions=dict(decisions or {}),
     )
 
 

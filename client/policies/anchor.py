@@ -129,11 +129,14 @@ class AnchorPolicy(RecordingPolicy):
         for index, span in enumerate(placeholders):
             outcome = self._gate(span, prompt, ctx, notes.agent_id, plan_time=True)
             if outcome is None:
+                ctx.decisions["anchor_gate"] = "store_unreachable"
                 return exact  # the store is unreachable: no base, no anchors
             if not outcome.decision.reuse:
+                ctx.decisions["anchor_gate"] = outcome.decision.reason
                 notes.to_anchor = placeholders[index:]
                 return exact
             gated.append(outcome)
+        ctx.decisions["anchor_gate"] = "confident"
         notes.activated = [(g.placeholder_id, g.decision.activated_ids) for g in gated]
         return self._reuse_call(exact, gated, prompt, ctx, notes.agent_id)
 

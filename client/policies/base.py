@@ -69,7 +69,9 @@ class CallContext:
     standalone base cache); it is put after the first token, outside the TTFT.
     Layerwise modes: `rope` moves keys, `layerwise_executor()` builds (once) the
     executor, `layerwise_result` is the engine's run of a `LayerwiseCall`, and
-    `notes` is what a policy's `plan` leaves for its `after_call` in this call.
+    `notes` is what a policy's `plan` leaves for its `after_call` in this call;
+    `decisions` what the policy decided and why, for the call's outcome (e.g.
+    {"anchor_gate": "ambiguous"}, {"halo_acceptance": "rejected"}).
     """
 
     store: SegmentStore | None
@@ -84,6 +86,7 @@ class CallContext:
     layerwise_executor: Callable[[], LayerwiseExecutor] | None = None
     layerwise_result: LayerwiseResult | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, str] = field(default_factory=dict)
 
 
 class ReusePolicy(Protocol):

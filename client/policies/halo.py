@@ -67,6 +67,7 @@ class HaloPolicy:
             return LayerwiseCall(plan, sources)
         with timed(ctx.timings, "prefill_s"):
             verdict = check_acceptance(executor, plan, acceptance, exact_names)
+        ctx.decisions["halo_acceptance"] = "accepted" if verdict.accepted else "rejected"
         if not verdict.accepted:
             logger.debug(
                 "halo rejected: boundary KL %s > %s", verdict.kl_nats, acceptance.epsilon_nats

@@ -157,6 +157,8 @@ def test_degenerate_settings_equal_dense(
         assert (outcome.logits_first - reference.logits_first).abs().max() <= ATOL
         assert approximate_tokens(outcome) == 0
     assert calls[2][1].num_reused_tokens > 0  # the exact prefix still hits
+    if isinstance(policy, HaloPolicy) and policy.config.acceptance is not None:
+        assert "rejected" in {o.decisions.get("halo_acceptance") for _, o in calls}
 
 
 def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
@@ -167,6 +169,8 @@ def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
     assert isinstance(store, StoreClient)
     filling = [call for q in QUESTIONS for call in run_chain(engine, q)]
     assert all(approximate_tokens(outcome) == 0 for _, outcome in filling)
+    gates = [o.decisions.get("anchor_gate") for _, o in filling]
+    assert set(gates) - {None} <= {"too_few_eligible", "pool_too_small", "ambiguous"}
     pool = store.get_anchors(loaded.fingerprint, QUESTION_POOL)
     assert [e.anchor_id for e in pool] == [
         anchor_id_of(CharTokenizer().encode(q)) for q in QUESTIONS
@@ -175,6 +179,7 @@ def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
     assert len(agents) == 2 and all(set(e.agent_payloads) == agents for e in pool)
     (prompt, outcome), _ = run_chain(engine, NEAR_DUPLICATE)
     assert approximate_tokens(outcome) > 0
+    assert outcome.decisions == {"anchor_gate": "confident"}
     assert {s.mode for s in outcome.reused if not s.exact} == {"anchor"}
     reference = engine.dense_reference(prompt, GENERATION)
     assert outcome.generated_ids == reference.generated_ids  # measured max |Δlogit| 7e-3
