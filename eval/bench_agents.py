@@ -1,4 +1,4 @@
-"""`kvsplice bench agents`: a workload through the agent pipeline in each mode, measured.
+"""`kvsplice bench agents`: a workload through the agent pipeline in each mode variant, measured.
 
 Owns `BenchAgentsConfig`, `BenchResult`, `make_workload` and `run_bench_agents`
 (load or take a model, open the store, run the modes, aggregate, write files).
@@ -7,6 +7,7 @@ The protocol is `mode_runner`'s; the files are `report`'s and `plots`'.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from kvsplice.agents.render import Tokenizer
 from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
+from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.models import LoadedModel, ModelConfig, load_model
 from kvsplice.eval.environment import environment_info
 from kvsplice.eval.metrics import DENSE, Aggregates, CallRecord, aggregate
@@ -38,7 +40,10 @@ class BenchAgentsConfig:
     workload only (its responses are exactly `response_len` tokens); the task
     workloads cap each agent at `max_new_tokens`. `store_target` None runs an
     embedded memory-only store of `store_memory_mib`. `data_path` replaces the shipped sample for math/mc (a
-    GSM8K/MMLU-format JSONL). See `ModeRunConfig` for `quant` and `reference`.
+    GSM8K/MMLU-format JSONL). `modes` are variant specs (`mode_variants`), kept as
+    their labels, dense first. `admission`: the base parameters of every variant
+    (None: the defaults); `policy_path`: the file it was loaded from, recorded only.
+    See `ModeRunConfig` for `quant` and `reference`.
     """
 
     workload: str = "synthetic"
@@ -60,6 +65,8 @@ class BenchAgentsConfig:
     data_path: Path | None = None
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
+    admission: AdmissionPolicy | None = None
+    policy_path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -72,16 +79,21 @@ class BenchAgentsConfig:
             raise ValueError(f"samples {self.samples} must be >= 1")
         if self.data_path is not None and self.workload not in ("math", "mc"):
             raise ValueError(f"data_path is for the math and mc workloads, not {self.workload!r}")
+        if self.policy_path is not None and self.admission is None:
+            raise ValueError(f"policy_path {self.policy_path} names no loaded admission policy")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.policy_path is not None:
+            object.__setattr__(self, "policy_path", Path(self.policy_path))
         SyntheticConfig(self.prefix_len, self.input_len, self.response_len, self.seed)
-        self.mode_run_config("check")  # validates modes, graph, quant, reference
+        # validates modes, graph, quant, reference; modes become labels, dense first
+        object.__setattr__(self, "modes", self.mode_run_config("check").modes)
 
     def mode_run_config(self, run_id: str) -> ModeRunConfig:
         return ModeRunConfig(
             modes=self.modes, num_agents=self.num_agents, graph=self.graph,
             max_new_tokens=self.max_new_tokens, quant=self.quant, reference=self.reference,
             warmup=self.warmup, namespace=f"bench-{self.workload}-{run_id}",
-            store_token=self.store_token,
+            store_token=self.store_token, admission=self.admission,
         )  # fmt: skip
 
 
@@ -100,7 +112,10 @@ class BenchResult:
     def to_dict(self) -> dict[str, object]:
         config = asdict(self.config)
         config["out_dir"] = str(self.config.out_dir)
-        config["data_path"] = None if self.config.data_path is None else str(self.config.data_path)
+        config["data_path"] = _optional_str(self.config.data_path)
+        config["policy_path"] = _optional_str(self.config.policy_path)
+        admission = self.config.admission
+        config["admission"] = None if admission is None else json.loads(admission.to_json())
         config["model"] = {k: str(v) for k, v in asdict(self.config.model).items()}
         return {
             "config": config,
@@ -110,6 +125,10 @@ class BenchResult:
             "aggregates": self.aggregates.to_dict(),
             "records": [r.to_dict() for r in self.records],
         }
+
+
+def _optional_str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def make_workload(config: BenchAgentsConfig, tokenizer: Tokenizer) -> Workload:

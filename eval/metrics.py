@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +23,9 @@ DENSE = "dense"
 class CallRecord:
     """One agent call of one sample in one mode, with its fidelity against dense.
 
-    position: 1-based index of the call in the pipeline (agent position).
+    mode: the mode variant's label (`blend:r=0.43`). position: 1-based index of
+    the call in the pipeline (agent position). num_layers: the model's layer
+    count (0: unknown, as in records written before it was kept).
     Fidelity fields are None where no reference was computed; a dense-mode call
     is its own reference. `correct` is set on the final call when the workload
     can score it. `reference_ttft_s` (the dense reference's time) is never part
@@ -40,6 +44,7 @@ class CallRecord:
     num_reused_tokens: int
     num_output_tokens: int
     ttft_s: float
+    num_layers: int = 0
     first_token_agrees: bool | None = None
     kl_dense_reuse: float | None = None
     max_abs_logit_diff: float | None = None
@@ -49,6 +54,7 @@ class CallRecord:
     timings_s: Mapping[str, float] = field(default_factory=dict)
     reused_spans: tuple[Mapping[str, object], ...] = ()
     output_text: str = ""
+    decisions: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.position < 1:
@@ -59,16 +65,32 @@ class CallRecord:
             )
         if self.ttft_s < 0:
             raise ValueError(f"ttft_s {self.ttft_s} must be >= 0")
+        if self.num_layers < 0:
+            raise ValueError(f"num_layers {self.num_layers} must be >= 0")
 
     @property
     def reuse_rate(self) -> float:
         """Reused tokens / prompt tokens of this call."""
         return self.num_reused_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
+    @property
+    def num_reused_token_layers(self) -> int:
+        """Σ tokens × layers whose K/V the reused spans supplied (a span without a count: 0)."""
+        return sum(
+            cast(int, s["num_tokens"]) * cast(int, s.get("num_layers", 0))
+            for s in self.reused_spans
+        )
+
+    @property
+    def num_prompt_token_layers(self) -> int:
+        """The prefill's per-layer work: prompt tokens × layers (0 when `num_layers` is unknown)."""
+        return self.num_prompt_tokens * self.num_layers
+
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["timings_s"] = dict(self.timings_s)
         data["reused_spans"] = [dict(s) for s in self.reused_spans]
+        data["decisions"] = dict(self.decisions)
         return data
 
 
@@ -79,6 +101,9 @@ class GroupStats:
     speedup: dense's median TTFT / this group's median TTFT at the same position;
     over all positions, Σ_pos median dense / Σ_pos median mode (how much less the
     pipeline waits for first tokens). Rates are fractions in [0, 1].
+    token_layer_reuse_rate: Σ reused token·layers / Σ prompt token·layers, the
+    share of the prefill's per-layer work not computed (multicut at half depth
+    counts half a span); None when no call knows its layer count.
     """
 
     mode: str
@@ -90,6 +115,7 @@ class GroupStats:
     speedup: float | None
     token_reuse_rate: float
     call_reuse_rate: float
+    token_layer_reuse_rate: float | None
     first_token_agreement: float | None
     mean_kl: float | None
     max_kl: float | None
@@ -97,10 +123,12 @@ class GroupStats:
     accuracy: float | None
     num_scored: int
     mean_timings_s: Mapping[str, float] = field(default_factory=dict)
+    decision_counts: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["mean_timings_s"] = dict(self.mean_timings_s)
+        data["decision_counts"] = dict(self.decision_counts)
         return data
 
 
@@ -185,6 +213,10 @@ def _stats(
         )
         or 0.0,
         call_reuse_rate=_fraction([r.num_reused_tokens > 0 for r in group]) or 0.0,
+        token_layer_reuse_rate=_ratio(
+            sum(r.num_reused_token_layers for r in group if r.num_layers),
+            sum(r.num_prompt_token_layers for r in group),
+        ),
         first_token_agreement=_fraction(_present(group, lambda r: r.first_token_agrees)),
         mean_kl=statistics.fmean(kls) if kls else None,
         max_kl=max(kls) if kls else None,
@@ -192,7 +224,14 @@ def _stats(
         accuracy=_fraction(scored),
         num_scored=len(scored),
         mean_timings_s=_mean_timings(group),
+        decision_counts=decision_counts(group),
     )
+
+
+def decision_counts(group: Sequence[CallRecord]) -> dict[str, int]:
+    """How often each policy decision was taken: "anchor_gate=ambiguous" → calls, sorted."""
+    counts = Counter(f"{k}={v}" for r in group for k, v in r.decisions.items())
+    return dict(sorted(counts.items()))
 
 
 def _present(group: Sequence[CallRecord], value: Callable[[CallRecord], object]) -> list:

@@ -1,11 +1,11 @@
-"""Running one workload's problems through the agent pipeline in several reuse modes.
+"""Running one workload's problems through the agent pipeline in several mode variants.
 
 Owns the measurement protocol shared by `bench agents` and the demo: one fresh
-store namespace per mode (modes never feed each other), one untimed warm-up
-sample per mode in its own throwaway namespace, modes interleaved per sample
+store namespace per variant (variants never feed each other), one untimed warm-up
+sample per variant in its own throwaway namespace, variants interleaved per sample
 (dense first) so machine load drifts alike for all, samples in sequence within
-a mode (later ones may reuse earlier ones' segments), a dense reference per
-reuse call outside its TTFT. Aggregation and reporting are elsewhere.
+a variant (later ones may reuse earlier ones' segments), a dense reference per
+reuse call outside its TTFT. Parsing variants, aggregation and reporting are elsewhere.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass
 
 from kvsplice.agents.graph import AgentGraph, chain, fully_connected
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
+from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.models import LoadedModel
-from kvsplice.client.policies import MODES
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store_client import StoreClient
 from kvsplice.common.segment import validate_namespace
 from kvsplice.eval.fidelity import REFERENCE_KINDS, DenseReferences, compare
 from kvsplice.eval.metrics import DENSE, CallRecord
+from kvsplice.eval.mode_variants import ModeVariant
 from kvsplice.eval.workload_types import Problem, Workload
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 
@@ -47,11 +48,14 @@ ProgressFn = Callable[[ProgressEvent], None]
 
 @dataclass(frozen=True)
 class ModeRunConfig:
-    """How to run the modes. `modes` must include "dense" (the speedup baseline); it runs first.
+    """How to run the modes. `modes` are variant specs (see `mode_variants`), kept as their
+    labels; they must include "dense" (the speedup baseline), which runs first.
 
-    `quant` is the stored payload scheme ("none" keeps exact mode bit-faithful).
-    `reference`: "full" (dense first-token logits and greedy output per reuse
-    call), "first_token" (logits only), or "off".
+    `admission`: the base parameters of every variant (None: the defaults); it
+    is not an admission check, benchmarks run any mode. `quant` is the stored
+    payload scheme ("none" keeps exact mode bit-faithful). `reference`: "full"
+    (dense first-token logits and greedy output per reuse call), "first_token"
+    (logits only), or "off".
     """
 
     modes: tuple[str, ...] = (DENSE, "exact", "naive")
@@ -63,14 +67,15 @@ class ModeRunConfig:
     warmup: bool = True
     namespace: str = "kvsplice-eval"
     store_token: str | None = None
+    admission: AdmissionPolicy | None = None
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.modes if m not in MODES]
-        if unknown or DENSE not in self.modes or len(set(self.modes)) != len(self.modes):
+        labels = [ModeVariant.parse(spec).label for spec in self.modes]
+        if DENSE not in labels or len(set(labels)) != len(labels):
             raise ValueError(
-                f"modes {self.modes} must be distinct, from {MODES}, and include {DENSE!r}"
+                f"modes {tuple(labels)} must have distinct labels and include {DENSE!r}"
             )
-        object.__setattr__(self, "modes", (DENSE, *(m for m in self.modes if m != DENSE)))
+        object.__setattr__(self, "modes", (DENSE, *(m for m in labels if m != DENSE)))
         if self.graph not in GRAPHS:
             raise ValueError(f"graph {self.graph!r} not in {GRAPHS}")
         if self.max_new_tokens < 1:
@@ -79,11 +84,28 @@ class ModeRunConfig:
             raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
         if self.reference not in REFERENCE_KINDS:
             raise ValueError(f"reference {self.reference!r} not in {REFERENCE_KINDS}")
-        validate_namespace(self.namespace_of(DENSE, warmup=True))
+        for mode in self.modes:
+            validate_namespace(self.namespace_of(mode, warmup=True))
+
+    @property
+    def variants(self) -> tuple[ModeVariant, ...]:
+        return tuple(ModeVariant.parse(mode) for mode in self.modes)
 
     def namespace_of(self, mode: str, *, warmup: bool = False) -> str:
-        """The store namespace of `mode`'s timed samples (or of its warm-up)."""
-        return f"{self.namespace}-{mode}" + ("-warmup" if warmup else "")
+        """The store namespace of variant `mode`'s timed samples (or of its warm-up)."""
+        variant = ModeVariant.parse(mode).namespace_label
+        return f"{self.namespace}-{variant}" + ("-warmup" if warmup else "")
+
+
+@dataclass(frozen=True)
+class SampleRun:
+    """One problem's pipeline run in one variant: what its records share."""
+
+    workload: Workload
+    problem: Problem
+    sample_index: int
+    label: str
+    num_layers: int
 
 
 def build_graph(workload: Workload, config: ModeRunConfig) -> AgentGraph:
@@ -99,41 +121,45 @@ def run_modes(
     store_target: str,
     progress: ProgressFn | None = None,
 ) -> list[CallRecord]:
-    """Every problem through the pipeline in every mode; one record per timed agent call."""
+    """Every problem through the pipeline in every variant; one record per timed agent call.
+
+    Records carry the variant's label as their mode.
+    """
     if not problems:
         raise ValueError("no problems to run")
     graph = build_graph(workload, config)
-    counter = _Counter(
-        len(graph) * len(config.modes) * (len(problems) + int(config.warmup)), progress
-    )
+    variants = config.variants
+    counter = _Counter(len(graph) * len(variants) * (len(problems) + int(config.warmup)), progress)
     if config.warmup:
-        for mode in config.modes:
-            _warm_up(loaded, workload, graph, problems[0], config, store_target, mode, counter)
+        for variant in variants:
+            _warm_up(loaded, workload, graph, problems[0], config, store_target, variant, counter)
     references = _references(loaded, config.reference)
     with ExitStack() as clients:
-        engines = {m: _timed_engine(loaded, m, config, store_target, clients) for m in config.modes}
+        engines = {v: _timed_engine(loaded, v, config, store_target, clients) for v in variants}
         records: list[CallRecord] = []
         for index, problem in enumerate(problems):
-            for mode in config.modes:  # interleaved: load drifts alike for every mode
-                on_call = counter.callback(f"{mode} · {problem.problem_id}")
-                trace = run_pipeline(graph, problem.question, engines[mode], ignore_stop=workload.ignore_stop, on_call=on_call)  # fmt: skip
-                records += trace_records(trace, graph, workload, problem, index, references)
+            for variant in variants:  # interleaved: load drifts alike for every variant
+                on_call = counter.callback(f"{variant.label} · {problem.problem_id}")
+                trace = run_pipeline(graph, problem.question, engines[variant], ignore_stop=workload.ignore_stop, on_call=on_call)  # fmt: skip
+                sample = SampleRun(
+                    workload, problem, index, variant.label, loaded.layout.num_layers
+                )
+                records += trace_records(trace, graph, sample, references)
         return records
 
 
 def trace_records(
     trace: PipelineTrace,
     graph: AgentGraph,
-    workload: Workload,
-    problem: Problem,
-    sample_index: int,
+    sample: SampleRun,
     references: DenseReferences | None,
 ) -> list[CallRecord]:
     """Records of one pipeline run; the final call carries the task score."""
     last = len(trace.calls) - 1
+    score = sample.workload.score
     return [
-        _record(call, position + 1, graph.steps[position].role.name, workload, problem, sample_index, references,
-                workload.score(problem, call.output_text) if position == last else None)
+        _record(call, position + 1, graph.steps[position].role.name, sample, references,
+                score(sample.problem, call.output_text) if position == last else None)
         for position, call in enumerate(trace.calls)
     ]  # fmt: skip
 
@@ -142,9 +168,7 @@ def _record(
     call: AgentCall,
     position: int,
     agent_name: str,
-    workload: Workload,
-    problem: Problem,
-    sample_index: int,
+    sample: SampleRun,
     references: DenseReferences | None,
     correct: bool | None,
 ) -> CallRecord:
@@ -164,16 +188,18 @@ def _record(
             reference.ttft_s,
         )
     return CallRecord(
-        workload=workload.name, mode=call.mode, sample_index=sample_index, problem_id=problem.problem_id,
-        position=position, agent_id=call.agent_id, agent_name=agent_name, round=call.round,
-        num_prompt_tokens=call.num_prompt_tokens, num_reused_tokens=call.num_reused_tokens,
-        num_output_tokens=len(call.output_ids), ttft_s=call.ttft_s,
+        workload=sample.workload.name, mode=sample.label, sample_index=sample.sample_index,
+        problem_id=sample.problem.problem_id, position=position, agent_id=call.agent_id,
+        agent_name=agent_name, round=call.round, num_prompt_tokens=call.num_prompt_tokens,
+        num_reused_tokens=call.num_reused_tokens, num_output_tokens=len(call.output_ids),
+        ttft_s=call.ttft_s, num_layers=sample.num_layers,
         first_token_agrees=None if fidelity is None else fidelity.first_token_agrees,
         kl_dense_reuse=None if fidelity is None else fidelity.kl_dense_reuse,
         max_abs_logit_diff=None if fidelity is None else fidelity.max_abs_logit_diff,
         output_matches=None if fidelity is None else fidelity.output_matches,
         correct=correct, reference_ttft_s=reference_ttft_s, timings_s=call.timings.to_dict(),
         reused_spans=tuple(asdict(s) for s in call.reused_spans), output_text=call.output_text,
+        decisions=dict(call.decisions),
     )  # fmt: skip
 
 
@@ -184,35 +210,42 @@ def _warm_up(
     problem: Problem,
     config: ModeRunConfig,
     store_target: str,
-    mode: str,
+    variant: ModeVariant,
     counter: _Counter,
 ) -> None:
     """One short untimed sample in a throwaway namespace: warms kernels, allocator and channel."""
-    with _connected_client(
-        store_target, config.namespace_of(mode, warmup=True), config.store_token
-    ) as client:
-        engine = _engine(loaded, mode, client, config.quant)
+    namespace = config.namespace_of(variant.label, warmup=True)
+    with _connected_client(store_target, namespace, config.store_token) as client:
+        engine = _engine(loaded, variant, client, config)
         run_pipeline(graph, problem.question, engine, ignore_stop=workload.ignore_stop,
-                     max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, config.max_new_tokens), on_call=counter.callback(f"warm-up · {mode}"))  # fmt: skip
+                     max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, config.max_new_tokens), on_call=counter.callback(f"warm-up · {variant.label}"))  # fmt: skip
 
 
 def _timed_engine(
-    loaded: LoadedModel, mode: str, config: ModeRunConfig, store_target: str, clients: ExitStack
+    loaded: LoadedModel,
+    variant: ModeVariant,
+    config: ModeRunConfig,
+    store_target: str,
+    clients: ExitStack,
 ) -> ReuseEngine:
-    """`mode`'s engine for the timed samples, on a connected client of its own namespace."""
-    if mode == DENSE:
-        return _engine(loaded, mode, None, config.quant)
+    """`variant`'s engine for the timed samples, on a connected client of its own namespace."""
+    if variant.mode == DENSE:
+        return _engine(loaded, variant, None, config)
     client = clients.enter_context(
-        _connected_client(store_target, config.namespace_of(mode), config.store_token)
+        _connected_client(store_target, config.namespace_of(variant.label), config.store_token)
     )
-    return _engine(loaded, mode, client, config.quant)
+    return _engine(loaded, variant, client, config)
 
 
-def _engine(loaded: LoadedModel, mode: str, client: StoreClient | None, quant: str) -> ReuseEngine:
+def _engine(
+    loaded: LoadedModel, variant: ModeVariant, client: StoreClient | None, config: ModeRunConfig
+) -> ReuseEngine:
     # Dense never touches the store: it is the baseline, and nothing reads its segments.
-    store = None if mode == DENSE else client
+    store = None if variant.mode == DENSE else client
+    # A fresh policy per engine (policies may keep per-store state); no admission check.
+    policy = variant.policy(loaded.fingerprint, config.admission)
     return ReuseEngine(
-        loaded, mode, store, EngineConfig(quant=quant, store_segments=store is not None)
+        loaded, policy, store, EngineConfig(quant=config.quant, store_segments=store is not None)
     )
 
 

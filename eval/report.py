@@ -21,6 +21,7 @@ from kvsplice.eval.metrics import Aggregates, CallRecord, GroupStats
 from kvsplice.eval.plots import write_plots
 
 if TYPE_CHECKING:
+    from kvsplice.client.admission import AdmissionPolicy
     from kvsplice.eval.bench_agents import BenchResult
 
 logger = logging.getLogger(__name__)
@@ -28,14 +29,15 @@ logger = logging.getLogger(__name__)
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 PROTOCOL = (
-    "Each mode runs against a fresh store namespace (modes never feed each other); "
-    "one untimed warm-up sample per mode runs first in a throwaway namespace; modes are "
+    "Each mode variant runs against a fresh store namespace (variants never feed each other); "
+    "one untimed warm-up sample per variant runs first in a throwaway namespace; variants are "
     "interleaved per sample (dense first) and samples run in sequence, so later samples "
     "may reuse earlier samples' template segments. TTFT covers everything up to the first "
     "token (lookups, fetch, decode, shift, base prefill, splice, prefill, first decode). "
     "Fidelity compares each call with dense prefill of the identical prompt on the same "
     "model, computed outside the call's TTFT; a dense-mode call is its own reference. "
-    "Speedups are ratios of median TTFTs against dense in the same run."
+    "Speedups are ratios of median TTFTs against dense in the same run. Token·layer reuse "
+    "is the share of prompt tokens × layers whose K/V was reused rather than computed."
 )
 POSITION_HEADERS = (
     "agent",
@@ -46,6 +48,7 @@ POSITION_HEADERS = (
     "median TTFT ms",
     "speedup",
     "token reuse",
+    "token·layer reuse",
     "calls reusing",
 )
 MODE_HEADERS = (
@@ -53,6 +56,7 @@ MODE_HEADERS = (
     "calls",
     "speedup",
     "token reuse",
+    "token·layer reuse",
     "calls reusing",
     "1st-token agree",
     "mean KL",
@@ -97,19 +101,21 @@ def _position_row(group: GroupStats, label: str) -> tuple[str, ...]:
     return (
         label, group.mode, str(group.num_calls), f"{group.mean_prompt_tokens:.0f}",
         fmt_ms(group.mean_ttft_s), fmt_ms(group.median_ttft_s), fmt_x(group.speedup),
-        fmt_pct(group.token_reuse_rate), fmt_pct(group.call_reuse_rate),
+        fmt_pct(group.token_reuse_rate), fmt_pct(group.token_layer_reuse_rate),
+        fmt_pct(group.call_reuse_rate),
     )  # fmt: skip
 
 
 def mode_rows(aggregates: Aggregates) -> list[tuple[str, ...]]:
-    """One row per mode: pipeline speedup, reuse and fidelity."""
+    """One row per mode variant: pipeline speedup, reuse and fidelity."""
     return [_mode_row(g) for g in aggregates.by_mode]
 
 
 def _mode_row(g: GroupStats) -> tuple[str, ...]:
     return (
         g.mode, str(g.num_calls), fmt_x(g.speedup), fmt_pct(g.token_reuse_rate),
-        fmt_pct(g.call_reuse_rate), fmt_pct(g.first_token_agreement), fmt_kl(g.mean_kl),
+        fmt_pct(g.token_layer_reuse_rate), fmt_pct(g.call_reuse_rate),
+        fmt_pct(g.first_token_agreement), fmt_kl(g.mean_kl),
         fmt_kl(g.max_kl), fmt_pct(g.output_match),
         "-" if g.accuracy is None else f"{g.accuracy:.0%} of {g.num_scored}",
     )  # fmt: skip
@@ -127,6 +133,7 @@ def results_markdown(result: BenchResult) -> str:
     setup = (
         f"{config.num_agents} agents, {config.graph} graph, {config.samples} samples, "
         f"modes {', '.join(config.modes)}, payload quant `{config.quant}`, reference `{config.reference}`."
+        f" Variant parameters from {_policy_source(config.policy_path, config.admission)}."
     )
     if config.workload == "synthetic":
         setup += f" Synthetic shape: prefix {config.prefix_len}, input {config.input_len}, response {config.response_len} tokens."
@@ -139,8 +146,22 @@ def results_markdown(result: BenchResult) -> str:
         markdown_table(POSITION_HEADERS, position_rows(result.aggregates, result.records)),
         "## Fidelity per mode (vs dense prefill of the identical prompt)",
         markdown_table(MODE_HEADERS, mode_rows(result.aggregates)),
+        *decision_lines(result.aggregates),
         f"Wall time {result.wall_s:.0f} s.",
     ]) + "\n"  # fmt: skip
+
+
+def decision_lines(aggregates: Aggregates) -> list[str]:
+    """A section listing each mode's policy decisions (gate reasons, acceptance verdicts)."""
+    rows = [f"- {g.mode}: " + ", ".join(f"{k} ×{n}" for k, n in g.decision_counts.items())
+            for g in aggregates.by_mode if g.decision_counts]  # fmt: skip
+    return ["## Policy decisions (calls)", "\n".join(rows)] if rows else []
+
+
+def _policy_source(path: Path | None, admission: AdmissionPolicy | None) -> str:
+    if path is not None:
+        return f"admission policy `{path}`"
+    return "the built-in defaults" if admission is None else "a given admission policy"
 
 
 def write_json(path: Path, payload: object) -> Path:

@@ -318,11 +318,30 @@ def demo(
         console.print(renderable)
 
 
+MODES_HELP = (
+    "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
+    "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
+    "anchor:gamma=0.5+tau=0.1+metric=key, multicut:cut=16 (layers below the cut reused with "
+    "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
+    "eps (a KL bound in nats, or none); anchor gamma, tau, metric; multicut cut."
+)
+
+
 @bench_app.command("agents")
 def bench_agents(
     workload: Annotated[str, typer.Option(help="synthetic, humaneval, math or mc")] = "synthetic",
     agents: Annotated[int, typer.Option("--agents", min=2, max=5)] = 5,
-    modes: Annotated[str, typer.Option(help="Comma-separated modes.")] = "dense,exact,naive",
+    modes: Annotated[str, typer.Option(help=MODES_HELP)] = "dense,exact,naive",
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            "--policy",
+            exists=True,
+            dir_okay=False,
+            help="Admission policy JSON (kvsplice calibrate) for this model: the base "
+            "parameters of every variant (default: built-in defaults). Nothing is gated on it.",
+        ),
+    ] = None,
     samples: Annotated[int, typer.Option(min=1)] = 3,
     graph: Annotated[str, typer.Option(help="fully_connected or chain")] = "fully_connected",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
@@ -338,23 +357,39 @@ def bench_agents(
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
     log_level: LogLevelOpt = "WARNING",
 ) -> None:
-    """Multi-agent TTFT, reuse rate and fidelity per mode; writes JSON, markdown and PNG plots."""
+    """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
 
+    from dataclasses import replace
+
+    from kvsplice.client.admission import load_policy
     from kvsplice.client.models import ModelConfig
+    from kvsplice.common.errors import FingerprintMismatch
     from kvsplice.eval.bench_agents import BenchAgentsConfig, run_bench_agents
     from kvsplice.eval.report import render_bench_agents
 
     _setup_logging(log_level)
-    config = BenchAgentsConfig(
-        workload=workload, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
-        graph=graph, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
-        response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
-        quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
-    )  # fmt: skip
+    try:  # bad modes fail before the model loads
+        config = BenchAgentsConfig(
+            workload=workload, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
+            graph=graph, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
+            response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
+            quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
+        )  # fmt: skip
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    console = _console()
+    console.print("[bold]kvsplice bench agents[/]: loading the model")
+    loaded = _load_model(model, model_cache)
+    if policy is not None:
+        try:
+            config = replace(
+                config, admission=load_policy(policy, loaded.fingerprint), policy_path=policy
+            )
+        except (FingerprintMismatch, ValueError) as error:
+            raise typer.BadParameter(str(error), param_hint="'--policy'") from error
     bar, on_event = _progress_bar()
     with bar:
-        result = run_bench_agents(config, progress=on_event)
-    console = _console()
+        result = run_bench_agents(config, loaded, progress=on_event)
     for renderable in render_bench_agents(result):
         console.print(renderable)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsplice.eval.fidelity import Reference, compare, kl_divergence
-from kvsplice.eval.metrics import aggregate, pipeline_speedup
+from kvsplice.eval.metrics import aggregate, decision_counts, pipeline_speedup
 
 
 def make_records() -> list:
@@ -89,6 +89,34 @@ def test_speedup_is_none_without_dense_at_that_position() -> None:
     assert pipeline_speedup(records, {1: 2.0}) is None
 
 
+def test_token_layer_reuse_counts_each_span_at_its_reused_layers() -> None:
+    """30 layers: a whole span (40 tok × 30), a half-depth span (20 tok × 16), an old span (× 0)."""
+    whole = {"name": "a", "num_tokens": 40, "num_layers": 30}
+    lower = {"name": "b", "num_tokens": 20, "num_layers": 16}
+    old = {"name": "c", "num_tokens": 50}
+    first = make_record(mode="multicut:cut=16", num_layers=30, num_reused_tokens=60,
+                        reused_spans=(whole, lower))  # fmt: skip
+    second = make_record(mode="multicut:cut=16", num_layers=30, num_prompt_tokens=200,
+                         num_reused_tokens=50, reused_spans=(old,))  # fmt: skip
+    assert first.num_reused_token_layers == 40 * 30 + 20 * 16
+    assert first.num_prompt_token_layers == 100 * 30
+    assert second.num_reused_token_layers == 0
+    group = aggregate([make_record(num_layers=30), first, second]).at("multicut:cut=16")
+    assert group is not None
+    assert group.token_layer_reuse_rate == pytest.approx((40 * 30 + 20 * 16) / (300 * 30))
+    assert group.token_reuse_rate == pytest.approx(110 / 300)
+
+
+def test_token_layer_reuse_leaves_out_records_without_a_layer_count() -> None:
+    span = {"name": "a", "num_tokens": 40, "num_layers": 30}
+    unknown = make_record(mode="naive", num_reused_tokens=40, reused_spans=(span,))
+    known = make_record(mode="naive", num_layers=30, num_reused_tokens=40, reused_spans=(span,))
+    assert aggregate([unknown]).by_mode[0].token_layer_reuse_rate is None
+    assert aggregate([unknown, known]).by_mode[0].token_layer_reuse_rate == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="num_layers"):
+        make_record(num_layers=-1)
+
+
 def test_record_rejects_more_reused_than_prompt_tokens() -> None:
     with pytest.raises(ValueError, match="num_reused_tokens"):
         make_record(num_reused_tokens=101)
@@ -135,3 +163,16 @@ def test_compare_reports_agreement_gap_and_output_match() -> None:
     assert other.kl_dense_reuse > 0
     logits_only = compare(Reference(torch.zeros(3), None, 0.1), torch.zeros(3), [1])
     assert logits_only.output_matches is None
+
+
+def test_decision_counts_group_each_policy_verdict() -> None:
+    records = [
+        make_record(mode="anchor", decisions={"anchor_gate": "ambiguous"}),
+        make_record(mode="anchor", decisions={"anchor_gate": "confident"}),
+        make_record(mode="anchor", decisions={"anchor_gate": "ambiguous"}),
+        make_record(mode="anchor"),
+    ]
+    assert decision_counts(records) == {"anchor_gate=ambiguous": 2, "anchor_gate=confident": 1}
+    (stats,) = aggregate(records).by_mode
+    assert stats.decision_counts == {"anchor_gate=ambiguous": 2, "anchor_gate=confident": 1}
+    assert records[0].to_dict()["decisions"] == {"anchor_gate": "ambiguous"}

@@ -8,7 +8,7 @@ import pytest
 from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
 
 from kvsplice.client.models import LoadedModel
-from kvsplice.eval.metrics import CallRecord
+from kvsplice.eval.metrics import CallRecord, aggregate
 from kvsplice.eval.mode_runner import ModeRunConfig, ProgressEvent, run_modes
 from kvsplice.eval.store_session import StoreSession, namespace_stats, open_store
 
@@ -38,12 +38,60 @@ def run(loaded: LoadedModel, store: StoreSession) -> tuple[list[CallRecord], lis
     return records, events
 
 
+VARIANTS = ModeRunConfig(
+    modes=("dense", "naive", "halo:h=2", "blend:r=0.5"), num_agents=2, max_new_tokens=2,
+    reference="first_token", warmup=False, namespace="runner-variants",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def variant_run(loaded: LoadedModel, store: StoreSession) -> list[CallRecord]:
+    workload = ToyWorkload()
+    return run_modes(loaded, workload, workload.problems(1), VARIANTS, store.target)
+
+
 def test_config_puts_dense_first_and_requires_it() -> None:
     assert CONFIG.modes == ("dense", "exact", "naive")
     with pytest.raises(ValueError, match="dense"):
         ModeRunConfig(modes=("exact",))
     with pytest.raises(ValueError, match="graph"):
         ModeRunConfig(graph="star")
+
+
+def test_config_keeps_variant_labels_and_rejects_duplicate_ones() -> None:
+    config = ModeRunConfig(modes=("halo:eps=0.05+h=4", "dense", "multicut:cut=16"))
+    assert config.modes == ("dense", "halo:h=4+eps=0.05", "multicut:cut=16")
+    assert [v.label for v in config.variants] == list(config.modes)
+    with pytest.raises(ValueError, match="distinct"):
+        ModeRunConfig(modes=("dense", "blend:r=0.5", "blend:r=.50"))
+    with pytest.raises(ValueError, match="unknown parameter"):
+        ModeRunConfig(modes=("dense", "blend:h=4"))
+    with pytest.raises(ValueError, match="namespace"):
+        ModeRunConfig(modes=("dense", "blend:r=0.5"), namespace="n" * 118)
+
+
+def test_each_variant_gets_a_namespace_of_its_own() -> None:
+    config = ModeRunConfig(modes=("dense", "halo:h=4", "halo:h=4+eps=0.05", "halo:h=16"))
+    namespaces = [config.namespace_of(mode) for mode in config.modes]
+    assert namespaces[2] == "kvsplice-eval-halo:h_4:eps_0.05"
+    assert len(set(namespaces)) == len(namespaces)
+
+
+def test_records_carry_variant_labels_and_layer_counts(variant_run) -> None:
+    assert [(r.mode, r.position) for r in variant_run] == [
+        (m, p) for m in ("dense", "naive", "halo:h=2", "blend:r=0.5") for p in (1, 2)
+    ]
+    assert {r.num_layers for r in variant_run} == {2}  # the tiny model's depth
+
+
+def test_naive_reuses_every_layer_of_what_it_reuses(variant_run) -> None:
+    naive = [r for r in variant_run if r.mode == "naive" and r.position == 2]
+    assert naive and naive[0].num_reused_tokens > 0
+    assert naive[0].num_reused_token_layers == 2 * naive[0].num_reused_tokens
+    stats = aggregate(variant_run).at("naive", 2)
+    assert stats is not None and stats.token_layer_reuse_rate == pytest.approx(
+        stats.token_reuse_rate
+    )
 
 
 def test_one_record_per_call_modes_interleaved_per_sample(run) -> None:
