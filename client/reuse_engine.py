@@ -201,6 +201,7 @@ class ReuseEngine:
             decode_dtype=torch.float32,
             timings=timings,
             decode_text=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+            encode_text=lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
             quant=self.config.quant,
             rope=self.loaded.rope,
             layerwise_executor=lambda: self.layerwise,

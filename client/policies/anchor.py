@@ -60,12 +60,19 @@ MODE = "anchor"
 class AnchorConfig:
     """gate: γ, metric and weights (τ); quant: the anchor payloads' scheme.
 
+    base_lead: text prefilled before each placeholder's base and dropped (KVComm
+    prefills its question bases after the user header). Without it the base's
+    first token is an attention sink whose K/V nothing in a real prompt
+    resembles, and every offset (real − base) inherits that difference. The
+    same for every agent, so one base serves all of an anchor's offsets.
+
     max_anchor_nbytes: an anchor whose payloads would exceed it is not stored
     (the store refuses more than its own limit, 4 MiB by default).
     """
 
     gate: GateConfig = field(default_factory=GateConfig)
     quant: str = "int8"
+    base_lead: str = "<|im_start|>user\n"
     max_anchor_nbytes: int = (4 << 20) - (64 << 10)
 
     def __post_init__(self) -> None:
@@ -184,7 +191,7 @@ class AnchorPolicy(RecordingPolicy):
                   if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]  # fmt: skip
         if plan_time and len(usable) <= 1:
             return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
-        base = _base(tokens, ctx)
+        base = _base(tokens, ctx, self._lead(ctx))
         if base is None:
             return None
         pool = self._pool(placeholder_id, usable, agent_id, ctx)
@@ -215,6 +222,11 @@ class AnchorPolicy(RecordingPolicy):
                 for e in entries
             ]
         return tuple(a for a in decoded if a is not None)
+
+    def _lead(self, ctx: CallContext) -> tuple[int, ...]:
+        if not self.config.base_lead or ctx.encode_text is None:
+            return ()
+        return ctx.encode_text(self.config.base_lead)
 
     @staticmethod
     def _fetch(
@@ -255,7 +267,9 @@ class AnchorPolicy(RecordingPolicy):
         next_span = _following_text(prompt, span)
         next_base = None
         if next_span is not None and _all_have_prefix(outcome.pool, agent_id, next_span):
-            next_base = _base(prompt.token_ids[next_span.start : next_span.end], ctx)
+            next_base = _base(
+                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx)
+            )
         query = AnchorQuery(agent_id, base, span.start, next_base)
         with timed(ctx.timings, "shift_s"):
             correction = correct(query, outcome.pool, ctx.rope, self.config.gate.weights)
@@ -283,7 +297,9 @@ class AnchorPolicy(RecordingPolicy):
         offsets = AgentOffsets(kv_offset(real, outcome.base, ctx.rope))
         next_span = _following_text(prompt, span)
         if next_span is not None:
-            next_base = _base(prompt.token_ids[next_span.start : next_span.end], ctx)
+            next_base = _base(
+                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx)
+            )
             next_real = ctx.executor.read_kv(state, next_span.start, next_span.end)
             if next_base is not None:
                 offsets = replace(offsets, prefix=kv_offset(next_real, next_base, ctx.rope))
@@ -332,10 +348,11 @@ def _device(ctx: CallContext) -> torch.device:
     return ctx.layerwise_executor().adapter.device
 
 
-def _base(tokens: Sequence[int], ctx: CallContext) -> SegmentKV | None:
-    """The standalone base K/V of `tokens` (fetched or computed, see `question_base`), fp32
-    on the model's device: where the call's real K/V are, so offsets and corrections mix them."""
-    base = question_base(tuple(tokens), ctx)
+def _base(tokens: Sequence[int], ctx: CallContext, lead: tuple[int, ...]) -> SegmentKV | None:
+    """The base K/V of `tokens` prefilled after `lead` (fetched or computed, see
+    `question_base`), fp32 on the model's device: where the call's real K/V are, so
+    offsets and corrections mix them."""
+    base = question_base(tuple(tokens), ctx, lead)
     if base is None:
         return None
     return on_device(

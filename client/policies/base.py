@@ -87,6 +87,7 @@ class CallContext:
     layerwise_result: LayerwiseResult | None = None
     notes: dict[str, Any] = field(default_factory=dict)
     decisions: dict[str, str] = field(default_factory=dict)
+    encode_text: Callable[[str], tuple[int, ...]] | None = None
 
 
 class ReusePolicy(Protocol):

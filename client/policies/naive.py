@@ -56,19 +56,26 @@ class NaivePolicy(RecordingPolicy):
         return same_tokens_segment(tokens, prompt, span.start, ctx)
 
 
-def question_base(tokens: tuple[int, ...], ctx: CallContext) -> SegmentKV | None:
-    """The question's K/V prefilled alone at position 0: fetched, or computed and queued.
+def question_base(
+    tokens: tuple[int, ...], ctx: CallContext, lead: tuple[int, ...] = ()
+) -> SegmentKV | None:
+    """The question's K/V prefilled alone after `lead` (none: at position 0): fetched, or
+    computed and queued.
 
-    Its key is the chained key of the question at position 0 with no left context,
-    which is exactly what the standalone prefill computes. Without a reachable
-    store there is no base: the span is computed densely.
+    Its key is the chained key of the question after `lead` from the root, which
+    is exactly what that prefill computes; keys sit at positions len(lead)…
+    Without a reachable store there is no base: the span is computed densely.
     """
     if ctx.store is None:
         return None
     num_degraded = ctx.store.counters.num_degraded_calls
-    key = context_key(root_key(ctx.fingerprint), tokens)
+    parent = context_key(root_key(ctx.fingerprint), lead) if lead else root_key(ctx.fingerprint)
     fetched = fetch_segment(
-        ctx.store, key, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype, timings=ctx.timings
+        ctx.store,
+        context_key(parent, tokens),
+        fingerprint=ctx.fingerprint,
+        dtype=ctx.decode_dtype,
+        timings=ctx.timings,
     )
     if fetched is not None and fetched.meta.token_ids == tokens:
         return fetched.kv
@@ -76,13 +83,11 @@ def question_base(tokens: tuple[int, ...], ctx: CallContext) -> SegmentKV | None
         return None  # unreachable store: a base nobody else can read would only cost a prefill
     with timed(ctx.timings, "base_prefill_s"):
         cache = full_length_cache()
-        ctx.executor.forward(tokens, 0, cache)
-        keys, values = read_layers(cache, 0, len(tokens))
-    kv = SegmentKV(keys, values, start_position=0)
+        ctx.executor.forward((*lead, *tokens), 0, cache)
+        keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
+    kv = SegmentKV(keys, values, start_position=len(lead))
     labels = (("kind", "base"), ("exact", "1"))
-    ctx.pending.append(
-        SpanRecord(kv, tokens, root_key(ctx.fingerprint), (), ctx.decode_text(tokens), labels)
-    )
+    ctx.pending.append(SpanRecord(kv, tokens, parent, lead, ctx.decode_text(tokens), labels))
     return kv
 
 

@@ -30,6 +30,8 @@ from kvsplice.client.anchor_codec import (
     placeholder_id_of,
     split_offsets,
 )
+from kvsplice.client.call_timings import CallTimings
+from kvsplice.client.hf_cache import full_length_cache, read_layers
 from kvsplice.client.layerwise import (
     KVBuffer,
     LayerwisePlan,
@@ -48,6 +50,8 @@ from kvsplice.client.policies.blend import BlendPolicy
 from kvsplice.client.policies.halo import HaloConfig, HaloPolicy
 from kvsplice.client.policies.layerwise_call import LayerwiseCall, SpanSource
 from kvsplice.client.policies.multicut import MulticutConfig, MulticutPolicy
+from kvsplice.client.policies.naive import question_base
+from kvsplice.client.policies.recorder import put_records
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.reuse_plan import Reuse
 from kvsplice.client.store_client import StoreClient
@@ -335,3 +339,25 @@ def test_view_counts_the_layers_each_token_reused() -> None:
     ]
     assert view.spans[0].action.chain_key == b"k" * 16  # type: ignore[union-attr]
     assert view.num_reused_tokens == 9
+
+
+def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-base-lead")
+    lead, tokens = (5, 6, 7), (10, 11, 12, 13)
+    ctx = engine._context(CallTimings())
+    base = question_base(tokens, ctx, lead)
+    cache = full_length_cache()
+    engine.executor.forward((*lead, *tokens), 0, cache)
+    keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
+    assert base is not None and base.start_position == len(lead)
+    assert torch.equal(base.keys, keys) and torch.equal(base.values, values)
+    assert put_records(ctx, ctx.pending) == 1
+    later = engine._context(CallTimings())
+    fetched = question_base(tokens, later, lead)
+    assert later.pending == [] and fetched is not None
+    assert torch.equal(fetched.values, values)
+    alone = question_base(tokens, later, ())  # another key: no lead, computed at position 0
+    assert alone is not None and alone.start_position == 0 and len(later.pending) == 1
+    assert not torch.allclose(alone.values[1:], values[1:])  # the lead changes every layer > 0
