@@ -68,15 +68,19 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """probes: questions of the math workload run through `num_agents` fully connected agents."""
+    """probes: questions of the math workload run through `num_agents` fully connected agents.
+
+    At least 3 probes for `anchor` to be measured at all: a placeholder's first
+    two samples only fill its pool (the gate needs two anchors to compare).
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    probes: int = 2
+    probes: int = 4
     num_agents: int = 3
     max_new_tokens: int = 8
     blend_ratios: tuple[float, ...] = (0.15, 0.3, 0.5)
     halo_tokens: tuple[int, ...] = (2, 4, 8)
-    anchor_gammas: tuple[float, ...] = (0.3, 0.5)
+    anchor_gammas: tuple[float, ...] = (0.3, 0.5, 1.0)
     w_exact_tables: tuple[str, ...] = tuple(W_EXACT_TABLES)
     thresholds: Thresholds = field(default_factory=Thresholds)
     namespace: str = "kvsplice-calibrate"

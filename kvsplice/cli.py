@@ -399,7 +399,9 @@ def calibrate(
     out: Annotated[
         Path, typer.Option("--out", help="Where to write the admission policy JSON.")
     ] = Path("policy.json"),
-    probes: Annotated[int, typer.Option(min=1, help="Probe questions (math workload).")] = 2,
+    probes: Annotated[
+        int, typer.Option(min=1, help="Probe questions (math workload); anchor needs >= 3.")
+    ] = 4,
     agents: Annotated[int, typer.Option("--agents", min=2, max=5)] = 3,
     max_kl: Annotated[
         float,
