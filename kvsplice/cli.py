@@ -278,13 +278,20 @@ def _progress_bar():
     return bar, on_event
 
 
+MODES_HELP = (
+    "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
+    "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
+    "anchor:gamma=0.5+tau=0.1+metric=key, multicut:cut=16 (layers below the cut reused with "
+    "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
+    "eps (a KL bound in nats, or none); anchor gamma, tau, metric; multicut cut."
+)
+
+
 @app.command()
 def demo(
     store: StoreOpt = None,
     problems: Annotated[int, typer.Option(min=1, max=164, help="HumanEval problems.")] = 3,
-    modes: Annotated[
-        str, typer.Option(help="Comma-separated modes; dense is the baseline.")
-    ] = "dense,exact,naive",
+    modes: Annotated[str, typer.Option(help=MODES_HELP)] = "dense,exact,naive",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 32,
     out_dir: Annotated[Path, typer.Option("--out")] = Path("results/demo"),
     auth_token: TokenOpt = None,
@@ -316,15 +323,6 @@ def demo(
         result = run_agents_demo(config, progress=on_event)
     for renderable in render_demo(result):
         console.print(renderable)
-
-
-MODES_HELP = (
-    "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
-    "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
-    "anchor:gamma=0.5+tau=0.1+metric=key, multicut:cut=16 (layers below the cut reused with "
-    "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
-    "eps (a KL bound in nats, or none); anchor gamma, tau, metric; multicut cut."
-)
 
 
 @bench_app.command("agents")
