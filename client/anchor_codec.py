@@ -18,10 +18,10 @@ from typing import Protocol
 import torch
 
 from kvsplice.client.modes.anchor_types import AgentOffsets, Anchor
-from kvsplice.client.segment_io import SegmentStore, slice_segment
+from kvsplice.client.segment_io import OFF_CHAIN_TOKEN_ID, SegmentStore, slice_segment
 from kvsplice.client.store_types import AnchorEntry
 from kvsplice.common.errors import CorruptPayload
-from kvsplice.common.keys import content_key
+from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -62,6 +62,24 @@ def placeholder_id_of(name: str) -> str:
     Store ids allow no "_" (they are blob path parts), so "user_question" -> "user.question".
     """
     return name.replace("_", ".")
+
+
+# KVComm's grammar: `agent_<id>_current` / `agent_<id>_history_<turn>` hold another
+# agent's answer (agents.template.Placeholder.is_agent_output; client cannot import it).
+AGENT_OUTPUT_PREFIX = "agent_"
+# Parent of "sender bases": an answer's K/V as its sender computed it, stored under
+# context_key(sender_base_parent(fp), answer ids) so any receiver finds it by content.
+SENDER_BASE_TOKEN_ID = OFF_CHAIN_TOKEN_ID - 1
+
+
+def is_agent_output(placeholder_name: str) -> bool:
+    """Whether a placeholder holds another agent's answer (its base is the sender's K/V)."""
+    return placeholder_name.startswith(AGENT_OUTPUT_PREFIX)
+
+
+def sender_base_parent(fingerprint: str) -> bytes:
+    """The parent key under which senders store their answers' K/V for anchor bases."""
+    return context_key(root_key(fingerprint), (SENDER_BASE_TOKEN_ID,))
 
 
 def anchor_id_of(token_ids: Sequence[int]) -> str:

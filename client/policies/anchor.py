@@ -1,12 +1,17 @@
 """Mode `anchor` (KVComm): placeholders corrected from an anchor pool, or dense plus a new anchor.
 
-Per placeholder after the exact prefix: its standalone base K/V (`question_base`,
-paid in the TTFT of the call that computes it), the placeholder's pool decoded
+Per placeholder after the exact prefix: its base K/V, the placeholder's pool decoded
 with this agent's offsets, and the gate. All confident → one layerwise call
 reusing each placeholder and the text after it as corrected K/V. Otherwise the
 call is dense (KVComm: an agent relying on an unshareable placeholder prefills)
 and, after its first token, each such placeholder joins (or becomes) an anchor
 with this agent's real − base offsets.
+
+Bases, as KVComm builds them: another agent's answer (`agent_*` placeholders)
+has the K/V its sender computed (the sender stores it after its call under
+`sender_base_parent`), so an offset is only the change of context from sender
+to receiver; a question (or tool output) is prefilled after a neutral lead
+(`question_base`, paid in the TTFT of the call that computes it).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from kvsplice.client.anchor_codec import (
     decode_anchor,
     encode_base,
     encode_offsets,
+    is_agent_output,
     on_device,
     placeholder_id_of,
+    sender_base_parent,
 )
 from kvsplice.client.call_timings import CallTimings, timed
 from kvsplice.client.layerwise import LayerwisePlan, LayerwiseSpan
@@ -43,11 +50,13 @@ from kvsplice.client.policies.layerwise_call import (
     reuse_spans,
 )
 from kvsplice.client.policies.naive import question_base
-from kvsplice.client.policies.recorder import RecordingPolicy, put_records
+from kvsplice.client.policies.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.segment_io import SpanRecord, fetch_segment
 from kvsplice.client.span_executor import ExecutionState
 from kvsplice.client.store_types import AnchorEntry
 from kvsplice.common.errors import ResourceExhausted
+from kvsplice.common.keys import context_key
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -65,6 +74,7 @@ class AnchorConfig:
     first token is an attention sink whose K/V nothing in a real prompt
     resembles, and every offset (real − base) inherits that difference. The
     same for every agent, so one base serves all of an anchor's offsets.
+    sender_bases: answers' bases are their senders' K/V (False: lead prefills).
 
     max_anchor_nbytes: an anchor whose payloads would exceed it is not stored
     (the store refuses more than its own limit, 4 MiB by default).
@@ -73,6 +83,7 @@ class AnchorConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     quant: str = "int8"
     base_lead: str = "<|im_start|>user\n"
+    sender_bases: bool = True
     max_anchor_nbytes: int = (4 << 20) - (64 << 10)
 
     def __post_init__(self) -> None:
@@ -136,8 +147,8 @@ class AnchorPolicy(RecordingPolicy):
         for index, span in enumerate(placeholders):
             outcome = self._gate(span, prompt, ctx, notes.agent_id, plan_time=True)
             if outcome is None:
-                ctx.decisions["anchor_gate"] = "store_unreachable"
-                return exact  # the store is unreachable: no base, no anchors
+                ctx.decisions["anchor_gate"] = "no_base"
+                return exact  # store unreachable, or the sender's answer K/V is missing
             if not outcome.decision.reuse:
                 ctx.decisions["anchor_gate"] = outcome.decision.reason
                 notes.to_anchor = placeholders[index:]
@@ -155,7 +166,12 @@ class AnchorPolicy(RecordingPolicy):
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        super().after_call(prompt, plan, state, ctx, response_ids)  # bases first: then fetched
+        if ctx.store is None:
+            return
+        records = call_records(prompt, plan, state, ctx, response_ids)  # bases first
+        if response_ids and self.config.sender_bases:
+            records.append(_sender_base_record(records[-1], ctx.fingerprint))
+        put_records(ctx, records)
         notes = ctx.notes.get(MODE)
         if not isinstance(notes, _Notes) or ctx.store is None:
             return
@@ -177,7 +193,7 @@ class AnchorPolicy(RecordingPolicy):
         *,
         plan_time: bool,
     ) -> _Gated | None:
-        """The gate for one placeholder (None: no base, the store is unreachable).
+        """The gate for one placeholder (None: no base — store unreachable, sender's K/V missing).
 
         At plan time a pool without two anchors long enough is dense without
         computing the base (the base is then paid after the first token).
@@ -191,7 +207,7 @@ class AnchorPolicy(RecordingPolicy):
                   if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]  # fmt: skip
         if plan_time and len(usable) <= 1:
             return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
-        base = _base(tokens, ctx, self._lead(ctx))
+        base = self._placeholder_base(span, tokens, ctx)
         if base is None:
             return None
         pool = self._pool(placeholder_id, usable, agent_id, ctx)
@@ -222,6 +238,13 @@ class AnchorPolicy(RecordingPolicy):
                 for e in entries
             ]
         return tuple(a for a in decoded if a is not None)
+
+    def _placeholder_base(
+        self, span: PromptSpan, tokens: Sequence[int], ctx: CallContext
+    ) -> SegmentKV | None:
+        if self.config.sender_bases and is_agent_output(span.name):
+            return _sender_base(tokens, ctx)
+        return _base(tokens, ctx, self._lead(ctx))
 
     def _lead(self, ctx: CallContext) -> tuple[int, ...]:
         if not self.config.base_lead or ctx.encode_text is None:
@@ -293,8 +316,13 @@ class AnchorPolicy(RecordingPolicy):
         if outcome is None or outcome.decision.reuse or outcome.base is None:
             return
         assert ctx.rope is not None
+        tokens = prompt.token_ids[span.start : span.end]
+        # An existing anchor keeps its stored base (a sender base may have been
+        # overwritten since by another sender of the same tokens): offsets must be
+        # against the base they will be added to.
+        base = self._stored_base(outcome.placeholder_id, tokens, agent_id, ctx) or outcome.base
         real = ctx.executor.read_kv(state, span.start, span.end)
-        offsets = AgentOffsets(kv_offset(real, outcome.base, ctx.rope))
+        offsets = AgentOffsets(kv_offset(real, base, ctx.rope))
         next_span = _following_text(prompt, span)
         if next_span is not None:
             next_base = _base(
@@ -303,8 +331,24 @@ class AnchorPolicy(RecordingPolicy):
             next_real = ctx.executor.read_kv(state, next_span.start, next_span.end)
             if next_base is not None:
                 offsets = replace(offsets, prefix=kv_offset(next_real, next_base, ctx.rope))
-        tokens = prompt.token_ids[span.start : span.end]
-        self._put_anchor(outcome.placeholder_id, tokens, outcome.base, offsets, agent_id, ctx)
+        self._put_anchor(outcome.placeholder_id, tokens, base, offsets, agent_id, ctx)
+
+    def _stored_base(
+        self, placeholder_id: str, tokens: Sequence[int], agent_id: str, ctx: CallContext
+    ) -> SegmentKV | None:
+        """The base of the pooled anchor of `tokens`, if there is one (fp32, model device)."""
+        store = cast(AnchorStore, ctx.store)
+        entries = self._fetch(
+            store, ctx.fingerprint, placeholder_id, anchor_id_of(tokens), agent_id
+        )
+        for entry in entries:
+            anchor = decode_anchor(
+                entry, agent_id, fingerprint=ctx.fingerprint, dtype=torch.float32,
+                device=_device(ctx),
+            )  # fmt: skip
+            if anchor is not None:
+                return anchor.base
+        return None
 
     def _put_anchor(
         self,
@@ -357,6 +401,32 @@ def _base(tokens: Sequence[int], ctx: CallContext, lead: tuple[int, ...]) -> Seg
         return None
     return on_device(
         SegmentKV(base.keys.float(), base.values.float(), base.start_position), _device(ctx)
+    )
+
+
+def _sender_base(tokens: Sequence[int], ctx: CallContext) -> SegmentKV | None:
+    """The answer's K/V as its sender stored it (fp32, on the model's device); None if absent.
+
+    Never computed here: a standalone prefill would be a base of another kind,
+    and offsets against one kind do not correct the other.
+    """
+    assert ctx.store is not None
+    ids = tuple(int(t) for t in tokens)
+    key = context_key(sender_base_parent(ctx.fingerprint), ids)
+    fetched = fetch_segment(
+        ctx.store, key, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype, timings=ctx.timings
+    )
+    if fetched is None or fetched.meta.token_ids != ids:
+        return None
+    kv = fetched.kv
+    return on_device(SegmentKV(kv.keys.float(), kv.values.float(), kv.start_position), _device(ctx))
+
+
+def _sender_base_record(response: SpanRecord, fingerprint: str) -> SpanRecord:
+    """The sender's answer K/V again, under `sender_base_parent` (see the module docstring)."""
+    labels = (("kind", "sender-base"), ("exact", "0"))
+    return SpanRecord(
+        response.kv, response.token_ids, sender_base_parent(fingerprint), (), "", labels
     )
 
 

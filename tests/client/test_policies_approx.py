@@ -20,14 +20,18 @@ from approx_factories import (
     first_prompt,
     make_loaded4,
     run_chain,
+    second_prompt,
 )
 from client_factories import CharTokenizer
 
+from kvsplice.agents.template import Placeholder
 from kvsplice.client.anchor_codec import (
     anchor_id_of,
     decode_anchor,
     encode_offsets,
+    is_agent_output,
     placeholder_id_of,
+    sender_base_parent,
     split_offsets,
 )
 from kvsplice.client.call_timings import CallTimings
@@ -361,3 +365,41 @@ def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
     alone = question_base(tokens, later, ())  # another key: no lead, computed at position 0
     assert alone is not None and alone.start_position == 0 and len(later.pending) == 1
     assert not torch.allclose(alone.values[1:], values[1:])  # the lead changes every layer > 0
+
+
+def test_an_answers_anchor_base_is_its_senders_kv(loaded: LoadedModel, store_target: str) -> None:
+    """KVComm's base of `agent_*` placeholders: the K/V the sender computed for its answer."""
+    engine = make_engine(loaded, AnchorPolicy(AnchorConfig(quant="none")), store_target, "sender")
+    prompt_1 = first_prompt(QUESTIONS[0])
+    first = engine.run(prompt_1, GENERATION)
+    assert first.output_ids, "the sender must answer something"
+    assert engine.store is not None
+    key = context_key(sender_base_parent(loaded.fingerprint), first.output_ids)
+    found = engine.store.get_segment(key, model_fingerprint=loaded.fingerprint)
+    assert found is not None
+    stored = decode_payload(found[1])
+    # the sender's own K/V of its answer: dense prefill of prompt + answer, sliced
+    full = (*prompt_1.token_ids, *first.output_ids)
+    cache = full_length_cache()
+    engine.executor.forward(full, 0, cache)
+    keys, values = read_layers(cache, len(prompt_1.token_ids), len(full) - 1)
+    num = len(first.output_ids) - 1  # the last answer token's K/V is never computed
+    assert stored.start_position == len(prompt_1.token_ids)
+    assert torch.allclose(stored.values[:, :, :num], values, atol=1e-4)
+    assert torch.allclose(stored.keys[:, :, :num], keys, atol=1e-4)
+    # the receiver pools an anchor for the answer
+    prompt_2 = second_prompt(QUESTIONS[0], first.output_ids)
+    engine.run(prompt_2, GENERATION)
+    answers = engine.store.get_anchors(loaded.fingerprint, placeholder_id_of("agent_1_current"))
+    assert [e.anchor_id for e in answers] == [anchor_id_of(first.output_ids)]
+    assert agent_key(prompt_2) in answers[0].agent_ids
+
+
+def test_agent_output_names_match_the_template_grammar() -> None:
+    for name in (
+        "agent_1_current",
+        "agent_planner_history_-1",
+        "user_question",
+        "condition_a_current",
+    ):
+        assert is_agent_output(name) == Placeholder.parse(name).is_agent_output
