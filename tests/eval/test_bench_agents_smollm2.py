@@ -86,3 +86,45 @@ def test_files_written(bench) -> None:
     data = json.loads(result.files["json"].read_text())
     assert data["environment"]["model_fingerprint"] == result.environment["model_fingerprint"]
     assert len(data["records"]) == len(result.records)
+
+
+APPROX_VARIANTS = ("anchor:gamma=1", "multicut:cut=16", "blend:r=0.43", "halo:h=4")
+
+
+@pytest.fixture(scope="module")
+def approx_bench(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    """Every approximate mode through the bench on SmolLM2, reduced (3 samples: anchor's pool
+    needs two before its gate can reuse)."""
+    config = BenchAgentsConfig(
+        workload="synthetic", num_agents=3, samples=3, prefix_len=24, input_len=16,
+        response_len=6, max_new_tokens=6, warmup=False, modes=("dense", *APPROX_VARIANTS),
+        out_dir=tmp_path_factory.mktemp("approx"),
+    )  # fmt: skip
+    return run_bench_agents(config, smollm2)
+
+
+def test_every_approximate_mode_runs_end_to_end_and_reuses(approx_bench: BenchResult) -> None:
+    by_mode = {g.mode: g for g in approx_bench.aggregates.by_mode}
+    assert set(by_mode) == {"dense", "anchor:gamma=1.0", *APPROX_VARIANTS[1:]}
+    for label, group in by_mode.items():
+        assert group.num_calls == 3 * 3
+        assert group.first_token_agreement is not None and group.mean_kl is not None
+        if label != "dense":
+            assert group.token_reuse_rate > 0, label
+    # multicut at layer 16 of 30 reuses about half the layers of what it reuses approximately
+    multicut = by_mode["multicut:cut=16"]
+    assert multicut.token_layer_reuse_rate is not None
+    assert multicut.token_layer_reuse_rate < multicut.token_reuse_rate
+    anchor_calls = [r for r in approx_bench.records if r.mode == "anchor:gamma=1.0"]
+    assert any(r.decisions.get("anchor_gate") == "confident" for r in anchor_calls)
+    assert any(
+        s["mode"] == "anchor" and not s["exact"] for r in anchor_calls for s in r.reused_spans
+    )
+
+
+def test_the_speedup_vs_fidelity_plot_has_every_variant(approx_bench: BenchResult) -> None:
+    assert approx_bench.files["speedup_fidelity_plot"].stat().st_size > 0
+    saved = json.loads(approx_bench.files["json"].read_text())
+    assert {g["mode"] for g in saved["aggregates"]["by_mode"]} == {
+        "dense", "anchor:gamma=1.0", *APPROX_VARIANTS[1:],
+    }  # fmt: skip
