@@ -75,26 +75,37 @@ class AnchorService:
         self._pools_by_namespace: dict[str, AnchorPools] = {}
 
     def put(self, write: AnchorWrite) -> list[str]:
-        """Store the anchor's payloads, pool it, and return the ids the pool evicted."""
+        """Pool the anchor, or add agents' offsets to it; return the ids the pool evicted.
+
+        A present anchor keeps its base (offsets were taken against it: a new
+        base would silently invalidate them), its creation order and its
+        activation count; the write's agents are added or replaced and the other
+        agents' offsets stay. So each agent can put its own offsets alone, and an
+        anchor is bounded by what one request may carry only per agent.
+        """
         self._check_write(write)
         ns, fp, ph = write.namespace, write.model_fingerprint, write.placeholder_id
         pools = self._pools(ns)
         pool = pools.get_or_create(ns, fp, ph)
         previous = {entry.anchor_id: entry for entry in pool.entries()}
-        self._store.put_blob(ns, _payload_blob(fp, ph, write.anchor_id, None), write.base_payload)
+        present = previous.get(write.anchor_id)
+        base_blob = _payload_blob(fp, ph, write.anchor_id, None)
+        if present is None or self._store.get_blob(ns, base_blob) is None:
+            self._store.put_blob(ns, base_blob, write.base_payload)
         for agent_id, payload in write.agent_payloads.items():
             self._store.put_blob(ns, _payload_blob(fp, ph, write.anchor_id, agent_id), payload)
-        entry = AnchorEntry(
-            anchor_id=write.anchor_id,
-            num_tokens=write.num_tokens,
-            created_seq=max((e.created_seq for e in previous.values()), default=-1) + 1,
-            agent_ids=tuple(sorted(write.agent_payloads)),
-        )
-        evicted = pool.add(entry)
+        if present is not None:
+            present.agent_ids = tuple(sorted({*present.agent_ids, *write.agent_payloads}))
+            evicted: list[str] = []
+        else:
+            entry = AnchorEntry(
+                anchor_id=write.anchor_id,
+                num_tokens=write.num_tokens,
+                created_seq=max((e.created_seq for e in previous.values()), default=-1) + 1,
+                agent_ids=tuple(sorted(write.agent_payloads)),
+            )
+            evicted = pool.add(entry)
         self._save(ns, pools)
-        replaced = previous.get(write.anchor_id)
-        if replaced is not None:  # agents the new version no longer has
-            self._delete_payloads(ns, fp, ph, replaced, kept_agent_ids=entry.agent_ids)
         for anchor_id in evicted:
             self._delete_payloads(ns, fp, ph, previous[anchor_id])
         return evicted
@@ -218,20 +229,11 @@ class AnchorService:
             agent_payloads={a: p for a, p in agents.items() if p is not None},
         )
 
-    def _delete_payloads(
-        self,
-        ns: str,
-        fp: str,
-        ph: str,
-        entry: AnchorEntry,
-        kept_agent_ids: Sequence[str] | None = None,
-    ) -> None:
-        """Delete `entry`'s blobs; with `kept_agent_ids` (a replacement) only agents not kept."""
-        if kept_agent_ids is None:
-            self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None))
+    def _delete_payloads(self, ns: str, fp: str, ph: str, entry: AnchorEntry) -> None:
+        """Delete an evicted `entry`'s blobs: its base and every agent's offsets."""
+        self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None))
         for agent_id in entry.agent_ids:
-            if agent_id not in (kept_agent_ids or ()):
-                self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, agent_id))
+            self._store.delete_blob(ns, _payload_blob(fp, ph, entry.anchor_id, agent_id))
 
     def _pools(self, namespace: str) -> AnchorPools:
         """The namespace's pools, loaded from their blob on first use."""

@@ -76,8 +76,8 @@ class AnchorConfig:
     same for every agent, so one base serves all of an anchor's offsets.
     sender_bases: answers' bases are their senders' K/V (False: lead prefills).
 
-    max_anchor_nbytes: an anchor whose payloads would exceed it is not stored
-    (the store refuses more than its own limit, 4 MiB by default).
+    max_anchor_nbytes: an anchor whose base plus one agent's offsets would exceed
+    it is not stored (the store refuses more than its own limit, 4 MiB by default).
     """
 
     gate: GateConfig = field(default_factory=GateConfig)
@@ -359,24 +359,16 @@ class AnchorPolicy(RecordingPolicy):
         agent_id: str,
         ctx: CallContext,
     ) -> None:
-        """Put the anchor of `tokens`, keeping the offsets other agents stored for it."""
+        """Put this agent's offsets for the anchor of `tokens` (the store keeps the other
+        agents' offsets and, if the anchor is pooled already, its base)."""
         store, fingerprint, quant = cast(AnchorStore, ctx.store), ctx.fingerprint, self.config.quant
         anchor_id = anchor_id_of(tokens)
-        entries = store.get_anchors(
-            fingerprint, placeholder_id, include_payloads=True, anchor_ids=(anchor_id,)
-        )
-        existing = next((e for e in entries if e.anchor_id == anchor_id), None)
-        agent_payloads = dict(existing.agent_payloads) if existing is not None else {}
-        agent_payloads[agent_id] = encode_offsets(offsets, fingerprint=fingerprint, quant=quant)
-        base_payload = (
-            existing.base_payload
-            if existing is not None
-            else encode_base(base, fingerprint=fingerprint, quant=quant)
-        )
-        nbytes = len(base_payload) + sum(len(p) for p in agent_payloads.values())
+        agent_payloads = {agent_id: encode_offsets(offsets, fingerprint=fingerprint, quant=quant)}
+        base_payload = encode_base(base, fingerprint=fingerprint, quant=quant)
+        nbytes = len(base_payload) + len(agent_payloads[agent_id])
         if nbytes > self.config.max_anchor_nbytes:
             logger.info(
-                "anchor %s/%s holds %d bytes; not stored", placeholder_id, anchor_id, nbytes
+                "anchor %s/%s needs %d bytes; not stored", placeholder_id, anchor_id, nbytes
             )
             return
         try:

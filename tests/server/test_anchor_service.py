@@ -121,14 +121,17 @@ def test_pools_are_scoped_by_fingerprint() -> None:
     assert anchors.get(NAMESPACE, OTHER_FINGERPRINT, "question", True) == []
 
 
-def test_replacing_an_anchor_drops_agents_it_no_longer_has() -> None:
+def test_a_second_put_adds_agents_and_keeps_the_base_and_counts() -> None:
+    """Each agent puts its own offsets; the base they were taken against never changes."""
     store = make_store()
     anchors = make_anchors(store)
     anchors.put(make_write("a1", {"critic": b"c", "judge": b"j"}))
-    anchors.put(make_write("a1", {"judge": b"j2"}, base=b"new-base"))
+    anchors.touch(NAMESPACE, FINGERPRINT, "question", ["a1"])
+    assert anchors.put(make_write("a1", {"judge": b"j2", "coder": b"k"}, base=b"new")) == []
     (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", True)
-    assert (record.base_payload, dict(record.agent_payloads)) == (b"new-base", {"judge": b"j2"})
-    assert not any(name.endswith("/critic") for name in store.iter_blob_names(NAMESPACE))
+    assert record.base_payload == b"base-a1"
+    assert dict(record.agent_payloads) == {"critic": b"c", "judge": b"j2", "coder": b"k"}
+    assert (record.activation_count, record.created_seq) == (1, 0)
 
 
 def test_pool_state_and_payloads_survive_a_restart(tmp_path) -> None:
