@@ -26,14 +26,6 @@ _PROBE_FINGERPRINT = "kvfp1-" + "0" * 32
 ParamValue = int | float | str | None
 
 
-def _int(text: str) -> int:
-    return int(text)
-
-
-def _float(text: str) -> float:
-    return float(text)
-
-
 def _optional_float(text: str) -> float | None:
     return None if text == "none" else float(text)
 
@@ -54,18 +46,18 @@ class VariantParam:
 
 # mode -> parameter name -> its parameter, in canonical label order; modes absent take none
 PARAMS: dict[str, dict[str, VariantParam]] = {
-    "blend": {"r": VariantParam(_float, lambda v: {"blend_ratio": v})},
+    "blend": {"r": VariantParam(float, lambda v: {"blend_ratio": v})},
     "halo": {
-        "h": VariantParam(_int, lambda v: {"halo_tokens": v}),
+        "h": VariantParam(int, lambda v: {"halo_tokens": v}),
         "eps": VariantParam(_optional_float, lambda v: {"halo_epsilon_nats": v}),
     },
     "anchor": {
-        "gamma": VariantParam(_float, lambda v: {"anchor_gamma": v}),
-        "tau": VariantParam(_float, lambda v: {"anchor_tau": v}),
+        "gamma": VariantParam(float, lambda v: {"anchor_gamma": v}),
+        "tau": VariantParam(float, lambda v: {"anchor_tau": v}),
         "metric": VariantParam(_word, lambda v: {"anchor_metric": v}),
     },
     # Cuts at or above `cut` reuse with no exact window; deeper ones need the whole left context.
-    "multicut": {"cut": VariantParam(_int, lambda v: {"w_exact": ((v, 0),)})},
+    "multicut": {"cut": VariantParam(int, lambda v: {"w_exact": ((v, 0),)})},
 }
 
 
