@@ -65,7 +65,8 @@ class AdmissionPolicy:
     CacheBlend's r; halo_tokens: h; halo_epsilon_nats: the acceptance KL bound
     (None: no acceptance test); anchor_gamma/anchor_tau: KVComm's gate γ and
     weight temperature; anchor_metric: the gate's distance ("value" or "key";
-    the anchor policy stores no boundary states for "hidden"). created_at: ISO 8601 time of calibration (None: built in).
+    the anchor policy stores no boundary states for "hidden"); anchor_repair_ratio:
+    CacheBlend's r on the corrected K/V (None: no repair, corrections read at every layer). created_at: ISO 8601 time of calibration (None: built in).
     """
 
     model_fingerprint: str
@@ -77,6 +78,7 @@ class AdmissionPolicy:
     anchor_gamma: float = 0.3
     anchor_tau: float = 0.1
     anchor_metric: str = "value"
+    anchor_repair_ratio: float | None = None
     created_at: str | None = None
     drift: Mapping[str, ModeDrift] = field(default_factory=dict)
 
@@ -98,6 +100,8 @@ class AdmissionPolicy:
             raise ValueError(f"anchor_gamma {self.anchor_gamma} must be in [0, 1]")
         if self.anchor_metric not in ("value", "key"):
             raise ValueError(f"anchor_metric {self.anchor_metric!r} is not 'value' or 'key'")
+        if self.anchor_repair_ratio is not None and not 0 <= self.anchor_repair_ratio <= 1:
+            raise ValueError(f"anchor_repair_ratio {self.anchor_repair_ratio} must be in [0, 1]")
         if not self.anchor_tau > 0:
             raise ValueError(f"anchor_tau {self.anchor_tau} must be > 0")
 

@@ -281,9 +281,10 @@ def _progress_bar():
 MODES_HELP = (
     "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
     "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
-    "anchor:gamma=0.5+tau=0.1+metric=key, multicut:cut=16 (layers below the cut reused with "
+    "anchor:gamma=0.5+tau=0.1+metric=key+r=0.15, multicut:cut=16 (layers below the cut reused with "
     "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
-    "eps (a KL bound in nats, or none); anchor gamma, tau, metric; multicut cut."
+    "eps (a KL bound in nats, or none); anchor gamma, tau, metric, r (CacheBlend's ratio "
+    "on the corrected K/V, or none); multicut cut."
 )
 
 

@@ -59,7 +59,8 @@ def _anchor_config(admission: AdmissionPolicy | None) -> AnchorConfig | None:
     gate = GateConfig(
         gamma=admission.anchor_gamma, metric=cast(Metric, admission.anchor_metric), weights=weights
     )
-    return AnchorConfig(gate=gate)
+    ratio = admission.anchor_repair_ratio
+    return AnchorConfig(gate=gate, repair=None if ratio is None else BlendConfig(ratio=ratio))
 
 
 def _multicut_config(admission: AdmissionPolicy | None) -> MulticutConfig | None:

@@ -40,7 +40,8 @@ from kvsplice.client.layerwise import LayerwisePlan, LayerwiseSpan
 from kvsplice.client.modes.anchor_gate import GateConfig, GateDecision, decide
 from kvsplice.client.modes.anchor_math import AnchorQuery, anchor_spans, correct
 from kvsplice.client.modes.anchor_types import AgentOffsets, Anchor, kv_offset
-from kvsplice.client.modes.spans import tile_spans
+from kvsplice.client.modes.blend import BlendConfig, blend_plan
+from kvsplice.client.modes.spans import replace_spans, tile_spans
 from kvsplice.client.policies.base import CallContext, PlanBuilder, PromptSpan, SpannedPrompt
 from kvsplice.client.policies.exact import plan_exact_prefix
 from kvsplice.client.policies.layerwise_call import (
@@ -75,6 +76,11 @@ class AnchorConfig:
     resembles, and every offset (real − base) inherits that difference. The
     same for every agent, so one base serves all of an anchor's offsets.
     sender_bases: answers' bases are their senders' K/V (False: lead prefills).
+    repair: CacheBlend on the corrected K/V (None: they are read at every layer).
+    Every corrected token is computed through `repair.check_layer` and the
+    `repair.ratio` share deviating most from the correction is computed above
+    it: KVComm's correction as the starting point, blend's selective recompute
+    for what the correction still gets wrong.
 
     max_anchor_nbytes: an anchor whose base plus one agent's offsets would exceed
     it is not stored (the store refuses more than its own limit, 4 MiB by default).
@@ -84,6 +90,7 @@ class AnchorConfig:
     quant: str = "int8"
     base_lead: str = "<|im_start|>user\n"
     sender_bases: bool = True
+    repair: BlendConfig | None = None
     max_anchor_nbytes: int = (4 << 20) - (64 << 10)
 
     def __post_init__(self) -> None:
@@ -274,12 +281,37 @@ class AnchorPolicy(RecordingPolicy):
             exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE
         )
         reused = [s for s in spans if s.keys is not None]
+        corrected: list[LayerwiseSpan] = []
         for outcome in gated:
-            corrected, corrected_sources = self._corrected(outcome, prompt, ctx, agent_id)
-            reused += corrected
-            sources.update(corrected_sources)
-        tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused))
+            outcome_spans, outcome_sources = self._corrected(outcome, prompt, ctx, agent_id)
+            corrected += outcome_spans
+            sources.update(outcome_sources)
+        if self.config.repair is not None:
+            return self._repaired_call(prompt, reused, corrected, sources, ctx)
+        tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused + corrected))
         return LayerwiseCall(LayerwisePlan(prompt.token_ids, tuple(tiled)), sources)
+
+    def _repaired_call(
+        self,
+        prompt: SpannedPrompt,
+        exact: Sequence[LayerwiseSpan],
+        corrected: Sequence[LayerwiseSpan],
+        sources: dict[str, SpanSource],
+        ctx: CallContext,
+    ) -> LayerwiseCall:
+        """The corrected spans as CacheBlend chunks (see `AnchorConfig.repair`); the exact
+        prefix is read at every layer. Sources keep their spans' names."""
+        assert ctx.rope is not None and self.config.repair is not None
+        chunks = [
+            (s.start, SegmentKV(s.keys, s.values, start_position=s.start))
+            for s in corrected
+            if s.keys is not None and s.values is not None
+        ]
+        blended = blend_plan(prompt.token_ids, chunks, ctx.rope, self.config.repair)
+        names = {s.start: s.name for s in corrected}
+        chunk_spans = [replace(s, name=names[s.start]) for s in blended.spans if s.keys is not None]
+        plan = replace_spans(blended, tile_spans(len(prompt.token_ids), [*exact, *chunk_spans]))
+        return LayerwiseCall(plan, sources)
 
     def _corrected(
         self, outcome: _Gated, prompt: SpannedPrompt, ctx: CallContext, agent_id: str

@@ -196,6 +196,34 @@ def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
     assert sum(e.activation_count for e in after) > 0
 
 
+@pytest.mark.parametrize("ratio", [1.0, 0.5])
+def test_anchor_repaired_by_blend_recomputes_its_share(
+    loaded: LoadedModel, store_target: str, ratio: float
+) -> None:
+    # r = 1: every corrected token is recomputed above the check layer, so the
+    # call is dense; r = 0.5: half of them keep the correction above it.
+    policy = AnchorPolicy(AnchorConfig(repair=BlendConfig(ratio=ratio)))
+    plain = AnchorPolicy()
+    engine = make_engine(loaded, policy, store_target, f"approx-anchor-repair-{ratio}")
+    plain_engine = make_engine(loaded, plain, store_target, f"approx-anchor-plain-{ratio}")
+    for question in QUESTIONS:
+        run_chain(engine, question)
+        run_chain(plain_engine, question)
+    (prompt, outcome), _ = run_chain(engine, NEAR_DUPLICATE)
+    (_, unrepaired), _ = run_chain(plain_engine, NEAR_DUPLICATE)
+    assert outcome.decisions == unrepaired.decisions == {"anchor_gate": "confident"}
+    corrected = approximate_tokens(unrepaired)
+    assert corrected > 0
+    if ratio == 1.0:
+        reference = engine.dense_reference(prompt, GENERATION)
+        assert approximate_tokens(outcome) == 0
+        assert (outcome.logits_first - reference.logits_first).abs().max() <= ATOL
+        assert outcome.generated_ids == reference.generated_ids
+    else:
+        # blend's floor(M·r) of the M corrected tokens (the last token is never a candidate)
+        assert approximate_tokens(outcome) == corrected - corrected // 2
+
+
 def test_anchor_with_an_identical_anchor_equals_dense(
     loaded: LoadedModel, store_target: str
 ) -> None:

@@ -65,6 +65,7 @@ def test_parse_gives_canonical_labels(spec: str, label: str, params: tuple) -> N
         ("anchor:metric=hidden", "anchor_metric 'hidden'"),
         ("anchor:tau=0", "anchor_tau 0.0"),
         ("anchor:gamma=nan", "anchor_gamma nan"),
+        ("anchor:r=1.5", "anchor_repair_ratio 1.5"),
         ("multicut:cut=-4", "W_exact point"),
     ],
 )
@@ -113,6 +114,10 @@ def test_policy_parameters_reach_the_built_policies() -> None:
     assert isinstance(anchor, AnchorPolicy)
     gate = anchor.config.gate
     assert (gate.gamma, gate.weights.tau, gate.metric) == (0.5, 0.2, "key")
+    assert anchor.config.repair is None
+    repaired = ModeVariant.parse("anchor:gamma=1+r=0.15").policy(FINGERPRINT)
+    assert isinstance(repaired, AnchorPolicy) and repaired.config.repair is not None
+    assert repaired.config.repair.ratio == 0.15
     assert isinstance(ModeVariant.parse("dense").policy(FINGERPRINT), DensePolicy)
 
 
