@@ -24,6 +24,7 @@ from typing import cast
 import torch
 import xxhash
 
+from kvsplice.client.anchor_cache import AnchorKey, DecodedAnchors
 from kvsplice.client.anchor_codec import (
     AnchorStore,
     anchor_id_of,
@@ -84,6 +85,8 @@ class AnchorConfig:
 
     max_anchor_nbytes: an anchor whose base plus one agent's offsets would exceed
     it is not stored (the store refuses more than its own limit, 4 MiB by default).
+    decoded_cache_bytes: decoded anchors kept in the worker between calls
+    (`DecodedAnchors`; 0: fetched and decoded on every call).
     """
 
     gate: GateConfig = field(default_factory=GateConfig)
@@ -92,10 +95,13 @@ class AnchorConfig:
     sender_bases: bool = True
     repair: BlendConfig | None = None
     max_anchor_nbytes: int = (4 << 20) - (64 << 10)
+    decoded_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if self.quant not in QUANT_SCHEMES:
             raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        if self.decoded_cache_bytes < 0:
+            raise ValueError(f"decoded_cache_bytes {self.decoded_cache_bytes} must be >= 0")
         if self.max_anchor_nbytes < 1:
             raise ValueError(f"max_anchor_nbytes {self.max_anchor_nbytes} must be >= 1")
 
@@ -139,6 +145,7 @@ class AnchorPolicy(RecordingPolicy):
 
     def __init__(self, config: AnchorConfig | None = None) -> None:
         self.config = config or AnchorConfig()
+        self._decoded = DecodedAnchors(self.config.decoded_cache_bytes)
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
         builder = PlanBuilder(prompt.token_ids)
@@ -210,8 +217,7 @@ class AnchorPolicy(RecordingPolicy):
         placeholder_id = placeholder_id_of(span.name)
         with timed(ctx.timings, "lookup_s"):
             listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
-        usable = [e.anchor_id for e in listed
-                  if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]  # fmt: skip
+        usable = [e for e in listed if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]
         if plan_time and len(usable) <= 1:
             return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
         base = self._placeholder_base(span, tokens, ctx)
@@ -224,27 +230,40 @@ class AnchorPolicy(RecordingPolicy):
         return _Gated(span, placeholder_id, decision, base, pool)
 
     def _pool(
-        self, placeholder_id: str, anchor_ids: Sequence[str], agent_id: str, ctx: CallContext
+        self, placeholder_id: str, listed: Sequence[AnchorEntry], agent_id: str, ctx: CallContext
     ) -> tuple[Anchor, ...]:
-        """The listed anchors this agent can use, fetched one by one (an answer holds at
-        most one anchor's worth of payloads) with only its own offsets, decoded."""
+        """The listed anchors this agent can use, decoded: from the worker's cache, or
+        fetched one by one (an answer holds at most one anchor's worth of payloads)
+        with only its own offsets."""
         store = cast(AnchorStore, ctx.store)
+        fingerprint, dtype, device = ctx.fingerprint, ctx.decode_dtype, _device(ctx)
+        keys = {
+            e.anchor_id: AnchorKey(
+                fingerprint, placeholder_id, e.anchor_id, e.created_seq, agent_id, dtype,
+                str(device),
+            )
+            for e in listed
+        }  # fmt: skip
+        cached = {i: self._decoded.get(k) for i, k in keys.items()}
         with timed(ctx.timings, "fetch_s"):
             entries = [
                 entry
-                for anchor_id in anchor_ids
-                for entry in self._fetch(
-                    store, ctx.fingerprint, placeholder_id, anchor_id, agent_id
-                )
+                for anchor_id, anchor in cached.items()
+                if anchor is None
+                for entry in self._fetch(store, fingerprint, placeholder_id, anchor_id, agent_id)
                 if agent_id in entry.agent_payloads
             ]
-        fingerprint, dtype, device = ctx.fingerprint, ctx.decode_dtype, _device(ctx)
         with timed(ctx.timings, "decode_s"):
-            decoded = [
-                decode_anchor(e, agent_id, fingerprint=fingerprint, dtype=dtype, device=device)
-                for e in entries
-            ]
-        return tuple(a for a in decoded if a is not None)
+            for entry in entries:
+                anchor = decode_anchor(
+                    entry, agent_id, fingerprint=fingerprint, dtype=dtype, device=device
+                )
+                if anchor is not None and entry.anchor_id in keys:
+                    cached[entry.anchor_id] = anchor
+                    # the fetched incarnation may be newer than the listed one
+                    key = replace(keys[entry.anchor_id], created_seq=entry.created_seq)
+                    self._decoded.put(key, anchor)
+        return tuple(a for a in cached.values() if a is not None)
 
     def _placeholder_base(
         self, span: PromptSpan, tokens: Sequence[int], ctx: CallContext
@@ -395,6 +414,7 @@ class AnchorPolicy(RecordingPolicy):
         agents' offsets and, if the anchor is pooled already, its base)."""
         store, fingerprint, quant = cast(AnchorStore, ctx.store), ctx.fingerprint, self.config.quant
         anchor_id = anchor_id_of(tokens)
+        self._decoded.discard(fingerprint, placeholder_id, anchor_id)  # offsets change below
         agent_payloads = {agent_id: encode_offsets(offsets, fingerprint=fingerprint, quant=quant)}
         base_payload = encode_base(base, fingerprint=fingerprint, quant=quant)
         nbytes = len(base_payload) + len(agent_payloads[agent_id])

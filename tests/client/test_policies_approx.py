@@ -224,6 +224,26 @@ def test_anchor_repaired_by_blend_recomputes_its_share(
         assert approximate_tokens(outcome) == corrected - corrected // 2
 
 
+def test_anchor_keeps_decoded_anchors_between_calls(loaded: LoadedModel, store_target: str) -> None:
+    # Anchors decoded while the pool filled (each dense call gates again before
+    # adding its anchor) are not fetched again, and the correction is the same
+    # as with anchors fetched on every call.
+    cached = AnchorPolicy()
+    uncached = AnchorPolicy(AnchorConfig(decoded_cache_bytes=0))
+    engine = make_engine(loaded, cached, store_target, "approx-anchor-cached")
+    reference_engine = make_engine(loaded, uncached, store_target, "approx-anchor-uncached")
+    for question in QUESTIONS:
+        run_chain(engine, question)
+        run_chain(reference_engine, question)
+    assert cached._decoded.hits == 0
+    (_, outcome), _ = run_chain(engine, NEAR_DUPLICATE)
+    (_, reference), _ = run_chain(reference_engine, NEAR_DUPLICATE)
+    assert outcome.decisions == reference.decisions == {"anchor_gate": "confident"}
+    assert cached._decoded.hits > 0
+    assert len(uncached._decoded) == 0
+    assert torch.equal(outcome.logits_first, reference.logits_first)
+
+
 def test_anchor_with_an_identical_anchor_equals_dense(
     loaded: LoadedModel, store_target: str
 ) -> None:
