@@ -168,6 +168,43 @@ def aggregate(records: Sequence[CallRecord]) -> Aggregates:
     return Aggregates(tuple(by_position), tuple(by_mode))
 
 
+@dataclass(frozen=True)
+class SampleStats:
+    """One mode over the calls of one sample (0-based `sample_index`, all agents).
+
+    Shows how reuse grows as a run goes on: exact prefixes and anchor pools fill
+    with the first samples, so the later samples are the steady state.
+    """
+
+    mode: str
+    sample_index: int
+    num_calls: int
+    token_reuse_rate: float
+    first_token_agreement: float | None
+    mean_kl: float | None
+
+
+def by_sample(records: Sequence[CallRecord]) -> tuple[SampleStats, ...]:
+    """Per (mode, sample index), modes in first-seen order, samples ascending."""
+    groups: dict[tuple[str, int], list[CallRecord]] = {}
+    for record in records:
+        groups.setdefault((record.mode, record.sample_index), []).append(record)
+    modes = list(dict.fromkeys(r.mode for r in records))
+    stats = []
+    for (mode, index), group in sorted(
+        groups.items(), key=lambda i: (modes.index(i[0][0]), i[0][1])
+    ):
+        kls = _present(group, lambda r: r.kl_dense_reuse)
+        stats.append(SampleStats(
+            mode, index, len(group),
+            _ratio(sum(r.num_reused_tokens for r in group), sum(r.num_prompt_tokens for r in group))
+            or 0.0,
+            _fraction(_present(group, lambda r: r.first_token_agrees)),
+            statistics.fmean(kls) if kls else None,
+        ))  # fmt: skip
+    return tuple(stats)
+
+
 def pipeline_speedup(
     group: Sequence[CallRecord], dense_medians: Mapping[int, float]
 ) -> float | None:

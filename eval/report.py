@@ -17,7 +17,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvsplice.eval.metrics import Aggregates, CallRecord, GroupStats
+from kvsplice.eval.metrics import Aggregates, CallRecord, GroupStats, SampleStats, by_sample
 from kvsplice.eval.plots import write_plots
 
 if TYPE_CHECKING:
@@ -121,6 +121,23 @@ def _mode_row(g: GroupStats) -> tuple[str, ...]:
     )  # fmt: skip
 
 
+def sample_rows(records: Sequence[CallRecord]) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Headers and one row per mode: each sample's "token reuse · 1st-token agreement"."""
+    stats = by_sample(records)
+    indices = sorted({s.sample_index for s in stats})
+    cells: dict[str, dict[int, SampleStats]] = {}
+    for s in stats:
+        cells.setdefault(s.mode, {})[s.sample_index] = s
+    rows = [(mode, *(_sample_cell(found.get(i)) for i in indices)) for mode, found in cells.items()]
+    return ["mode", *(f"sample {i + 1}" for i in indices)], rows
+
+
+def _sample_cell(stats: SampleStats | None) -> str:
+    if stats is None:
+        return "-"
+    return f"{fmt_pct(stats.token_reuse_rate)} · {fmt_pct(stats.first_token_agreement)}"
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -146,6 +163,8 @@ def results_markdown(result: BenchResult) -> str:
         markdown_table(POSITION_HEADERS, position_rows(result.aggregates, result.records)),
         "## Fidelity per mode (vs dense prefill of the identical prompt)",
         markdown_table(MODE_HEADERS, mode_rows(result.aggregates)),
+        "## Per sample (token reuse · 1st-token agreement; pools and prefixes fill first)",
+        markdown_table(*sample_rows(result.records)),
         *decision_lines(result.aggregates),
         f"Wall time {result.wall_s:.0f} s.",
     ]) + "\n"  # fmt: skip

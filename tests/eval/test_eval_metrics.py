@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsplice.eval.fidelity import Reference, compare, kl_divergence
-from kvsplice.eval.metrics import aggregate, decision_counts, pipeline_speedup
+from kvsplice.eval.metrics import aggregate, by_sample, decision_counts, pipeline_speedup
+from kvsplice.eval.report import sample_rows
 
 
 def make_records() -> list:
@@ -176,3 +177,25 @@ def test_decision_counts_group_each_policy_verdict() -> None:
     (stats,) = aggregate(records).by_mode
     assert stats.decision_counts == {"anchor_gate=ambiguous": 2, "anchor_gate=confident": 1}
     assert records[0].to_dict()["decisions"] == {"anchor_gate": "ambiguous"}
+
+
+def test_by_sample_shows_reuse_growing_per_mode_and_sample() -> None:
+    records = [
+        make_record(mode="dense", sample_index=0),
+        make_record(mode="anchor", sample_index=1, num_reused_tokens=60, first_token_agrees=False,
+                    kl_dense_reuse=0.3),
+        make_record(mode="anchor", sample_index=0, num_reused_tokens=10, first_token_agrees=True,
+                    kl_dense_reuse=0.0),
+        make_record(mode="anchor", sample_index=1, position=2, num_reused_tokens=20,
+                    first_token_agrees=True, kl_dense_reuse=0.1),
+    ]  # fmt: skip
+    stats = by_sample(records)
+    assert [(s.mode, s.sample_index, s.num_calls) for s in stats] == [
+        ("dense", 0, 1), ("anchor", 0, 1), ("anchor", 1, 2),
+    ]  # fmt: skip
+    late = stats[2]
+    assert late.token_reuse_rate == pytest.approx(0.4)
+    assert late.first_token_agreement == 0.5 and late.mean_kl == pytest.approx(0.2)
+    headers, rows = sample_rows(records)
+    assert headers == ["mode", "sample 1", "sample 2"]
+    assert rows == [("dense", "0% · -", "-"), ("anchor", "10% · 100%", "40% · 50%")]
