@@ -81,6 +81,7 @@ class CalibrationConfig:
     blend_ratios: tuple[float, ...] = (0.15, 0.3, 0.5)
     halo_tokens: tuple[int, ...] = (2, 4, 8)
     anchor_gammas: tuple[float, ...] = (0.3, 0.5, 1.0)
+    anchor_repairs: tuple[float, ...] = (0.15,)
     w_exact_tables: tuple[str, ...] = tuple(W_EXACT_TABLES)
     thresholds: Thresholds = field(default_factory=Thresholds)
     namespace: str = "kvsplice-calibrate"
@@ -95,8 +96,9 @@ class CalibrationConfig:
 
     def candidates(self) -> list[Candidate]:
         return candidate_grid(
-            self.blend_ratios, self.halo_tokens, self.anchor_gammas, self.w_exact_tables
-        )
+            self.blend_ratios, self.halo_tokens, self.anchor_gammas, self.w_exact_tables,
+            self.anchor_repairs,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

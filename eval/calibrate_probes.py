@@ -86,13 +86,28 @@ def candidate_grid(
     halo_tokens: Sequence[int],
     anchor_gammas: Sequence[float],
     w_exact_tables: Sequence[str],
+    anchor_repairs: Sequence[float] = (),
 ) -> list[Candidate]:
-    """Every (mode, parameter) to probe; ranks: smaller r / h, larger γ, later table save more."""
+    """Every (mode, parameter) to probe; ranks: smaller r / h, larger γ, later table save more.
+
+    anchor_repairs: CacheBlend ratios on the corrected K/V, each probed with the
+    largest γ (a repaired correction is meant to be used whenever a pool exists);
+    they rank below every unrepaired γ, and a smaller ratio above a larger one.
+    """
     grid = [Candidate("naive", "-")]
     grid += [
         Candidate("anchor", f"γ={g}", {"anchor_gamma": g}, i)
         for i, g in enumerate(sorted(anchor_gammas))
     ]
+    if anchor_gammas:
+        gamma = max(anchor_gammas)
+        grid += [
+            Candidate(
+                "anchor", f"γ={gamma} r={r}", {"anchor_gamma": gamma, "anchor_repair_ratio": r},
+                -1 - i,
+            )
+            for i, r in enumerate(sorted(anchor_repairs))
+        ]  # fmt: skip
     grid += [
         Candidate("multicut", t, {"w_exact": W_EXACT_TABLES[t]}, list(W_EXACT_TABLES).index(t))
         for t in w_exact_tables

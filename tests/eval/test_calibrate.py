@@ -101,8 +101,13 @@ def test_admits_dense_exact_and_exactly_the_modes_with_a_passing_parameter() -> 
 
 
 def test_grid_ranks_the_more_saving_parameter_higher() -> None:
-    grid = candidate_grid((0.5, 0.15), (8, 2), (0.5, 0.3), ("permissive", "conservative"))
+    grid = candidate_grid(
+        (0.5, 0.15), (8, 2), (0.5, 0.3), ("permissive", "conservative"), (0.3, 0.15)
+    )
     rank = {(c.mode, c.label): c.rank for c in grid}
+    assert rank["anchor", "γ=0.3"] > rank["anchor", "γ=0.5 r=0.15"] > rank["anchor", "γ=0.5 r=0.3"]
+    repaired = next(c for c in grid if c.label == "γ=0.5 r=0.15")
+    assert repaired.overrides == {"anchor_gamma": 0.5, "anchor_repair_ratio": 0.15}
     assert rank["blend", "r=0.15"] > rank["blend", "r=0.5"]
     assert rank["halo", "h=2"] > rank["halo", "h=8"]
     assert rank["anchor", "γ=0.5"] > rank["anchor", "γ=0.3"]
@@ -131,7 +136,8 @@ def test_end_to_end_on_a_tiny_model_writes_a_policy_for_that_model(tmp_path: Pat
     loaded = make_tiny_loaded()
     config = CalibrationConfig(
         probes=1, num_agents=2, max_new_tokens=3, blend_ratios=(0.3,), halo_tokens=(2,),
-        anchor_gammas=(0.5,), w_exact_tables=("permissive",), namespace="calibrate-test",
+        anchor_gammas=(0.5,), anchor_repairs=(), w_exact_tables=("permissive",),
+        namespace="calibrate-test",
     )  # fmt: skip
     events: list[str] = []
     result = run_calibration(config, events.append, loaded=loaded, workload=ToyWorkload())
