@@ -66,7 +66,9 @@ class AdmissionPolicy:
     (None: no acceptance test); anchor_gamma/anchor_tau: KVComm's gate γ and
     weight temperature; anchor_metric: the gate's distance ("value" or "key";
     the anchor policy stores no boundary states for "hidden"); anchor_repair_ratio:
-    CacheBlend's r on the corrected K/V (None: no repair, corrections read at every layer). created_at: ISO 8601 time of calibration (None: built in).
+    CacheBlend's r on the corrected K/V (None: no repair, corrections read at every layer);
+    anchor_min_coverage: the share of a placeholder anchors must cover (1: KVComm's
+    length rule; below: the covered first tokens are corrected, the rest computed). created_at: ISO 8601 time of calibration (None: built in).
     """
 
     model_fingerprint: str
@@ -79,6 +81,7 @@ class AdmissionPolicy:
     anchor_tau: float = 0.1
     anchor_metric: str = "value"
     anchor_repair_ratio: float | None = None
+    anchor_min_coverage: float = 1.0
     created_at: str | None = None
     drift: Mapping[str, ModeDrift] = field(default_factory=dict)
 
@@ -102,6 +105,8 @@ class AdmissionPolicy:
             raise ValueError(f"anchor_metric {self.anchor_metric!r} is not 'value' or 'key'")
         if self.anchor_repair_ratio is not None and not 0 <= self.anchor_repair_ratio <= 1:
             raise ValueError(f"anchor_repair_ratio {self.anchor_repair_ratio} must be in [0, 1]")
+        if not 0 < self.anchor_min_coverage <= 1:
+            raise ValueError(f"anchor_min_coverage {self.anchor_min_coverage} must be in (0, 1]")
         if not self.anchor_tau > 0:
             raise ValueError(f"anchor_tau {self.anchor_tau} must be > 0")
 

@@ -56,6 +56,7 @@ PARAMS: dict[str, dict[str, VariantParam]] = {
         "tau": VariantParam(float, lambda v: {"anchor_tau": v}),
         "metric": VariantParam(_word, lambda v: {"anchor_metric": v}),
         "r": VariantParam(_optional_float, lambda v: {"anchor_repair_ratio": v}),
+        "cover": VariantParam(float, lambda v: {"anchor_min_coverage": v}),
     },
     # Cuts at or above `cut` reuse with no exact window; deeper ones need the whole left context.
     "multicut": {"cut": VariantParam(int, lambda v: {"w_exact": ((v, 0),)})},

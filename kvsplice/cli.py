@@ -284,7 +284,8 @@ MODES_HELP = (
     "anchor:gamma=0.5+tau=0.1+metric=key+r=0.15, multicut:cut=16 (layers below the cut reused with "
     "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
     "eps (a KL bound in nats, or none); anchor gamma, tau, metric, r (CacheBlend's ratio "
-    "on the corrected K/V, or none); multicut cut."
+    "on the corrected K/V, or none), cover (the share of a placeholder its anchors must "
+    "cover; 1: KVComm's length rule); multicut cut."
 )
 
 

@@ -60,7 +60,8 @@ def _anchor_config(admission: AdmissionPolicy | None) -> AnchorConfig | None:
         gamma=admission.anchor_gamma, metric=cast(Metric, admission.anchor_metric), weights=weights
     )
     ratio = admission.anchor_repair_ratio
-    return AnchorConfig(gate=gate, repair=None if ratio is None else BlendConfig(ratio=ratio))
+    repair = None if ratio is None else BlendConfig(ratio=ratio)
+    return AnchorConfig(gate=gate, repair=repair, min_coverage=admission.anchor_min_coverage)
 
 
 def _multicut_config(admission: AdmissionPolicy | None) -> MulticutConfig | None:

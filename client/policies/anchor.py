@@ -17,6 +17,7 @@ to receiver; a question (or tool output) is prefilled after a neutral lead
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
@@ -54,7 +55,7 @@ from kvsplice.client.policies.layerwise_call import (
 from kvsplice.client.policies.naive import question_base
 from kvsplice.client.policies.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.segment_io import SpanRecord, fetch_segment
+from kvsplice.client.segment_io import SpanRecord, fetch_segment, slice_segment
 from kvsplice.client.span_executor import ExecutionState
 from kvsplice.client.store_types import AnchorEntry
 from kvsplice.common.errors import ResourceExhausted
@@ -87,6 +88,9 @@ class AnchorConfig:
     it is not stored (the store refuses more than its own limit, 4 MiB by default).
     decoded_cache_bytes: decoded anchors kept in the worker between calls
     (`DecodedAnchors`; 0: fetched and decoded on every call).
+    min_coverage: 1.0 is KVComm's length rule (anchors at least as long as the
+    placeholder); below it, a placeholder longer than all but one anchor has its
+    first tokens corrected if they are at least this share (`_coverage`).
     """
 
     gate: GateConfig = field(default_factory=GateConfig)
@@ -96,10 +100,13 @@ class AnchorConfig:
     repair: BlendConfig | None = None
     max_anchor_nbytes: int = (4 << 20) - (64 << 10)
     decoded_cache_bytes: int = 256 << 20
+    min_coverage: float = 1.0
 
     def __post_init__(self) -> None:
         if self.quant not in QUANT_SCHEMES:
             raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        if not 0 < self.min_coverage <= 1:
+            raise ValueError(f"min_coverage {self.min_coverage} must be in (0, 1]")
         if self.decoded_cache_bytes < 0:
             raise ValueError(f"decoded_cache_bytes {self.decoded_cache_bytes} must be >= 0")
         if self.max_anchor_nbytes < 1:
@@ -169,6 +176,10 @@ class AnchorPolicy(RecordingPolicy):
                 return exact
             gated.append(outcome)
         ctx.decisions["anchor_gate"] = "confident"
+        partial = any(g.base is not None and g.base.num_tokens < g.span.end - g.span.start
+                      for g in gated)  # fmt: skip
+        if self.config.min_coverage < 1:
+            ctx.decisions["anchor_cover"] = "partial" if partial else "whole"
         notes.activated = [(g.placeholder_id, g.decision.activated_ids) for g in gated]
         return self._reuse_call(exact, gated, prompt, ctx, notes.agent_id)
 
@@ -217,17 +228,39 @@ class AnchorPolicy(RecordingPolicy):
         placeholder_id = placeholder_id_of(span.name)
         with timed(ctx.timings, "lookup_s"):
             listed = store.get_anchors(ctx.fingerprint, placeholder_id, include_payloads=False)
-        usable = [e for e in listed if e.num_tokens >= len(tokens) and agent_id in e.agent_ids]
+        covered, usable = self._coverage(listed, len(tokens), agent_id, partial=plan_time)
         if plan_time and len(usable) <= 1:
             return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
         base = self._placeholder_base(span, tokens, ctx)
         if base is None:
             return None
+        if covered < base.num_tokens:  # causal: the first tokens' base is the base's start
+            base = slice_segment(base, 0, covered)
         pool = self._pool(placeholder_id, usable, agent_id, ctx)
         assert ctx.rope is not None
         with timed(ctx.timings, "lookup_s"):
             decision = decide(base, pool, ctx.rope, self.config.gate, agent_id)
         return _Gated(span, placeholder_id, decision, base, pool)
+
+    def _coverage(
+        self, listed: Sequence[AnchorEntry], num_tokens: int, agent_id: str, *, partial: bool
+    ) -> tuple[int, list[AnchorEntry]]:
+        """How many leading placeholder tokens to correct, and the anchors long enough.
+
+        KVComm's length rule wants anchors as long as the placeholder. With
+        `min_coverage` < 1 (and `partial`), the placeholder's first T_c tokens are
+        corrected instead, T_c the second-longest anchor (two are needed to
+        compare), when T_c ≥ min_coverage·T; the rest and the next text are
+        computed. Token t's real K/V depend on tokens ≤ t only, so the first T_c
+        tokens' offsets of a longer anchor are offsets of the same kind.
+        """
+        own = [e for e in listed if agent_id in e.agent_ids]
+        lengths = sorted((min(e.num_tokens, num_tokens) for e in own), reverse=True)
+        least = math.ceil(self.config.min_coverage * num_tokens)
+        covered = num_tokens
+        if partial and len(lengths) >= 2 and least <= lengths[1] < num_tokens:
+            covered = lengths[1]
+        return covered, [e for e in own if e.num_tokens >= covered]
 
     def _pool(
         self, placeholder_id: str, listed: Sequence[AnchorEntry], agent_id: str, ctx: CallContext
@@ -338,7 +371,8 @@ class AnchorPolicy(RecordingPolicy):
         """The placeholder's (and its next text's) corrected spans and their sources."""
         assert outcome.base is not None and ctx.rope is not None
         span, base = outcome.span, outcome.base
-        next_span = _following_text(prompt, span)
+        whole = base.num_tokens == span.end - span.start  # else the next text is computed
+        next_span = _following_text(prompt, span) if whole else None
         next_base = None
         if next_span is not None and _all_have_prefix(outcome.pool, agent_id, next_span):
             next_base = _base(

@@ -44,6 +44,7 @@ from kvsplice.client.layerwise import (
     SubsetRule,
 )
 from kvsplice.client.models import LoadedModel
+from kvsplice.client.modes.anchor_gate import GateConfig
 from kvsplice.client.modes.anchor_types import AgentOffsets
 from kvsplice.client.modes.blend import BlendConfig
 from kvsplice.client.modes.halo_acceptance import AcceptanceConfig
@@ -242,6 +243,42 @@ def test_anchor_keeps_decoded_anchors_between_calls(loaded: LoadedModel, store_t
     assert cached._decoded.hits > 0
     assert len(uncached._decoded) == 0
     assert torch.equal(outcome.logits_first, reference.logits_first)
+
+
+def test_anchor_below_full_coverage_corrects_the_covered_first_tokens(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    longer = "how many legs does a spider have?"  # longer than both pooled questions
+    length = len(CharTokenizer().encode(longer))
+    assert length > max(len(q) for q in QUESTIONS)
+    results = {}
+    for cover in (1.0, 0.5):
+        # γ = 1: the gate never refuses a pool of two, so coverage alone decides
+        policy = AnchorPolicy(AnchorConfig(GateConfig(gamma=1.0), min_coverage=cover))
+        engine = make_engine(loaded, policy, store_target, f"approx-anchor-cover-{cover}")
+        for question in QUESTIONS:
+            run_chain(engine, question)
+        (prompt, outcome), _ = run_chain(engine, longer)
+        results[cover] = outcome
+        if cover < 1:
+            reference = engine.dense_reference(prompt, GENERATION)
+            kl = torch.nn.functional.kl_div(
+                outcome.logits_first.log_softmax(-1), reference.logits_first.log_softmax(-1),
+                log_target=True, reduction="sum",
+            )  # fmt: skip
+            assert float(kl) < 1.0  # an approximation, not noise
+    assert results[1.0].decisions == {"anchor_gate": "too_few_eligible"}
+    assert approximate_tokens(results[1.0]) == 0
+    assert results[0.5].decisions == {"anchor_gate": "confident", "anchor_cover": "partial"}
+    # the shorter anchor's length is corrected; the rest and the closing text computed
+    assert approximate_tokens(results[0.5]) == min(len(q) for q in QUESTIONS)
+    # a minimum coverage above what the pool covers keeps KVComm's rule
+    strict = AnchorPolicy(AnchorConfig(GateConfig(gamma=1.0), min_coverage=0.9))
+    engine = make_engine(loaded, strict, store_target, "approx-anchor-cover-strict")
+    for question in QUESTIONS:
+        run_chain(engine, question)
+    (_, outcome), _ = run_chain(engine, longer)
+    assert outcome.decisions == {"anchor_gate": "too_few_eligible"}
 
 
 def test_anchor_with_an_identical_anchor_equals_dense(

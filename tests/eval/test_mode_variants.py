@@ -66,6 +66,7 @@ def test_parse_gives_canonical_labels(spec: str, label: str, params: tuple) -> N
         ("anchor:tau=0", "anchor_tau 0.0"),
         ("anchor:gamma=nan", "anchor_gamma nan"),
         ("anchor:r=1.5", "anchor_repair_ratio 1.5"),
+        ("anchor:cover=0", "anchor_min_coverage 0.0"),
         ("multicut:cut=-4", "W_exact point"),
     ],
 )
@@ -118,6 +119,9 @@ def test_policy_parameters_reach_the_built_policies() -> None:
     repaired = ModeVariant.parse("anchor:gamma=1+r=0.15").policy(FINGERPRINT)
     assert isinstance(repaired, AnchorPolicy) and repaired.config.repair is not None
     assert repaired.config.repair.ratio == 0.15
+    assert repaired.config.min_coverage == 1.0  # KVComm's length rule unless asked
+    covering = ModeVariant.parse("anchor:cover=0.5").policy(FINGERPRINT)
+    assert isinstance(covering, AnchorPolicy) and covering.config.min_coverage == 0.5
     assert isinstance(ModeVariant.parse("dense").policy(FINGERPRINT), DensePolicy)
 
 
