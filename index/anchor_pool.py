@@ -77,6 +77,7 @@ class AnchorPool:
     def __init__(self, config: AnchorPoolConfig | None = None) -> None:
         self.config = config or AnchorPoolConfig()
         self._entries: dict[str, AnchorEntry] = {}  # insertion-ordered
+        self.last_seq = -1  # the highest creation number handed out (persisted)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -110,6 +111,13 @@ class AnchorPool:
 
     def remove(self, anchor_id: str) -> bool:
         return self._entries.pop(anchor_id, None) is not None
+
+    def next_seq(self) -> int:
+        """A creation number above every entry's, present or removed since (so an anchor
+        pooled again under the same id is told apart from its earlier incarnation)."""
+        seqs = [e.created_seq for e in self._entries.values()]
+        self.last_seq = max([self.last_seq, *seqs]) + 1
+        return self.last_seq
 
     def victim(self) -> str | None:
         """The id the policy would evict next; `None` when empty."""
@@ -166,6 +174,7 @@ class AnchorPools:
                 "fingerprint": fp,
                 "placeholder_id": ph,
                 "entries": _entries_json(pool),
+                "last_seq": pool.last_seq,
             }
             for (ns, fp, ph), pool in self._pools.items()
         ]
@@ -186,6 +195,7 @@ class AnchorPools:
                     item["namespace"], item["fingerprint"], item["placeholder_id"]
                 )
                 pools._load_entries(pool, item["entries"])
+                pool.last_seq = int(item.get("last_seq", -1))
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed anchor pools document: {err!r}") from err
         return pools

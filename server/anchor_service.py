@@ -90,7 +90,15 @@ class AnchorService:
         previous = {entry.anchor_id: entry for entry in pool.entries()}
         present = previous.get(write.anchor_id)
         base_blob = _payload_blob(fp, ph, write.anchor_id, None)
-        if present is None or self._store.get_blob(ns, base_blob) is None:
+        if present is not None and self._store.get_blob(ns, base_blob) is None:
+            # The store evicted the base: the other agents' offsets were taken against
+            # it, so the anchor starts again from this write (a new incarnation).
+            logger.warning("anchor %s/%s lost its base; pooled again", ph, write.anchor_id)
+            pool.remove(write.anchor_id)
+            self._delete_payloads(ns, fp, ph, present)
+            del previous[write.anchor_id]
+            present = None
+        if present is None:
             self._store.put_blob(ns, base_blob, write.base_payload)
         for agent_id, payload in write.agent_payloads.items():
             self._store.put_blob(ns, _payload_blob(fp, ph, write.anchor_id, agent_id), payload)
@@ -101,7 +109,7 @@ class AnchorService:
             entry = AnchorEntry(
                 anchor_id=write.anchor_id,
                 num_tokens=write.num_tokens,
-                created_seq=max((e.created_seq for e in previous.values()), default=-1) + 1,
+                created_seq=pool.next_seq(),
                 agent_ids=tuple(sorted(write.agent_payloads)),
             )
             evicted = pool.add(entry)
@@ -141,6 +149,7 @@ class AnchorService:
                 namespace, fingerprint, placeholder_id, entry, include_payloads, agent_id
             )
             if record is None:
+                self._forget_lost(namespace, fingerprint, placeholder_id, pool, entry)
                 continue
             nbytes += len(record.base_payload) + sum(map(len, record.agent_payloads.values()))
             if len(records) >= 1 and nbytes > self.config.max_anchor_nbytes:
@@ -228,6 +237,20 @@ class AnchorService:
             base_payload=base,
             agent_payloads={a: p for a, p in agents.items() if p is not None},
         )
+
+    def _forget_lost(self, ns: str, fp: str, ph: str, pool: AnchorPool, entry: AnchorEntry) -> None:
+        """Unpool what the store evicted: the whole anchor without its base, else the
+        agents whose offsets are gone (an anchor with no agent left goes too)."""
+        if self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None)) is None:
+            lost = set(entry.agent_ids)
+        else:
+            lost = {a for a in entry.agent_ids
+                    if self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, a)) is None}  # fmt: skip
+        entry.agent_ids = tuple(a for a in entry.agent_ids if a not in lost)
+        if not entry.agent_ids:
+            pool.remove(entry.anchor_id)
+            self._delete_payloads(ns, fp, ph, replace(entry, agent_ids=tuple(lost)))
+        self._save(ns, self._pools(ns))
 
     def _delete_payloads(self, ns: str, fp: str, ph: str, entry: AnchorEntry) -> None:
         """Delete an evicted `entry`'s blobs: its base and every agent's offsets."""

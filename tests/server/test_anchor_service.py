@@ -167,3 +167,73 @@ def test_unreadable_pool_state_starts_empty_instead_of_failing() -> None:
     anchors = make_anchors(store)
     assert anchors.get(NAMESPACE, FINGERPRINT, "question", True) == []
     assert anchors.put(make_write("a1")) == []
+
+
+def blob(anchor_id: str, agent: str | None = None) -> str:
+    base = f"anchors/{FINGERPRINT}/question/{anchor_id}"
+    return f"{base}/base" if agent is None else f"{base}/agent/{agent}"
+
+
+def listed(anchors: AnchorService) -> dict[str, tuple[str, ...]]:
+    return {
+        r.anchor_id: r.agent_ids
+        for r in anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=False)
+    }
+
+
+def test_an_anchor_whose_store_evicted_its_base_leaves_the_pool() -> None:
+    store = make_store()
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1", {"critic": b"c1", "judge": b"j1"}))
+    anchors.put(make_write("a2"))
+    store.delete_blob(NAMESPACE, blob("a1"))
+    records = anchors.get(NAMESPACE, FINGERPRINT, "question", include_payloads=True)
+    assert [r.anchor_id for r in records] == ["a2"]
+    assert listed(anchors) == {"a2": ("critic",)}  # not listed as usable any more
+    assert store.get_blob(NAMESPACE, blob("a1", "judge")) is None  # its offsets freed
+    assert make_anchors(store).get(NAMESPACE, FINGERPRINT, "question", False)[0].anchor_id == "a2"
+
+
+def test_an_agent_whose_offsets_were_evicted_leaves_the_anchor_only() -> None:
+    store = make_store()
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1", {"critic": b"c1", "judge": b"j1"}))
+    store.delete_blob(NAMESPACE, blob("a1", "judge"))
+    assert anchors.get(NAMESPACE, FINGERPRINT, "question", True, agent_id="judge") == []
+    assert listed(anchors) == {"a1": ("critic",)}
+    (record,) = anchors.get(NAMESPACE, FINGERPRINT, "question", True, agent_id="critic")
+    assert dict(record.agent_payloads) == {"critic": b"c1"}
+
+
+def test_a_put_after_its_base_was_evicted_starts_a_new_incarnation() -> None:
+    # The old agents' offsets were against the lost base: they must not be served
+    # with the new one, and the new incarnation has a new creation number.
+    store = make_store()
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1", {"critic": b"c1"}))
+    anchors.put(make_write("a2"))
+    (old,) = [
+        r for r in anchors.get(NAMESPACE, FINGERPRINT, "question", False) if r.anchor_id == "a1"
+    ]
+    store.delete_blob(NAMESPACE, blob("a1"))
+    anchors.put(make_write("a1", {"judge": b"j1"}, base=b"new-base"))
+    records = {r.anchor_id: r for r in anchors.get(NAMESPACE, FINGERPRINT, "question", True)}
+    assert dict(records["a1"].agent_payloads) == {"judge": b"j1"}
+    assert records["a1"].base_payload == b"new-base"
+    assert records["a1"].created_seq > max(old.created_seq, records["a2"].created_seq)
+    assert store.get_blob(NAMESPACE, blob("a1", "critic")) is None
+
+
+def test_creation_numbers_are_never_handed_out_twice_even_across_a_restart() -> None:
+    store = make_store()
+    anchors = make_anchors(store)
+    anchors.put(make_write("a1"))
+    anchors.put(make_write("a2"))
+    store.delete_blob(NAMESPACE, blob("a2"))
+    anchors.get(NAMESPACE, FINGERPRINT, "question", True)  # forgets a2 (seq 1)
+    restarted = make_anchors(store)
+    restarted.put(make_write("a3"))
+    seqs = {
+        r.anchor_id: r.created_seq for r in restarted.get(NAMESPACE, FINGERPRINT, "question", False)
+    }
+    assert seqs == {"a1": 0, "a3": 2}
