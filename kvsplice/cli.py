@@ -352,6 +352,14 @@ def bench_agents(
     data: Annotated[Path | None, typer.Option(help="GSM8K/MMLU-format JSONL for math/mc")] = None,
     out: Annotated[Path, typer.Option("--out")] = Path("results/bench_agents"),
     store: StoreOpt = None,
+    store_memory_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Embedded store's memory (every variant's namespace shares it; when full, "
+            "the least recently used segments and anchors go).",
+        ),
+    ] = 2048,
     auth_token: TokenOpt = None,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
@@ -374,6 +382,7 @@ def bench_agents(
             graph=graph, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
             response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
             quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
+            store_memory_mib=store_memory_mib,
         )  # fmt: skip
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
