@@ -146,10 +146,9 @@ class AnchorService:
             if wanted and entry.anchor_id not in wanted:
                 continue
             record = self._record(
-                namespace, fingerprint, placeholder_id, entry, include_payloads, agent_id
+                namespace, fingerprint, placeholder_id, pool, entry, include_payloads, agent_id
             )
             if record is None:
-                self._forget_lost(namespace, fingerprint, placeholder_id, pool, entry)
                 continue
             nbytes += len(record.base_payload) + sum(map(len, record.agent_payloads.values()))
             if len(records) >= 1 and nbytes > self.config.max_anchor_nbytes:
@@ -210,10 +209,13 @@ class AnchorService:
         ns: str,
         fp: str,
         ph: str,
+        pool: AnchorPool,
         entry: AnchorEntry,
         include_payloads: bool,
         agent_id: str = "",
     ) -> AnchorRecord | None:
+        """The entry as a record, with its payloads when asked; None (and unpooled, see
+        `_forget_lost`) when the store evicted a payload it needs."""
         record = AnchorRecord(
             entry.anchor_id,
             entry.num_tokens,
@@ -229,8 +231,10 @@ class AnchorService:
             for a in entry.agent_ids
             if not agent_id or a == agent_id
         }
-        if base is None or any(p is None for p in agents.values()):
+        lost = set(entry.agent_ids) if base is None else {a for a, p in agents.items() if p is None}
+        if base is None or lost:
             logger.warning("anchor %s/%s lost payload blobs; served as a miss", ph, entry.anchor_id)
+            self._forget_lost(ns, fp, ph, pool, entry, lost)
             return None
         return replace(
             record,
@@ -238,14 +242,11 @@ class AnchorService:
             agent_payloads={a: p for a, p in agents.items() if p is not None},
         )
 
-    def _forget_lost(self, ns: str, fp: str, ph: str, pool: AnchorPool, entry: AnchorEntry) -> None:
-        """Unpool what the store evicted: the whole anchor without its base, else the
-        agents whose offsets are gone (an anchor with no agent left goes too)."""
-        if self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, None)) is None:
-            lost = set(entry.agent_ids)
-        else:
-            lost = {a for a in entry.agent_ids
-                    if self._store.get_blob(ns, _payload_blob(fp, ph, entry.anchor_id, a)) is None}  # fmt: skip
+    def _forget_lost(
+        self, ns: str, fp: str, ph: str, pool: AnchorPool, entry: AnchorEntry, lost: set[str]
+    ) -> None:
+        """Unpool what the store evicted: `lost` agents leave the anchor (all of them when
+        its base is gone), and an anchor with no agent left leaves the pool."""
         entry.agent_ids = tuple(a for a in entry.agent_ids if a not in lost)
         if not entry.agent_ids:
             pool.remove(entry.anchor_id)

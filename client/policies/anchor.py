@@ -176,9 +176,9 @@ class AnchorPolicy(RecordingPolicy):
                 return exact
             gated.append(outcome)
         ctx.decisions["anchor_gate"] = "confident"
-        partial = any(g.base is not None and g.base.num_tokens < g.span.end - g.span.start
-                      for g in gated)  # fmt: skip
         if self.config.min_coverage < 1:
+            partial = any(g.base is not None and g.base.num_tokens < g.span.end - g.span.start
+                          for g in gated)  # fmt: skip
             ctx.decisions["anchor_cover"] = "partial" if partial else "whole"
         notes.activated = [(g.placeholder_id, g.decision.activated_ids) for g in gated]
         return self._reuse_call(exact, gated, prompt, ctx, notes.agent_id)
@@ -291,7 +291,7 @@ class AnchorPolicy(RecordingPolicy):
                 anchor = decode_anchor(
                     entry, agent_id, fingerprint=fingerprint, dtype=dtype, device=device
                 )
-                if anchor is not None and entry.anchor_id in keys:
+                if anchor is not None:
                     cached[entry.anchor_id] = anchor
                     # the fetched incarnation may be newer than the listed one
                     key = replace(keys[entry.anchor_id], created_seq=entry.created_seq)
@@ -354,11 +354,12 @@ class AnchorPolicy(RecordingPolicy):
         """The corrected spans as CacheBlend chunks (see `AnchorConfig.repair`); the exact
         prefix is read at every layer. Sources keep their spans' names."""
         assert ctx.rope is not None and self.config.repair is not None
-        chunks = [
-            (s.start, SegmentKV(s.keys, s.values, start_position=s.start))
-            for s in corrected
-            if s.keys is not None and s.values is not None
-        ]
+        chunks = []
+        for span in corrected:
+            assert span.keys is not None and span.values is not None  # corrected K/V, every layer
+            chunks.append(
+                (span.start, SegmentKV(span.keys, span.values, start_position=span.start))
+            )
         blended = blend_plan(prompt.token_ids, chunks, ctx.rope, self.config.repair)
         names = {s.start: s.name for s in corrected}
         chunk_spans = [replace(s, name=names[s.start]) for s in blended.spans if s.keys is not None]
