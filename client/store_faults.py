@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -82,23 +84,36 @@ def backoff_delays(config: StoreClientConfig) -> Iterator[float]:
         ceiling = min(ceiling * config.backoff_multiplier, config.backoff_max_s)
 
 
+@dataclass
+class _WarnState:
+    last_warned_s: float | None = None
+    num_suppressed: int = 0
+
+
+# One rate limit per target for the whole process: a run opens a client per mode and per
+# agent, and each would otherwise warn once on its own about the same dead store.
+_TARGET_TO_STATE: dict[str, _WarnState] = {}
+_STATE_LOCK = threading.Lock()
+
+
 class DegradedWarning:
-    """Logs at most one warning per `interval_s` about calls served as misses."""
+    """Logs at most one warning per `interval_s` per target about calls served as misses."""
 
     def __init__(self, target: str, interval_s: float) -> None:
         self._target = target
         self._interval_s = interval_s
-        self._last_warned_s: float | None = None
-        self._num_suppressed = 0
+        with _STATE_LOCK:
+            self._state = _TARGET_TO_STATE.setdefault(target, _WarnState())
 
     def warn(self, operation: str, reason: str) -> None:
-        now = time.monotonic()
-        if self._last_warned_s is not None and now - self._last_warned_s < self._interval_s:
-            self._num_suppressed += 1
-            return
-        suppressed = (
-            f" ({self._num_suppressed} more since the last warning)" if self._num_suppressed else ""
-        )
+        state = self._state
+        with _STATE_LOCK:
+            now = time.monotonic()
+            if state.last_warned_s is not None and now - state.last_warned_s < self._interval_s:
+                state.num_suppressed += 1
+                return
+            num_suppressed, state.num_suppressed, state.last_warned_s = state.num_suppressed, 0, now
+        suppressed = f" ({num_suppressed} more since the last warning)" if num_suppressed else ""
         logger.warning(
             "kvsplice store %s: %s served as a miss (%s); workers fall back to dense prefill%s",
             self._target,
@@ -106,5 +121,3 @@ class DegradedWarning:
             reason,
             suppressed,
         )
-        self._last_warned_s = now
-        self._num_suppressed = 0

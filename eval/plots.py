@@ -51,6 +51,7 @@ def place_legend(axes: Axes, num_series: int) -> None:
 
 
 def _save(figure: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)  # a fresh container has no results/ yet
     FigureCanvasAgg(figure)
     figure.tight_layout()
     figure.savefig(path, dpi=DPI, bbox_inches="tight")

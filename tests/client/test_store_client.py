@@ -167,6 +167,16 @@ def test_unreachable_store_gives_misses_within_the_deadline_and_one_warning(
     assert len(warnings_logged(caplog)) == 1
 
 
+def test_clients_of_one_dead_store_share_one_warning_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    target = closed_port_target()
+    for _ in range(4):  # a demo opens one client per mode and agent
+        with StoreClient(target, NAMESPACE, config=FAST) as client:
+            assert client.lookup_prefix(FINGERPRINT, [1, 2]) == PrefixLookup.MISS
+    assert len(warnings_logged(caplog)) == 1
+
+
 def test_a_store_slower_than_the_deadline_is_a_miss() -> None:
     def slow_lookup(
         request: pb.LookupPrefixRequest, context: grpc.ServicerContext

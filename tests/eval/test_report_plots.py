@@ -16,7 +16,13 @@ from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.eval.agents_demo import DemoConfig, DemoResult, agent_rows, demo_json, render_demo
 from kvsplice.eval.bench_agents import BenchAgentsConfig, BenchResult
 from kvsplice.eval.metrics import aggregate
-from kvsplice.eval.plots import KL_FLOOR_NATS, fidelity_points, place_legend, write_plots
+from kvsplice.eval.plots import (
+    KL_FLOOR_NATS,
+    fidelity_points,
+    place_legend,
+    plot_ttft,
+    write_plots,
+)
 from kvsplice.eval.report import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -147,6 +153,13 @@ def test_plots_cope_with_missing_fidelity(tmp_path: Path) -> None:
         (None, None),
         (None, None),
     ]
+
+
+def test_a_chart_goes_into_a_directory_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """`kvsplice demo --store` in a fresh container: no results/demo until the chart is saved."""
+    path = tmp_path / "results" / "demo" / "ttft_per_agent.png"
+    plot_ttft(aggregate([make_record(), make_record(mode="naive", ttft_s=0.5)]), path)
+    assert path.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_fidelity_points_put_kl_zero_on_the_log_floor() -> None:
