@@ -90,7 +90,7 @@ def chain(roles: Sequence[AgentRole]) -> AgentGraph:
         previous = roles[index - 1 : index]
         fills: dict[str, FillRef] = {"user_question": QuestionRef()}
         fills.update({agent_current(p.agent_id): AnswerRef(p.agent_id, 0) for p in previous})
-        steps.append(_step(role.for_inputs(previous, ()), 0, fills))
+        steps.append(_step(role.for_inputs(previous, (), roles), 0, fills))
     return AgentGraph("chain", tuple(steps))
 
 
@@ -116,7 +116,7 @@ def fully_connected(roles: Sequence[AgentRole], rounds: int = 1) -> AgentGraph:
                     for r in history
                 }
             )
-            steps.append(_step(role.for_inputs(current, history), round_index, fills))
+            steps.append(_step(role.for_inputs(current, history, roles), round_index, fills))
     return AgentGraph(f"fully_connected_r{rounds}", tuple(steps))
 
 

@@ -1,9 +1,8 @@
 """Agents and the role sets of the three workloads (code, math, multiple choice).
 
-Owns `AgentRole` (a persona with an id, a template and an output cap),
-`persona_template`, which lays out the question and the upstream answers an
-agent sees, and `code_roles`/`math_roles`/`mc_roles`. Which answers an agent
-sees is `graph`'s job; the wording is `personas`'.
+Owns `AgentRole` (a persona with an id, a template, an output cap and a prompt
+layout) and `code_roles`/`math_roles`/`mc_roles`. Which answers an agent sees is
+`graph`'s job; where they go in the prompt is `layouts`'; the wording `personas`'.
 """
 
 from __future__ import annotations
@@ -13,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvsplice.agents import personas
-from kvsplice.agents.chat import CHATML, ChatFormat, chat_template
+from kvsplice.agents.chat import CHATML, ChatFormat
+from kvsplice.agents.layouts import DEFAULT_LAYOUT, Layout, check_layout, lay_out, persona_template
 from kvsplice.agents.personas import Persona
-from kvsplice.agents.template import PromptTemplate, agent_current, agent_history
+from kvsplice.agents.template import PromptTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -32,46 +32,30 @@ class AgentRole:
     max_new_tokens: int
     persona: Persona | None = None
     chat: ChatFormat = CHATML
+    layout: Layout = DEFAULT_LAYOUT
 
     def __post_init__(self) -> None:
+        check_layout(self.layout)
         if not self.agent_id.isalnum():
             raise ValueError(f"agent_id {self.agent_id!r} must be alphanumeric")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} must be positive")
 
-    def for_inputs(self, current: Sequence[AgentRole], history: Sequence[AgentRole]) -> AgentRole:
-        """This role with a template showing `current` answers and previous-round `history`.
+    def for_inputs(
+        self,
+        current: Sequence[AgentRole],
+        history: Sequence[AgentRole],
+        roster: Sequence[AgentRole] = (),
+    ) -> AgentRole:
+        """This role with a template showing `current` answers and previous-round `history`,
+        laid out by `self.layout`; `roster` is every agent of the pipeline (default: this one).
 
         Without a persona the template is kept as written (the graph checks it).
         """
         if self.persona is None:
             return self
-        template = persona_template(self.persona, current, history, self.chat)
+        template = lay_out(self.layout, self, current, history, roster or (self,), self.chat)
         return replace(self, template=template)
-
-
-def persona_template(
-    persona: Persona,
-    current: Sequence[AgentRole] = (),
-    history: Sequence[AgentRole] = (),
-    chat: ChatFormat = CHATML,
-) -> PromptTemplate:
-    """System = persona; user = question, answers of `current`, answers of `history`, instruction."""
-    user = "Problem:\n{user_question}\n"
-    if current:
-        user += "\nAnswers from the other agents:\n" + _answers(current, agent_current)
-    if history:
-        user += "\nTheir answers in the previous round:\n" + _answers(
-            history, lambda agent_id: agent_history(agent_id, -1)
-        )
-    user += f"\n{persona.instruction}"
-    return chat_template(persona.system, user, chat)
-
-
-def _answers(roles: Sequence[AgentRole], placeholder_of) -> str:
-    return "".join(
-        f"--- Agent {r.agent_id} ({r.name}):\n{{{placeholder_of(r.agent_id)}}}\n" for r in roles
-    )
 
 
 def make_roles(
@@ -123,3 +107,8 @@ def mc_roles(
 
 def _caps(num_agents: int, worker_cap: int, final_cap: int) -> list[int]:
     return [worker_cap] * (num_agents - 1) + [final_cap]
+
+
+def with_layout(roles: Sequence[AgentRole], layout: str) -> list[AgentRole]:
+    """`roles` laid out by `layout` (one of `layouts.LAYOUTS`) from their next `for_inputs`."""
+    return [replace(role, layout=check_layout(layout)) for role in roles]

@@ -26,7 +26,8 @@ class CallTimings:
     splice_s: appending reused K/V to the model cache.  prefill_s: model forwards over
     computed spans.  first_decode_s: picking the first token from the prefill logits.
     After the first token (not in TTFT): decode_tokens_s (the rest of generation),
-    store_s (capturing and putting this call's segments).
+    store_s (capturing this call's segments and putting them, or queueing them for the
+    engine's writer thread).
     """
 
     lookup_s: float = 0.0

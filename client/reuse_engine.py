@@ -15,12 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from cachetools import LRUCache
 
 from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.call_timings import CallTimings, timed
+from kvsplice.client.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.layerwise import LayerwiseExecutor
+from kvsplice.client.local_tier import LocalTier
 from kvsplice.client.models import LoadedModel
 from kvsplice.client.policies import (
+    CHAIN_ONLY_MODES,
     CallContext,
     LayerwiseCall,
     ReusePolicy,
@@ -29,6 +33,7 @@ from kvsplice.client.policies import (
 )
 from kvsplice.client.reuse_plan import Reuse, ReusePlan
 from kvsplice.client.segment_io import SegmentStore
+from kvsplice.client.segment_writer import SegmentWriter
 from kvsplice.client.span_executor import (
     ExecutionState,
     GenerationConfig,
@@ -39,12 +44,20 @@ from kvsplice.kvmath.quant import QUANT_SCHEMES
 
 logger = logging.getLogger(__name__)
 
+# Answers `chat` remembers (text → generated ids) so a later message quoting one is exact.
+MAX_REMEMBERED_ANSWERS = 1024
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     """`quant`: payload scheme of stored segments ("none", "fp16", "int8").
 
     `store_segments`: put each call's segments after its first token.
+    `local_tier_bytes`: the worker's decoded tier (0: none), on the model's device.
+    `async_store`: put segments on a writer thread while the next call runs
+    (`max_queued_calls` calls may wait; more blocks the caller); else before
+    `run` returns. Only modes in `CHAIN_ONLY_MODES` store in the background (see
+    the NOTE there); the others always put before `run` returns.
     """
 
     # NOTE: "none" by default because `exact` promises zero drift: only payloads
@@ -52,10 +65,17 @@ class EngineConfig:
     # opt-in that turns every reuse into an approximation with a measured drift.
     quant: str = "none"
     store_segments: bool = True
+    local_tier_bytes: int = 512 << 20
+    async_store: bool = True
+    max_queued_calls: int = 16
 
     def __post_init__(self) -> None:
         if self.quant not in QUANT_SCHEMES:
             raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        if self.local_tier_bytes < 0:
+            raise ValueError(f"local_tier_bytes {self.local_tier_bytes} must be >= 0")
+        if self.max_queued_calls < 1:
+            raise ValueError(f"max_queued_calls {self.max_queued_calls} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -81,7 +101,7 @@ class CallOutcome:
     output_ids: generated ids without a trailing stop token (what downstream
     agents see); generated_ids: as generated. logits_first: [V] float32 logits of
     the last prompt token (the first token's distribution). decisions: the
-    policy's gate outcomes (`CallContext.decisions`).
+    policy's gate outcomes (`CallContext.decisions`). text: the decoded answer (`chat` calls).
     """
 
     mode: str
@@ -94,6 +114,7 @@ class CallOutcome:
     reused: tuple[ReusedSpan, ...]
     timings: CallTimings = field(default_factory=CallTimings)
     decisions: Mapping[str, str] = field(default_factory=dict)
+    text: str = ""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -124,6 +145,25 @@ class ReuseEngine:
         self.store = store
         self.config = config or EngineConfig()
         self.executor = SpanExecutor(loaded.model, loaded.layout, loaded.rope)
+        self.local = self._local_tier()
+        self.writer = self._writer()
+        self._answers: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=MAX_REMEMBERED_ANSWERS)
+
+    def flush(self) -> None:
+        """Return once every segment queued so far is stored (or counted as failed)."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Store what is queued and stop the writer thread (the store client stays open)."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def __enter__(self) -> ReuseEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def mode(self) -> str:
@@ -159,6 +199,29 @@ class ReuseEngine:
             ctx.decisions,
         )
 
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        generation: GenerationConfig,
+        *,
+        started_at_s: float | None = None,
+    ) -> CallOutcome:
+        """One call on OpenAI-style messages (`{"role", "content"}`), each message its own spans.
+
+        The model's chat template is applied per message (`chat_prompt`), so every
+        message shared with an earlier call after the same messages is an exact hit.
+        An assistant message whose content is an answer this engine generated
+        (`outcome.text`, unchanged) is laid out as its generated ids, so the K/V
+        stored for that answer is reused too. `outcome.text` is the answer's text.
+        """
+        start_s = time.perf_counter() if started_at_s is None else started_at_s
+        tokenizer = self.loaded.tokenizer
+        prompt = chat_prompt(messages, tokenizer, known_outputs=self._answers)
+        outcome = self.run(prompt, generation, started_at_s=start_s)
+        outcome.text = tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True)
+        self._answers[outcome.text] = outcome.output_ids
+        return outcome
+
     def dense_reference(self, prompt: SpannedPrompt, generation: GenerationConfig) -> CallOutcome:
         """The same prompt prefilled densely, nothing looked up or stored (fidelity reference)."""
         timings = CallTimings()
@@ -191,6 +254,23 @@ class ReuseEngine:
             first = int(torch.argmax(result.logits_last))
         return ExecutionState(view, cache, result.logits_last, [first], view.num_tokens)
 
+    def _local_tier(self) -> LocalTier | None:
+        if self.store is None or self.config.local_tier_bytes == 0:
+            return None
+        return LocalTier(self.config.local_tier_bytes, self.loaded.model.device)
+
+    def _writer(self) -> SegmentWriter | None:
+        background = self.config.store_segments and self.config.async_store
+        if self.store is None or not background or self.mode not in CHAIN_ONLY_MODES:
+            return None
+        return SegmentWriter(
+            self.store,
+            fingerprint=self.loaded.fingerprint,
+            quant=self.config.quant,
+            local=self.local,
+            max_queued_batches=self.config.max_queued_calls,
+        )
+
     def _context(self, timings: CallTimings) -> CallContext:
         tokenizer = self.loaded.tokenizer
         return CallContext(
@@ -205,6 +285,8 @@ class ReuseEngine:
             quant=self.config.quant,
             rope=self.loaded.rope,
             layerwise_executor=lambda: self.layerwise,
+            local=self.local,
+            writer=self.writer,
         )
 
 

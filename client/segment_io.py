@@ -120,18 +120,13 @@ def fetch_segment(
     return FetchedSegment(meta, kv)
 
 
-def put_span(
-    store: SegmentStore,
-    record: SpanRecord,
-    *,
-    fingerprint: str,
-    quant: str,
-    ttl_s: float | None = None,
-) -> bool:
-    """Encode `record.kv` under `quant` and put it; False if the store was unreachable."""
+def span_meta(
+    namespace: str, record: SpanRecord, *, fingerprint: str, ttl_s: float | None = None
+) -> SegmentMeta:
+    """The meta `record` is stored under in `namespace` (created now)."""
     kv = record.kv
-    meta = SegmentMeta(
-        namespace=store.namespace,
+    return SegmentMeta(
+        namespace=namespace,
         model_fingerprint=fingerprint,
         context_key=record.context_key,
         parent_key=record.parent_key,
@@ -146,7 +141,24 @@ def put_span(
         index_text=record.index_text,
         labels=record.labels,
     )
-    payload = encode_payload(kv, model_fingerprint=fingerprint, quant=quant)
+
+
+def put_span(
+    store: SegmentStore,
+    record: SpanRecord,
+    *,
+    fingerprint: str,
+    quant: str,
+    ttl_s: float | None = None,
+) -> bool:
+    """Encode `record.kv` under `quant` and put it; False if the store was unreachable."""
+    meta = span_meta(store.namespace, record, fingerprint=fingerprint, ttl_s=ttl_s)
+    return put_meta(store, meta, record.kv, quant=quant)
+
+
+def put_meta(store: SegmentStore, meta: SegmentMeta, kv: SegmentKV, *, quant: str) -> bool:
+    """Encode `kv` under `quant` and put it under `meta`; False if the store was unreachable."""
+    payload = encode_payload(kv, model_fingerprint=meta.model_fingerprint, quant=quant)
     return store.put_segment(meta, payload)
 
 

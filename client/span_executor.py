@@ -72,15 +72,16 @@ class SpanExecutor:
     def prefill(self, plan: ReusePlan, timings: CallTimings) -> ExecutionState:
         """Lay every span of `plan` into a fresh cache and pick the first token.
 
-        Adjacent computed spans run as one forward pass. On return
+        Adjacent computed spans run as one forward pass; adjacent reused spans are
+        joined and appended in one copy per layer. On return
         `state.generated == [first token]`.
         """
         cache = full_length_cache()
         logits: torch.Tensor | None = None
-        for group in _group_compute_runs(plan.spans):
+        for group in _group_runs(plan.spans):
             action = group[0].action
             if isinstance(action, Reuse):
-                self._append_reused(cache, group[0], timings)
+                self._append_reused(cache, group, timings)
             elif isinstance(action, Compute):
                 ids = plan.token_ids[group[0].start : group[-1].end]
                 with timed(timings, "prefill_s"):
@@ -126,19 +127,30 @@ class SpanExecutor:
             )  # fmt: skip
         return out.logits[0, -1].float()
 
-    def _append_reused(self, cache: DynamicCache, span: PlannedSpan, timings: CallTimings) -> None:
-        assert isinstance(span.action, Reuse)
-        segment = span.action.segment
-        check_segment_layout(segment, self._layout)
+    def _append_reused(
+        self, cache: DynamicCache, spans: Sequence[PlannedSpan], timings: CallTimings
+    ) -> None:
+        """Append consecutive reused spans, each moved by its own Δ, in one copy per layer."""
         dtype, device = self._model.dtype, self._model.device
-        # keys: [L, H_kv, T, D]; Δ = new − old position, Δ = 0 a bit-exact copy. Shifted
-        # on the model's device, in fp32 at least (RopeSpec), before the cast.
-        with timed(timings, "shift_s"):
-            keys = self._rope.shift_layers(
-                segment.keys.to(device), span.delta, layer_start=segment.layer_start
-            )
+        keys, values = [], []
+        for span in spans:
+            assert isinstance(span.action, Reuse)
+            segment = span.action.segment
+            check_segment_layout(segment, self._layout)
+            # keys: [L, H_kv, T, D]; Δ = new − old position. Shifted on the model's device,
+            # in fp32 at least (RopeSpec), before the cast; Δ = 0 is no rotation at all.
+            k = segment.keys.to(device)
+            if span.delta != 0:
+                with timed(timings, "shift_s"):
+                    k = self._rope.shift_layers(k, span.delta, layer_start=segment.layer_start)
+            keys.append(k.to(dtype))
+            values.append(segment.values.to(device, dtype))
         with timed(timings, "splice_s"):
-            append_layers(cache, keys.to(dtype), segment.values.to(device, dtype))
+            # NOTE: `cache.update` concatenates into fresh tensors, so the cache never
+            # aliases a tier's tensors (the local tier hands out what it holds).
+            joined_keys = torch.cat(keys, dim=2) if len(keys) > 1 else keys[0]
+            joined_values = torch.cat(values, dim=2) if len(values) > 1 else values[0]
+            append_layers(cache, joined_keys, joined_values)
 
     @staticmethod
     def _done(generated: list[int], config: GenerationConfig) -> bool:
@@ -147,16 +159,11 @@ class SpanExecutor:
         return not config.ignore_stop and generated[-1] in config.stop_token_ids
 
 
-def _group_compute_runs(spans: Sequence[PlannedSpan]) -> list[list[PlannedSpan]]:
-    """Each reused span alone; consecutive computed spans together (one forward each)."""
+def _group_runs(spans: Sequence[PlannedSpan]) -> list[list[PlannedSpan]]:
+    """Consecutive spans of the same action type together (one forward, or one splice)."""
     groups: list[list[PlannedSpan]] = []
     for span in spans:
-        mergeable = (
-            isinstance(span.action, Compute)
-            and groups
-            and isinstance(groups[-1][0].action, Compute)
-        )
-        if mergeable:
+        if groups and type(groups[-1][0].action) is type(span.action):
             groups[-1].append(span)
         else:
             groups.append([span])

@@ -20,6 +20,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvsplice.client.admission import load_policy
 from kvsplice.client.models import LoadedModel, ModelConfig, load_model
 from kvsplice.eval.environment import environment_info
 from kvsplice.eval.metrics import DENSE, Aggregates, CallRecord, aggregate
@@ -47,7 +48,11 @@ NUM_AGENTS = 5
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """The demo's knobs; `max_new_tokens` per agent keeps it within minutes on a CPU."""
+    """The demo's knobs; `max_new_tokens` per agent keeps it within minutes on a CPU.
+
+    `layout` defaults to `transcript`, the layout that makes `exact` pay;
+    `persona-first` reproduces KVComm's prompts (and the demo before layouts).
+    """
 
     store_target: str | None = None
     store_token: str | None = None
@@ -56,6 +61,7 @@ class DemoConfig:
     out_dir: Path = Path("results/demo")
     max_new_tokens: int = 32
     graph: str = "fully_connected"
+    layout: str = "transcript"
     quant: str = "none"
     keep_store: bool = False
     warmup: bool = True
@@ -69,7 +75,7 @@ class DemoConfig:
 
     def mode_run_config(self, run_id: str) -> ModeRunConfig:
         return ModeRunConfig(
-            modes=self.modes, num_agents=NUM_AGENTS, graph=self.graph,
+            modes=self.modes, num_agents=NUM_AGENTS, graph=self.graph, layout=self.layout,
             max_new_tokens=self.max_new_tokens, quant=self.quant, warmup=self.warmup,
             namespace=f"demo-{run_id}", store_token=self.store_token,
         )  # fmt: skip
@@ -148,6 +154,18 @@ def run_agents_demo(
     plot_ttft(aggregates, result.chart_path, "(HumanEval demo)")
     write_json(result.json_path, demo_json(result))
     return result
+
+
+def demo_modes(policy_path: Path | None, loaded: LoadedModel | None) -> tuple[str, ...]:
+    """dense, exact, the approximate modes the admission policy at `policy_path` admits
+    for `loaded`'s model (none without a policy), then naive (the unsafe baseline).
+    """
+    admitted: tuple[str, ...] = ()
+    if policy_path is not None:
+        if loaded is None:
+            raise ValueError("a policy's admitted modes need the model (its fingerprint)")
+        admitted = load_policy(policy_path, loaded.fingerprint).admitted_modes
+    return tuple(dict.fromkeys((DENSE, "exact", *admitted, "naive")))
 
 
 def _fresh_store_dir(config: DemoConfig) -> Path | None:
@@ -235,7 +253,8 @@ def _agent_table(result: DemoResult, reuse_modes: list[str]) -> Table:
             f"{mode} 1st tok",
             f"{mode} match",
         ]
-    table = Table(*headers, title="Median TTFT per agent (5-agent pipeline on HumanEval)")
+    title = f"Median TTFT per agent (5-agent pipeline on HumanEval, {result.config.layout} layout)"
+    table = Table(*headers, title=title)
     for row in result.rows:
         cells = [row.label, fmt_ms(row.dense_ttft_s)]
         for mode in reuse_modes:

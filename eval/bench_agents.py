@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvsplice.agents.layouts import DEFAULT_LAYOUT
 from kvsplice.agents.render import Tokenizer
 from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
 from kvsplice.client.admission import AdmissionPolicy
@@ -51,6 +52,7 @@ class BenchAgentsConfig:
     modes: tuple[str, ...] = ("dense", "exact", "naive")
     samples: int = 3
     graph: str = "fully_connected"
+    layout: str = DEFAULT_LAYOUT
     max_new_tokens: int = 64
     prefix_len: int = 512
     input_len: int = 256
@@ -90,7 +92,7 @@ class BenchAgentsConfig:
 
     def mode_run_config(self, run_id: str) -> ModeRunConfig:
         return ModeRunConfig(
-            modes=self.modes, num_agents=self.num_agents, graph=self.graph,
+            modes=self.modes, num_agents=self.num_agents, graph=self.graph, layout=self.layout,
             max_new_tokens=self.max_new_tokens, quant=self.quant, reference=self.reference,
             warmup=self.warmup, namespace=f"bench-{self.workload}-{run_id}",
             store_token=self.store_token, admission=self.admission,

@@ -16,7 +16,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from kvsplice.agents.graph import AgentGraph, chain, fully_connected
+from kvsplice.agents.layouts import DEFAULT_LAYOUT, check_layout
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
+from kvsplice.agents.roles import with_layout
 from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
@@ -51,6 +53,8 @@ class ModeRunConfig:
     """How to run the modes. `modes` are variant specs (see `mode_variants`), kept as their
     labels; they must include "dense" (the speedup baseline), which runs first.
 
+    `layout`: where personas, the shared context and answers go in each prompt
+    (`agents.layouts.LAYOUTS`); fidelity is always against dense of the same layout.
     `admission`: the base parameters of every variant (None: the defaults); it
     is not an admission check, benchmarks run any mode. `quant` is the stored
     payload scheme ("none" keeps exact mode bit-faithful). `reference`: "full"
@@ -61,6 +65,7 @@ class ModeRunConfig:
     modes: tuple[str, ...] = (DENSE, "exact", "naive")
     num_agents: int = 3
     graph: str = "fully_connected"
+    layout: str = DEFAULT_LAYOUT
     max_new_tokens: int = 64
     quant: str = "none"
     reference: str = "full"
@@ -78,6 +83,7 @@ class ModeRunConfig:
         object.__setattr__(self, "modes", (DENSE, *(m for m in labels if m != DENSE)))
         if self.graph not in GRAPHS:
             raise ValueError(f"graph {self.graph!r} not in {GRAPHS}")
+        check_layout(self.layout)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
         if self.quant not in QUANT_SCHEMES:
@@ -109,7 +115,7 @@ class SampleRun:
 
 
 def build_graph(workload: Workload, config: ModeRunConfig) -> AgentGraph:
-    roles = workload.roles(config.num_agents, config.max_new_tokens)
+    roles = with_layout(workload.roles(config.num_agents, config.max_new_tokens), config.layout)
     return fully_connected(roles) if config.graph == "fully_connected" else chain(roles)
 
 
@@ -141,6 +147,8 @@ def run_modes(
             for variant in variants:  # interleaved: load drifts alike for every variant
                 on_call = counter.callback(f"{variant.label} · {problem.problem_id}")
                 trace = run_pipeline(graph, problem.question, engines[variant], ignore_stop=workload.ignore_stop, on_call=on_call)  # fmt: skip
+                # Its background puts finish before another variant's calls are timed.
+                engines[variant].flush()
                 sample = SampleRun(
                     workload, problem, index, variant.label, loaded.layout.num_layers
                 )
@@ -215,8 +223,10 @@ def _warm_up(
 ) -> None:
     """One short untimed sample in a throwaway namespace: warms kernels, allocator and channel."""
     namespace = config.namespace_of(variant.label, warmup=True)
-    with _connected_client(store_target, namespace, config.store_token) as client:
-        engine = _engine(loaded, variant, client, config)
+    with (
+        _connected_client(store_target, namespace, config.store_token) as client,
+        _engine(loaded, variant, client, config) as engine,
+    ):
         run_pipeline(graph, problem.question, engine, ignore_stop=workload.ignore_stop,
                      max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, config.max_new_tokens), on_call=counter.callback(f"warm-up · {variant.label}"))  # fmt: skip
 
@@ -234,7 +244,7 @@ def _timed_engine(
     client = clients.enter_context(
         _connected_client(store_target, config.namespace_of(variant.label), config.store_token)
     )
-    return _engine(loaded, variant, client, config)
+    return clients.enter_context(_engine(loaded, variant, client, config))
 
 
 def _engine(

@@ -7,6 +7,7 @@ Imports are lazy so that `kvsplice serve` never loads torch or transformers.
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -289,11 +290,41 @@ MODES_HELP = (
 )
 
 
+class Layout(StrEnum):
+    """Prompt layouts (kvsplice.agents.layouts.LAYOUTS)."""
+
+    persona_first = "persona-first"
+    shared_first = "shared-first"
+    transcript = "transcript"
+
+
+LAYOUT_HELP = (
+    "Where personas, the shared context and answers go: persona-first (KVComm's: each agent's "
+    "own system prompt first), shared-first (a common preamble, the question and earlier "
+    "answers first, each role's instruction last) or transcript (one growing group "
+    "conversation: an agent prefills only its own turn). Fidelity is measured against dense "
+    "prefill of the same layout."
+)
+
+
 @app.command()
 def demo(
     store: StoreOpt = None,
     problems: Annotated[int, typer.Option(min=1, max=164, help="HumanEval problems.")] = 3,
-    modes: Annotated[str, typer.Option(help=MODES_HELP)] = "dense,exact,naive",
+    modes: Annotated[
+        str | None,
+        typer.Option(help=MODES_HELP + " Default: dense, exact, what --policy admits, then naive."),
+    ] = None,
+    layout: Annotated[Layout, typer.Option(help=LAYOUT_HELP)] = Layout.transcript,
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Admission policy JSON (kvsplice calibrate): its admitted modes join the "
+            "default --modes. Without it only exact and dense are admitted.",
+        ),
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 32,
     out_dir: Annotated[Path, typer.Option("--out")] = Path("results/demo"),
     auth_token: TokenOpt = None,
@@ -304,14 +335,16 @@ def demo(
     """The 5-agent HumanEval pipeline in each mode against the store; prints TTFT and fidelity."""
 
     from kvsplice.client.models import ModelConfig
-    from kvsplice.eval.agents_demo import DemoConfig, render_demo, run_agents_demo
+    from kvsplice.eval.agents_demo import DemoConfig, demo_modes, render_demo, run_agents_demo
 
     _setup_logging(log_level)
+    loaded = _load_model(model, model_cache) if policy is not None and modes is None else None
     config = DemoConfig(
         store_target=store,
         store_token=auth_token or None,
         num_problems=problems,
-        modes=tuple(modes.split(",")),
+        modes=tuple(modes.split(",")) if modes else demo_modes(policy, loaded),
+        layout=layout.value,
         max_new_tokens=max_new_tokens,
         out_dir=out_dir,
         model=ModelConfig(source=model, cache_dir=model_cache),
@@ -322,7 +355,7 @@ def demo(
     )
     bar, on_event = _progress_bar()
     with bar:
-        result = run_agents_demo(config, progress=on_event)
+        result = run_agents_demo(config, progress=on_event, loaded=loaded)
     for renderable in render_demo(result):
         console.print(renderable)
 
@@ -344,6 +377,7 @@ def bench_agents(
     ] = None,
     samples: Annotated[int, typer.Option(min=1)] = 3,
     graph: Annotated[str, typer.Option(help="fully_connected or chain")] = "fully_connected",
+    layout: Annotated[Layout, typer.Option(help=LAYOUT_HELP)] = Layout.persona_first,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
     prefix_len: Annotated[int, typer.Option(help="synthetic: system prompt tokens")] = 512,
     input_len: Annotated[int, typer.Option(help="synthetic: user input tokens")] = 256,
@@ -379,7 +413,7 @@ def bench_agents(
     try:  # bad modes fail before the model loads
         config = BenchAgentsConfig(
             workload=workload, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
-            graph=graph, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
+            graph=graph, layout=layout.value, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
             response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
             quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
             store_memory_mib=store_memory_mib,

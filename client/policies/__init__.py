@@ -40,6 +40,13 @@ POLICIES: dict[str, Callable[[AdmissionPolicy | None], ReusePolicy]] = {
     "halo": lambda a: HaloPolicy(_halo_config(a)),
 }
 MODES = tuple(POLICIES)
+# NOTE: the modes whose plans read the store through LookupPrefix and GetSegment
+# alone. The worker's local tier holds a call's segments from the moment they are
+# queued, so for these modes a put still in flight is already visible to the next
+# call and puts can run in the background. The other modes also ask the sidecar's
+# indexes (FindSimilar, anchor pools), which know a segment only once it is put:
+# their engines put before `run` returns, so a pipeline's reuse stays deterministic.
+CHAIN_ONLY_MODES = ("dense", "exact")
 
 
 def make_policy(mode: str, admission: AdmissionPolicy | None = None) -> ReusePolicy:

@@ -16,9 +16,11 @@ import torch
 
 from kvsplice.client.call_timings import CallTimings
 from kvsplice.client.layerwise import LayerwiseExecutor, LayerwiseResult
+from kvsplice.client.local_tier import LocalTier
 from kvsplice.client.policies.layerwise_call import LayerwiseCall
 from kvsplice.client.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
 from kvsplice.client.segment_io import SegmentStore, SpanRecord, slice_segment
+from kvsplice.client.segment_writer import SegmentWriter
 from kvsplice.client.span_executor import ExecutionState, SpanExecutor
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -72,6 +74,8 @@ class CallContext:
     `notes` is what a policy's `plan` leaves for its `after_call` in this call;
     `decisions` what the policy decided and why, for the call's outcome (e.g.
     {"anchor_gate": "ambiguous"}, {"halo_acceptance": "rejected"}).
+    `local`: the worker's decoded tier (looked at before the sidecar); `writer`: puts
+    this call's segments in the background (None: synchronously, after the first token).
     """
 
     store: SegmentStore | None
@@ -88,6 +92,8 @@ class CallContext:
     notes: dict[str, Any] = field(default_factory=dict)
     decisions: dict[str, str] = field(default_factory=dict)
     encode_text: Callable[[str], tuple[int, ...]] | None = None
+    local: LocalTier | None = None
+    writer: SegmentWriter | None = None
 
 
 class ReusePolicy(Protocol):

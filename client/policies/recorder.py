@@ -74,10 +74,15 @@ def record_call(
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> int:
-    """Put this call's new segments (and `ctx.pending`); returns how many were stored."""
+    """Put this call's new segments (and `ctx.pending`); returns how many were stored,
+    or, with `ctx.writer`, how many were queued for the writer thread.
+    """
     if ctx.store is None:
         return 0
-    return put_records(ctx, call_records(prompt, plan, state, ctx, response_ids))
+    records = call_records(prompt, plan, state, ctx, response_ids)
+    if ctx.writer is not None:
+        return len(ctx.writer.submit(records))
+    return put_records(ctx, records)
 
 
 def call_records(

@@ -81,8 +81,10 @@ def test_exact_repeat_reuses_all_but_the_last_token_and_stores_nothing_new(
     assert isinstance(engine.store, StoreClient)
     prompt = agent_prompt(QUESTIONS[1])
     first = engine.run(prompt, GENERATION)
+    engine.flush()  # exact puts in the background
     stats_before = engine.store.stats()
     again = engine.run(prompt, GENERATION)
+    engine.flush()
     stats_after = engine.store.stats()
     assert again.num_reused_tokens == len(prompt.token_ids) - 1
     assert again.generated_ids == first.generated_ids
@@ -127,7 +129,9 @@ def test_unreachable_store_falls_back_to_dense(loaded: LoadedModel) -> None:
     )
     dead = StoreClient("127.0.0.1:1", "policies-dead", config=config)
     for mode in ("exact", "naive"):
-        engine = ReuseEngine(loaded, mode, dead, EngineConfig(quant="none"))
+        # Without a local tier: this worker's own segments would be exact hits even so.
+        config = EngineConfig(quant="none", local_tier_bytes=0)
+        engine = ReuseEngine(loaded, mode, dead, config)
         for prompt, outcome in run_two_agents(engine, QUESTIONS[0]):
             reference = engine.dense_reference(prompt, GENERATION)
             assert outcome.num_reused_tokens == 0
