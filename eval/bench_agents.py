@@ -11,7 +11,8 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvsplice.agents.layouts import DEFAULT_LAYOUT
@@ -20,6 +21,7 @@ from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
 from kvsplice.client.admission import AdmissionPolicy
 from kvsplice.client.models import LoadedModel, ModelConfig, load_model
 from kvsplice.eval.environment import environment_info
+from kvsplice.eval.layout_compare import compare_layouts, write_layout_files
 from kvsplice.eval.metrics import DENSE, Aggregates, CallRecord, aggregate
 from kvsplice.eval.mode_runner import ModeRunConfig, ProgressFn, run_modes
 from kvsplice.eval.report import write_bench_files
@@ -178,3 +180,21 @@ def run_bench_agents(
     )
     result.files = write_bench_files(result, config.out_dir)
     return result
+
+
+def run_bench_layouts(
+    config: BenchAgentsConfig,
+    layouts: Sequence[str],
+    loaded: LoadedModel | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[list[BenchResult], dict[str, Path]]:
+    """`config` once per layout (same problems, results in `out_dir/<layout>/`), then the
+    side-by-side comparison in `out_dir` (layouts.md, layouts.json); returns both.
+    """
+    loaded = loaded or load_model(config.model)
+    results = []
+    for layout in layouts:
+        layout_config = replace(config, layout=layout, out_dir=config.out_dir / layout)
+        results.append(run_bench_agents(layout_config, loaded, progress))
+    rows = compare_layouts([(r.config.layout, r.aggregates, r.records) for r in results])
+    return results, write_layout_files(rows, config.out_dir)

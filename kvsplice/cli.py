@@ -377,7 +377,13 @@ def bench_agents(
     ] = None,
     samples: Annotated[int, typer.Option(min=1)] = 3,
     graph: Annotated[str, typer.Option(help="fully_connected or chain")] = "fully_connected",
-    layout: Annotated[Layout, typer.Option(help=LAYOUT_HELP)] = Layout.persona_first,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help=LAYOUT_HELP + " Several, comma-separated, run one after another on the same "
+            "problems and write layouts.md / layouts.json beside their results."
+        ),
+    ] = "persona-first",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
     prefix_len: Annotated[int, typer.Option(help="synthetic: system prompt tokens")] = 512,
     input_len: Annotated[int, typer.Option(help="synthetic: user input tokens")] = 256,
@@ -403,17 +409,25 @@ def bench_agents(
 
     from dataclasses import replace
 
+    from kvsplice.agents.layouts import check_layout
     from kvsplice.client.admission import load_policy
     from kvsplice.client.models import ModelConfig
     from kvsplice.common.errors import FingerprintMismatch
-    from kvsplice.eval.bench_agents import BenchAgentsConfig, run_bench_agents
+    from kvsplice.eval.bench_agents import (
+        BenchAgentsConfig,
+        run_bench_agents,
+        run_bench_layouts,
+    )
     from kvsplice.eval.report import render_bench_agents
 
     _setup_logging(log_level)
-    try:  # bad modes fail before the model loads
+    layouts = tuple(dict.fromkeys(layout.split(",")))
+    try:  # bad modes and layouts fail before the model loads
+        for name in layouts:
+            check_layout(name)
         config = BenchAgentsConfig(
             workload=workload, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
-            graph=graph, layout=layout.value, max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
+            graph=graph, layout=layouts[0], max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
             response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
             quant=quant, data_path=data, model=ModelConfig(source=model, cache_dir=model_cache),
             store_memory_mib=store_memory_mib,
@@ -432,9 +446,16 @@ def bench_agents(
             raise typer.BadParameter(str(error), param_hint="'--policy'") from error
     bar, on_event = _progress_bar()
     with bar:
-        result = run_bench_agents(config, loaded, progress=on_event)
-    for renderable in render_bench_agents(result):
-        console.print(renderable)
+        if len(layouts) == 1:
+            results, files = [run_bench_agents(config, loaded, progress=on_event)], {}
+        else:
+            results, files = run_bench_layouts(config, layouts, loaded, progress=on_event)
+    for result in results:
+        console.print(f"[bold]{result.config.layout} layout[/]")
+        for renderable in render_bench_agents(result):
+            console.print(renderable)
+    for name, path in files.items():
+        console.print(f"{name}: {path}")
 
 
 @app.command()
