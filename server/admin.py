@@ -1,4 +1,4 @@
-"""The admin HTTP API (health, readiness, metrics, per-namespace stats, segment listing).
+"""The admin HTTP API (health, readiness, metrics, per-namespace stats, segments, delete, flush).
 
 Owns the FastAPI app, its bearer-token guard and an embedded uvicorn runner that
 shares the gRPC server's event loop. It reads the store only through `AdminSource`;
@@ -23,6 +23,8 @@ from kvsplice.common.errors import KvspliceError
 from kvsplice.common.segment import validate_namespace
 from kvsplice.server.admin_models import (
     AdminSource,
+    DeletedOut,
+    FlushOut,
     NamespaceStatsOut,
     SegmentPageOut,
     StatsOut,
@@ -132,6 +134,19 @@ def build_admin_app(
         return SegmentPageOut(
             namespace=namespace, offset=offset, limit=limit, next_offset=next_offset, segments=page
         )
+
+    @app.delete("/v1/segments/{segment_id}", dependencies=guarded, response_model=DeletedOut)
+    async def delete_segment(segment_id: str, namespace: str) -> DeletedOut:
+        deleted = source.delete_segment(_checked_namespace(namespace), segment_id)
+        return DeletedOut(namespace=namespace, segment_id=segment_id, deleted=deleted)
+
+    @app.delete("/v1/namespaces/{namespace}", dependencies=guarded, response_model=FlushOut)
+    async def flush_namespace(namespace: str) -> FlushOut:
+        result = source.flush_namespace(_checked_namespace(namespace))
+        return FlushOut(
+            namespace=result.namespace, num_segments=result.num_segments,
+            freed_bytes=result.freed_bytes, num_blobs=result.num_blobs,
+        )  # fmt: skip
 
     return app
 

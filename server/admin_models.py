@@ -23,20 +23,30 @@ class NamespaceStats:
     namespace: str
     num_segments: int
     stored_bytes: int
-    num_hits: int
+    num_hits: int  # lookups and reads that found a segment
     num_misses: int
+    num_requested_tokens: int = 0  # tokens the lookups asked for
+    num_hit_tokens: int = 0  # ... of which stored segments covered
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
-        for name in ("num_segments", "stored_bytes", "num_hits", "num_misses"):
+        for name in ("num_segments", "stored_bytes", "num_hits", "num_misses",
+                     "num_requested_tokens", "num_hit_tokens"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} < 0")
+        if self.num_hit_tokens > self.num_requested_tokens:
+            raise ValueError(f"{self.num_hit_tokens} hit tokens > {self.num_requested_tokens}")
 
     @property
     def hit_rate(self) -> float | None:
-        """hits / lookups in [0, 1]; None before the first lookup."""
-        num_lookups = self.num_hits + self.num_misses
-        return self.num_hits / num_lookups if num_lookups else None
+        """The token hit rate: hit / requested tokens in [0, 1]; None before the first lookup.
+
+        LMCache's and vLLM's definition (the share of prompt tokens served from the cache),
+        and the one hit rate kvsplice reports: /v1/stats, the dashboard, the README.
+        """
+        if not self.num_requested_tokens:
+            return None
+        return self.num_hit_tokens / self.num_requested_tokens
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,24 @@ class AdminSource(Protocol):
         """Up to `limit` segments of `namespace` from `offset`, in a stable order."""
         ...
 
+    def delete_segment(self, namespace: str, segment_id: str) -> bool:
+        """Delete one segment; False if it was not stored."""
+        ...
+
+    def flush_namespace(self, namespace: str) -> FlushResult:
+        """Delete every segment and anchor of `namespace`."""
+        ...
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What `flush_namespace` removed."""
+
+    namespace: str
+    num_segments: int
+    freed_bytes: int
+    num_blobs: int
+
 
 class NamespaceStatsOut(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -108,7 +136,9 @@ class NamespaceStatsOut(BaseModel):
     stored_bytes: int
     num_hits: int
     num_misses: int
-    hit_rate: float | None
+    num_requested_tokens: int
+    num_hit_tokens: int
+    hit_rate: float | None  # token hit rate: num_hit_tokens / num_requested_tokens
 
     @classmethod
     def of(cls, stats: NamespaceStats) -> NamespaceStatsOut:
@@ -118,6 +148,8 @@ class NamespaceStatsOut(BaseModel):
             stored_bytes=stats.stored_bytes,
             num_hits=stats.num_hits,
             num_misses=stats.num_misses,
+            num_requested_tokens=stats.num_requested_tokens,
+            num_hit_tokens=stats.num_hit_tokens,
             hit_rate=stats.hit_rate,
         )
 
@@ -132,6 +164,19 @@ class SegmentPageOut(BaseModel):
     limit: int
     next_offset: int | None  # None when the page came back short: nothing follows
     segments: list[SegmentSummary]
+
+
+class DeletedOut(BaseModel):
+    namespace: str
+    segment_id: str
+    deleted: bool
+
+
+class FlushOut(BaseModel):
+    namespace: str
+    num_segments: int
+    freed_bytes: int
+    num_blobs: int
 
 
 class StatusOut(BaseModel):

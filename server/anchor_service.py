@@ -172,6 +172,10 @@ class AnchorService:
             self._save(namespace, self._pools(namespace))
         return len(pooled)
 
+    def forget_namespace(self, namespace: str) -> None:
+        """Drop the cached pools of a namespace whose blobs were just deleted (a flush)."""
+        self._pools_by_namespace.pop(namespace, None)
+
     def _check_write(self, write: AnchorWrite) -> None:
         check_namespace(write.namespace)
         check_fingerprint(write.model_fingerprint)

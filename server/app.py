@@ -19,13 +19,14 @@ from grpc_reflection.v1alpha import reflection
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
+from kvsplice.server.admin_source import StoreAdminSource
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer, add_to_server
-from kvsplice.storage.config import build_store
+from kvsplice.storage.config import StoreConfig, build_store
 from kvsplice.storage.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
@@ -53,11 +54,15 @@ class StoreServer:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.config.admin_port is not None:
-            app = build_admin_app(self.segments, self.metrics, token=self.config.auth_token)
-            self.admin = await run_admin(app, self.config.admin_host, self.config.admin_port)
-        logger.info(
-            "kvsplice store serving on %s (%d segments indexed)", self.address, num_segments
-        )
+            source = StoreAdminSource(self.store, self.segments, self.anchors)
+            app = build_admin_app(source, self.metrics, token=self.config.auth_token)
+            try:
+                self.admin = await run_admin(app, self.config.admin_host, self.config.admin_port)
+            except BaseException:  # e.g. the admin port is taken: leave nothing half-started
+                await self.server.stop(0)
+                self.store.close()
+                raise
+        logger.info("%s; %d segments indexed", startup_line(self), num_segments)
 
     async def stop(self) -> None:
         """Graceful shutdown: NOT_SERVING, drain in-flight RPCs (bounded), close the store."""
@@ -85,6 +90,42 @@ class StoreServer:
                 continue
             if num_removed:
                 logger.info("TTL sweep removed %d expired segments", num_removed)
+
+
+def startup_line(app: StoreServer) -> str:
+    """Listen addresses, tiers with their budgets and auth, in one line."""
+    admin = (
+        f"admin+dashboard http://{app.admin.host}:{app.admin.port}" if app.admin else "admin off"
+    )
+    tiers = " -> ".join(_tier_summary(app.config.store))
+    auth = "on" if app.config.auth_token else "off"
+    return f"kvsplice serving: grpc {app.address}, {admin}; tiers {tiers}; auth {auth}"
+
+
+def _tier_summary(store: StoreConfig) -> list[str]:
+    parts = []
+    if store.memory is not None:
+        parts.append(f"memory {_mib(store.memory.max_bytes)} {store.memory.policy}")
+    if store.lmdb is not None:
+        parts.append(f"lmdb {_mib(store.lmdb.map_size_bytes)} at {store.lmdb.path}")
+    if store.redis is not None:
+        budget = _mib(store.redis.max_bytes) if store.redis.max_bytes else "unbounded"
+        parts.append(f"redis {budget} at {redact_url(store.redis.url)}")
+    return parts
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):g} MiB"
+
+
+def redact_url(url: str) -> str:
+    """A Redis URL without its password (startup lines end up in log collectors)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user + ':' if user else ''}***@{host}"
 
 
 def _bind(server: aio.Server, listen_address: str) -> str:

@@ -56,6 +56,14 @@ class EmbeddedStore:
             raise RuntimeError("EmbeddedStore is not started")
         return self._server.address
 
+    @property
+    def admin_url(self) -> str | None:
+        """`http://host:port` of the admin API (and dashboard); None when it is off."""
+        if self._server is None:
+            raise RuntimeError("EmbeddedStore is not started")
+        admin = self._server.admin
+        return None if admin is None else f"http://{admin.host}:{admin.port}"
+
     def start(self) -> str:
         """Start serving; returns `target`. Raises what building or starting raised."""
         if self._thread is not None:

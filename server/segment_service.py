@@ -89,6 +89,8 @@ class SegmentService:
         self.config = config
         self._hits: defaultdict[str, int] = defaultdict(int)
         self._misses: defaultdict[str, int] = defaultdict(int)
+        self._requested_tokens: defaultdict[str, int] = defaultdict(int)
+        self._hit_tokens: defaultdict[str, int] = defaultdict(int)
         self._ready = False
         store.add_removal_listener(self._on_removed)
 
@@ -181,7 +183,7 @@ class SegmentService:
         tokens = check_token_ids("token_ids", token_ids, self.config.max_query_tokens)
         match = self._exact.lookup_prefix(namespace, fingerprint, tokens)
         match = self._stored_prefix(namespace, match)
-        self._count(namespace, match.num_matched_tokens > 0)
+        self._count(namespace, match.num_matched_tokens > 0, len(tokens), match.num_matched_tokens)
         return match
 
     def find_similar(self, query: SimilarQuery) -> list[SimilarMatch]:
@@ -208,7 +210,7 @@ class SegmentService:
             limit=query.limit or limits.default_similar_limit,
         )
         matches = [m for m in matches if self._still_stored(m.meta)]
-        self._count(namespace, bool(matches))
+        self._count(namespace, bool(matches), len(tokens), similar_hit_tokens(matches, len(tokens)))
         return matches
 
     # -- stats (also the admin API's `AdminSource`) ------------------------------------
@@ -239,10 +241,14 @@ class SegmentService:
             stored_bytes=ns_usage.bytes,
             num_hits=ns_usage.hits + self._hits.get(namespace, 0),
             num_misses=ns_usage.misses + self._misses.get(namespace, 0),
+            num_requested_tokens=self._requested_tokens.get(namespace, 0),
+            num_hit_tokens=self._hit_tokens.get(namespace, 0),
         )
 
-    def _count(self, namespace: str, hit: bool) -> None:
+    def _count(self, namespace: str, hit: bool, requested_tokens: int, hit_tokens: int) -> None:
         (self._hits if hit else self._misses)[namespace] += 1
+        self._requested_tokens[namespace] += requested_tokens
+        self._hit_tokens[namespace] += hit_tokens
 
     def _index(self, meta: SegmentMeta) -> None:
         self._exact.add(meta)
@@ -273,6 +279,15 @@ class SegmentService:
         if len(kept) == len(match.segments):
             return match
         return PrefixMatch(tuple(kept), kept[-1].end_position if kept else 0)
+
+
+def similar_hit_tokens(matches: Sequence[SimilarMatch], num_queried: int) -> int:
+    """Tokens a similarity search served: the longest match whose tokens are the query's own.
+
+    A merely similar segment is a candidate for approximate reuse, not a token hit.
+    """
+    num_exact = max((m.meta.num_tokens for m in matches if m.exact_tokens), default=0)
+    return min(num_exact, num_queried)
 
 
 def _check_chain(meta: SegmentMeta) -> None:

@@ -20,7 +20,7 @@ from kvsplice.proto import store_pb2_grpc
 from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.metrics import StoreMetrics
-from kvsplice.server.segment_service import SegmentService, check_namespace
+from kvsplice.server.segment_service import SegmentService, check_namespace, similar_hit_tokens
 from kvsplice.storage.tiered_store import StoredSegment
 
 logger = logging.getLogger(__name__)
@@ -101,9 +101,8 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     ) -> pb.FindSimilarResponse:
         matches = self._segments.find_similar(convert.similar_query(request))
         num_queried = len(request.token_ids)
-        num_exact = max((m.meta.num_tokens for m in matches if m.exact_tokens), default=0)
         self._metrics.record_lookup(
-            "similar", bool(matches), num_queried, min(num_exact, num_queried)
+            "similar", bool(matches), num_queried, similar_hit_tokens(matches, num_queried)
         )
         return convert.similar_response(matches)
 

@@ -57,7 +57,15 @@ class FakeSource:
 def make_source(num_segments: int = 3) -> FakeSource:
     return FakeSource(
         stats={
-            "tenant-a": NamespaceStats("tenant-a", 3, 12_288, num_hits=3, num_misses=1),
+            "tenant-a": NamespaceStats(
+                "tenant-a",
+                3,
+                12_288,
+                num_hits=3,
+                num_misses=1,
+                num_requested_tokens=400,
+                num_hit_tokens=300,
+            ),
             "tenant-b": NamespaceStats("tenant-b", 0, 0, num_hits=0, num_misses=0),
         },
         segments={"tenant-a": [make_summary(i) for i in range(num_segments)]},
@@ -120,7 +128,9 @@ def test_stats_of_all_namespaces_and_of_one() -> None:
         "stored_bytes": 12_288,
         "num_hits": 3,
         "num_misses": 1,
-        "hit_rate": 0.75,
+        "num_requested_tokens": 400,
+        "num_hit_tokens": 300,
+        "hit_rate": 0.75,  # the token hit rate
     }
 
 

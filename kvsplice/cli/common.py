@@ -1,0 +1,127 @@
+"""What every `kvsplice` command shares: option types, choices, logging, console, one-line errors.
+
+Flags and KVSPLICE_* variables are read here and in the command modules only (typer's `envvar`
+reads each variable beside its flag, with the flag's validation and help; pydantic-settings would
+be a second source of truth for the same settings, so the CLI does not use it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+DEFAULT_MODEL_CACHE = Path("~/.cache/kvsplice/models").expanduser()
+WORKER_MODULES = ("torch", "transformers")
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class CliError(Exception):
+    """A user mistake or an environment problem: printed as one line, exit status `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def fail(message: str, exit_code: int = 1) -> NoReturn:
+    raise CliError(message, exit_code)
+
+
+ModelCacheOpt = Annotated[
+    Path,
+    typer.Option(
+        "--model-cache", envvar="KVSPLICE_MODEL_CACHE", help="Converted-model cache directory."
+    ),
+]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", envvar="KVSPLICE_MODEL", help="'smollm2' or a local HF model directory."
+    ),
+]
+LogLevelOpt = Annotated[
+    LogLevel,
+    typer.Option(
+        "--log-level",
+        envvar="KVSPLICE_LOG_LEVEL",
+        case_sensitive=False,
+        help="Logging threshold; 'debug' also shows tracebacks on errors.",
+    ),
+]
+AuthTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--auth-token", envvar="KVSPLICE_AUTH_TOKEN", help="Bearer token of the sidecar, if any."
+    ),
+]
+
+
+def setup_logging(level: LogLevel) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level.value.upper())  # also when a host already set handlers
+
+
+def debug_enabled() -> bool:
+    """True under `--log-level debug` (or KVSPLICE_LOG_LEVEL=debug): show tracebacks."""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        return True
+    return os.environ.get("KVSPLICE_LOG_LEVEL", "").lower() == "debug"
+
+
+def console():
+    """A rich console; 160 columns when stdout is not a terminal (logs, CI), so tables stay whole."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def require_worker(command: str) -> None:
+    """Fail in one line when a worker-only command runs in a sidecar-only install."""
+    missing = [m for m in WORKER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(
+            f"`kvsplice {command}` needs the worker extra ({', '.join(missing)} missing): "
+            "pip install '.[worker]' in a kvsplice checkout (or '<wheel>[worker]')"
+        )
+
+
+def split_host_port(address: str, flag: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{address!r} must be host:port", param_hint=f"'{flag}'")
+    return host.strip("[]"), int(port)
+
+
+def int_tuple(csv: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in csv.split(","))
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"{csv!r} is not a comma-separated list of integers", param_hint=f"'{flag}'"
+        ) from exc
+    if any(v <= 0 for v in values):
+        raise typer.BadParameter(f"{csv!r}: every value must be positive", param_hint=f"'{flag}'")
+    return values
+
+
+def human_bytes(num_bytes: int | float) -> str:
+    """1536 -> '1.5 KiB' (IEC units, one decimal past bytes)."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

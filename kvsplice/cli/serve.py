@@ -1,0 +1,265 @@
+"""`kvsplice serve` and `kvsplice health`: the sidecar's flags, checked before anything is created.
+
+Every flag becomes a frozen config here; addresses, ports, the Redis URL and the LMDB
+directory are checked up front so a mistake is one line on stderr, not a half-started server.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvsplice.cli.common import LogLevel, LogLevelOpt, fail, setup_logging, split_host_port
+
+MIB = 1 << 20
+REDIS_CHECK_TIMEOUT_S = 3.0
+
+
+class MemoryPolicy(StrEnum):
+    lru = "lru"
+    lfu = "lfu"
+
+
+def health(
+    target: Annotated[
+        str,
+        typer.Option("--target", envvar="KVSPLICE_TARGET", help="host:port of the sidecar."),
+    ] = "127.0.0.1:50051",
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", min=0.01, help="Seconds to wait for the answer.")
+    ] = 3.0,
+) -> None:
+    """Exit 0 if the sidecar's grpc.health.v1 Check answers SERVING (Docker healthcheck)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            fail(f"unhealthy: {target}: {exc.code().name} {exc.details()}")
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    typer.echo(status)
+    raise typer.Exit(0 if status == "SERVING" else 1)
+
+
+def serve(
+    listen: Annotated[
+        str,
+        typer.Option(envvar="KVSPLICE_LISTEN", help="gRPC address: host:port or unix:/path."),
+    ] = "127.0.0.1:50051",
+    admin_listen: Annotated[
+        str,
+        typer.Option(
+            envvar="KVSPLICE_ADMIN_LISTEN",
+            help="host:port of the admin HTTP API and dashboard, or 'off'.",
+        ),
+    ] = "127.0.0.1:8081",
+    lmdb_path: Annotated[
+        Path,
+        typer.Option(envvar="KVSPLICE_LMDB_PATH", help="Durable tier directory (created)."),
+    ] = Path("kvsplice-data/lmdb"),
+    lmdb_map_size_mib: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_LMDB_MAP_SIZE_MIB", min=1, help="LMDB tier budget (its map size)."
+        ),
+    ] = 4096,
+    lmdb_sync: Annotated[
+        bool,
+        typer.Option(envvar="KVSPLICE_LMDB_SYNC", help="fsync every LMDB commit."),
+    ] = True,
+    memory_mib: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_MEMORY_MIB", min=0, help="Memory tier budget; 0 disables it."
+        ),
+    ] = 1024,
+    memory_policy: Annotated[
+        MemoryPolicy,
+        typer.Option(
+            envvar="KVSPLICE_MEMORY_POLICY",
+            case_sensitive=False,
+            help="What the memory tier evicts first.",
+        ),
+    ] = MemoryPolicy.lru,
+    compress: Annotated[
+        bool,
+        typer.Option(
+            envvar="KVSPLICE_COMPRESS", help="zstd on the LMDB tier (rarely pays on int8 KV)."
+        ),
+    ] = False,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KVSPLICE_REDIS_URL",
+            help="Shared Redis/Valkey tier, e.g. redis://valkey:6379/0 (checked at start).",
+        ),
+    ] = None,
+    quota_mib: Annotated[
+        int | None,
+        typer.Option(envvar="KVSPLICE_QUOTA_MIB", min=1, help="Per-namespace byte quota."),
+    ] = None,
+    default_ttl_s: Annotated[
+        float | None,
+        typer.Option(
+            envvar="KVSPLICE_DEFAULT_TTL_S", help="TTL of segments put without one (none: keep)."
+        ),
+    ] = None,
+    max_payload_mib: Annotated[
+        int,
+        typer.Option(envvar="KVSPLICE_MAX_PAYLOAD_MIB", min=1, help="Largest accepted segment."),
+    ] = 256,
+    chunk_mib: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_CHUNK_MIB", min=1, max=64, help="Stream frame size of payloads."
+        ),
+    ] = 4,
+    auth_token: Annotated[
+        str | None,
+        typer.Option(envvar="KVSPLICE_AUTH_TOKEN", help="Require 'Bearer <token>' on every call."),
+    ] = None,
+    grace_period_s: Annotated[
+        float,
+        typer.Option(
+            envvar="KVSPLICE_GRACE_PERIOD_S",
+            min=0,
+            help="On SIGTERM, how long in-flight RPCs may drain.",
+        ),
+    ] = 10.0,
+    lsh_threshold: Annotated[
+        float,
+        typer.Option(
+            envvar="KVSPLICE_LSH_THRESHOLD", min=0, max=1, help="MinHash LSH Jaccard threshold."
+        ),
+    ] = 0.6,
+    lsh_num_perm: Annotated[
+        int,
+        typer.Option(envvar="KVSPLICE_LSH_NUM_PERM", min=16, help="MinHash permutations."),
+    ] = 128,
+    anchor_capacity: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_ANCHOR_CAPACITY", min=1, help="Anchors kept per placeholder."
+        ),
+    ] = 20,
+    anchor_window: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_ANCHOR_WINDOW", min=1, help="Recent uses an anchor's score counts."
+        ),
+    ] = 5,
+    log_level: LogLevelOpt = LogLevel.info,
+) -> None:
+    """Run the store sidecar (gRPC + admin HTTP API + dashboard) until SIGTERM."""
+    from kvsplice.index.anchor_pool import AnchorPoolConfig
+    from kvsplice.index.similarity_index import SimilarityConfig
+    from kvsplice.server.app import serve as run_server
+    from kvsplice.server.config import SegmentServiceConfig, ServerConfig
+    from kvsplice.storage.config import (
+        LMDBTierConfig,
+        MemoryTierConfig,
+        RedisTierConfig,
+        StoreConfig,
+    )
+
+    setup_logging(log_level)
+    check_listen(listen)
+    admin = None if admin_listen == "off" else split_host_port(admin_listen, "--admin-listen")
+    try:
+        store = StoreConfig(
+            memory=MemoryTierConfig(max_bytes=memory_mib * MIB, policy=memory_policy.value)
+            if memory_mib
+            else None,
+            lmdb=LMDBTierConfig(
+                path=str(lmdb_path),
+                map_size_bytes=lmdb_map_size_mib * MIB,
+                compress=compress,
+                sync=lmdb_sync,
+            ),
+            redis=RedisTierConfig(url=redis_url) if redis_url else None,
+            default_quota_bytes=quota_mib * MIB if quota_mib else None,
+        )
+        config = ServerConfig(
+            listen_address=listen,
+            store=store,
+            similarity=SimilarityConfig(threshold=lsh_threshold, num_perm=lsh_num_perm),
+            anchor_pool=AnchorPoolConfig(capacity=anchor_capacity, window=anchor_window),
+            service=SegmentServiceConfig(
+                default_ttl_s=default_ttl_s, max_payload_nbytes=max_payload_mib * MIB
+            ),
+            auth_token=auth_token or None,
+            chunk_nbytes=chunk_mib * MIB,
+            grace_period_s=grace_period_s,
+            admin_host=admin[0] if admin else "127.0.0.1",
+            admin_port=admin[1] if admin else None,
+        )
+    except ValueError as exc:
+        fail(f"invalid settings: {exc}", 2)
+    check_port_free(listen, "--listen")
+    if admin is not None:
+        check_port_free(admin_listen, "--admin-listen")
+    if redis_url:
+        check_redis(redis_url)
+    make_lmdb_dir(lmdb_path)
+    run_server(config)
+
+
+def check_listen(listen: str) -> None:
+    if listen.startswith("unix:"):
+        if not listen.removeprefix("unix:").strip("/"):
+            raise typer.BadParameter(f"{listen!r} names no socket path", param_hint="'--listen'")
+        return
+    split_host_port(listen, "--listen")
+
+
+def check_port_free(address: str, flag: str) -> None:
+    """One line now instead of a failed bind deep inside the server later."""
+    if address.startswith("unix:"):
+        return
+    host, port = split_host_port(address, flag)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        fail(f"{flag} {address}: cannot resolve {host!r}: {exc.strerror}", 2)
+    family, _, _, _, sockaddr = infos[0]
+    try:
+        # create_server sets SO_REUSEADDR as the servers do: a port in TIME_WAIT counts as free.
+        socket.create_server(sockaddr, family=family).close()
+    except OSError as exc:
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        fail(f"{flag} {address}: {reason}")
+
+
+def check_redis(url: str) -> None:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=REDIS_CHECK_TIMEOUT_S, socket_timeout=REDIS_CHECK_TIMEOUT_S
+        )
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError) as exc:
+        from kvsplice.server.app import redact_url
+
+        fail(f"--redis-url {redact_url(url)}: cannot reach Redis: {exc}")
+
+
+def make_lmdb_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--lmdb-path {path}: cannot create the directory: {exc.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--lmdb-path {path}: the directory is not writable")

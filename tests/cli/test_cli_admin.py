@@ -1,0 +1,83 @@
+"""`kvsplice stats`, `ls`, `delete` and `flush` against a live embedded sidecar."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from kvsplice.cli import main
+from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store_types import PrefixLookup
+from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+FINGERPRINT = "kvfp1-" + "0" * 32
+NAMESPACE = "tenant-a"
+
+
+def make_meta(tokens: tuple[int, ...], payload: bytes) -> SegmentMeta:
+    parent = root_key(FINGERPRINT)
+    return SegmentMeta(
+        namespace=NAMESPACE, model_fingerprint=FINGERPRINT,
+        context_key=context_key(parent, tokens), parent_key=parent, content_key=content_key(tokens),
+        token_ids=tokens, start_position=0, layer_start=0, layer_end=30,
+        payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[EmbeddedStore]:
+    config = loopback_config(str(tmp_path), admin_port=0)
+    with EmbeddedStore(config) as store:
+        with StoreClient(store.target, NAMESPACE) as client:
+            for i in range(3):
+                payload = random.Random(i).randbytes(3000)
+                assert client.put_segment(make_meta((i, i + 1, i + 2, i + 3), payload), payload)
+            # 8 tokens asked, the first 4 stored: a token hit rate of 50%.
+            assert client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 9, 9, 9, 9]) != PrefixLookup.MISS
+        yield store
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def test_stats_json_and_table(sidecar: EmbeddedStore, capsys: pytest.CaptureFixture[str]) -> None:
+    url = ["--admin-url", str(sidecar.admin_url)]
+    code, out, _ = run_cli(["stats", "--json", *url], capsys)
+    (row,) = json.loads(out)["namespaces"]
+    assert code == 0
+    assert (row["num_segments"], row["stored_bytes"] > 9000) == (3, True)
+    assert (row["num_requested_tokens"], row["num_hit_tokens"], row["hit_rate"]) == (8, 4, 0.5)
+    code, out, _ = run_cli(["stats", *url], capsys)
+    assert code == 0 and "50.0%" in out and "KiB" in out and "4/8" in out
+
+
+def test_ls_delete_and_flush(sidecar: EmbeddedStore, capsys: pytest.CaptureFixture[str]) -> None:
+    url = ["--admin-url", str(sidecar.admin_url)]
+    _, out, _ = run_cli(["ls", "-n", NAMESPACE, "--json", *url], capsys)
+    ids = [seg["segment_id"] for seg in json.loads(out)["segments"]]
+    assert len(ids) == 3 and all(len(i) == 32 for i in ids)
+    _, table, _ = run_cli(["ls", "-n", NAMESPACE, *url], capsys)
+    assert ids[0] in table and "2.9 KiB" in table  # whole ids, human sizes
+
+    code, out, _ = run_cli(["delete", ids[0], "-n", NAMESPACE, *url], capsys)
+    assert code == 0 and out.strip() == f"deleted {ids[0]}"
+    code, _, err = run_cli(["delete", ids[0], "-n", NAMESPACE, *url], capsys)
+    assert code == 1 and "is not stored" in err
+    code, _, err = run_cli(["delete", "xyz", "-n", NAMESPACE, *url], capsys)
+    assert code == 1 and "HTTP 400" in err and len(err.strip().splitlines()) == 1
+
+    code, out, _ = run_cli(["flush", "-n", NAMESPACE, "--yes", *url], capsys)
+    assert code == 0 and out.startswith(f"flushed {NAMESPACE}: 2 segments, 5.9 KiB freed")
+    _, out, _ = run_cli(["ls", "-n", NAMESPACE, "--json", *url], capsys)
+    assert json.loads(out)["segments"] == []

@@ -1,0 +1,163 @@
+"""Every user mistake is one line on stderr and a non-zero exit, checked before anything exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvsplice.cli import main
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_version_and_short_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0 and out.startswith("kvsplice 0.")
+    code, out, _ = run_cli(["serve", "-h"], capsys)
+    assert code == 0 and "--memory-policy [lru|lfu]" in out.replace("<lru|lfu>", "[lru|lfu]")
+
+
+def test_every_serve_flag_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer.main
+
+    from kvsplice.cli import app
+
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():  # type: ignore[attr-defined]
+        leaves = sub.commands.values() if hasattr(sub, "commands") else [sub]
+        for leaf in leaves:
+            undocumented = [p.name for p in leaf.params if not getattr(p, "help", None)]
+            assert not undocumented, f"kvsplice {name} {leaf.name}: {undocumented} lack help"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--memory-policy", "fifo"], "'fifo' is not one of 'lru', 'lfu'"),
+        (["serve", "--listen", "foo"], "Invalid value for '--listen': 'foo' must be host:port"),
+        (["serve", "--log-level", "loud"], "'loud' is not one of"),
+        (["bench", "core", "--model", "/nonexistent"], "'/nonexistent' is neither 'smollm2'"),
+        (["bench", "store", "--tmp-dir", "/nonexistent"], "'/nonexistent' does not exist"),
+        (["bench", "agents", "--workload", "foo"], "'foo' is not one of 'synthetic'"),
+        (["bench", "agents", "--graph", "ring"], "'ring' is not one of 'fully_connected'"),
+        (["bench", "agents", "--quant", "int4"], "'int4' is not one of 'none', 'fp16', 'int8'"),
+        (["ls"], "Missing option '--namespace'"),
+        (["serve", "--bogus"], "No such option: --bogus"),
+    ],
+)
+def test_usage_mistakes_are_one_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2
+    assert line.startswith(f"kvsplice {' '.join(a for a in argv[:2] if not a.startswith('-'))}")
+    assert expected in line
+
+
+def test_unusable_lmdb_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, _, err = run_cli(["serve", "--lmdb-path", str(blocker / "lmdb")], capsys)
+    assert code == 1
+    assert "--lmdb-path" in one_error_line(err) and "cannot create the directory" in err
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--admin-listen"])
+def test_a_port_in_use(
+    flag: str, busy_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lmdb = tmp_path / "lmdb"
+    code, _, err = run_cli(
+        ["serve", flag, f"127.0.0.1:{busy_port}", "--lmdb-path", str(lmdb)], capsys
+    )
+    assert code == 1
+    assert one_error_line(err).endswith(f"{flag} 127.0.0.1:{busy_port}: address already in use")
+    assert not lmdb.exists()  # nothing created before the flags were checked
+
+
+def test_unreachable_redis_before_anything_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lmdb = tmp_path / "lmdb"
+    url = f"redis://user:secret@127.0.0.1:{closed_port()}/0"
+    code, _, err = run_cli(["serve", "--redis-url", url, "--lmdb-path", str(lmdb)], capsys)
+    line = one_error_line(err)
+    assert code == 1 and "cannot reach Redis" in line
+    assert "secret" not in line
+    assert not lmdb.exists()
+
+
+def test_worker_commands_name_the_extra_in_a_sidecar_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def no_torch(name: str, *args: object) -> object:
+        return None if name in ("torch", "transformers") else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    for argv in (["demo"], ["calibrate"], ["bench", "core"], ["bench", "agents"]):
+        code, _, err = run_cli(argv, capsys)
+        line = one_error_line(err)
+        assert code == 1 and "needs the worker extra" in line and "[worker]" in line
+
+
+def test_an_unexpected_failure_is_one_line_unless_debug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvsplice.server.app
+
+    def broken(config: object) -> None:
+        raise RuntimeError("the disk caught fire")
+
+    monkeypatch.setattr(kvsplice.server.app, "serve", broken)
+    argv = ["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"]
+    code, _, err = run_cli([*argv, "--lmdb-path", str(tmp_path / "a")], capsys)
+    assert code == 1
+    assert "RuntimeError: the disk caught fire" in one_error_line(err)
+    with pytest.raises(RuntimeError, match="caught fire"):
+        main([*argv, "--lmdb-path", str(tmp_path / "b"), "--log-level", "debug"])
+
+
+def test_the_cli_choices_are_the_library_choices() -> None:
+    pytest.importorskip("torch")
+    from kvsplice.cli.serve import MemoryPolicy
+    from kvsplice.cli.worker import Graph, Quant, Workload
+    from kvsplice.eval.bench_agents import WORKLOADS
+    from kvsplice.eval.mode_runner import GRAPHS
+    from kvsplice.kvmath.quant import QUANT_SCHEMES
+    from kvsplice.storage.config import EVICTION_POLICIES
+
+    assert tuple(Workload) == WORKLOADS
+    assert tuple(Graph) == GRAPHS
+    assert tuple(Quant) == QUANT_SCHEMES
+    assert tuple(MemoryPolicy) == tuple(EVICTION_POLICIES)
