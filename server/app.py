@@ -144,7 +144,7 @@ def build(config: ServerConfig) -> StoreServer:
         segments = SegmentService(store, exact, similar, config.service)
         anchors = AnchorService(store, config.anchor_pool, config.service)
         metrics = StoreMetrics(RPC_METHODS)
-        metrics.bind_usage(lambda: _usage(store))
+        metrics.bind_store(store.stats)
         servicer = SegmentStoreServicer(segments, anchors, metrics, config.chunk_nbytes)
         server, health = _grpc_server(config, servicer, metrics)
         address = _bind(server, config.listen_address)
@@ -179,11 +179,6 @@ def _grpc_server(
             (SERVICE_NAME, health_name, reflection.SERVICE_NAME), server
         )
     return server, health
-
-
-def _usage(store: TieredStore) -> tuple[int, int]:
-    stats = store.stats()
-    return stats.num_segments, stats.stored_bytes
 
 
 async def run_until_signalled(config: ServerConfig) -> None:

@@ -1,7 +1,9 @@
 """Prometheus metrics of the store sidecar: names, bounded label sets, one registry each.
 
 Owns what is exported and validates every label value; it does not decide when
-something is counted (the servicer, interceptor and tiers call the record methods).
+something is counted. RPCs and lookups are pushed by the servicer and interceptor;
+what the tiers count themselves (requests, evictions, checksum failures, bytes held) is
+read from the store at each scrape (`store_collector`), so the two can never disagree.
 There is deliberately no `namespace` label: per-tenant hit rates leak what other
 tenants asked (timing/hit-rate side channels), so they go through `/v1/stats` only.
 """
@@ -10,23 +12,30 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import generate_latest
+
+from kvsplice.server.store_collector import StatsFn, StoreCollector
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "kvsplice"
-TIERS = ("memory", "lmdb", "redis")
 RESULTS = ("hit", "miss")
 LOOKUP_KINDS = ("exact", "similar")
 DIRECTIONS = ("in", "out")
-# capacity: byte/segment budget (LRU); ttl: expired; quota: namespace quota;
-# corrupt: dropped after a checksum or header failure; lost: gone from a tier
-# behind the store's back (Valkey's own LRU). An explicit delete is not an eviction.
-EVICTION_REASONS = ("capacity", "ttl", "quota", "corrupt", "lost")
 STATUS_CODES = tuple(code.name for code in grpc.StatusCode)
 # 0.1 ms (a memory-tier hit) .. 10 s (a large cold Redis fetch), ~2.5x apart.
 RPC_DURATION_BUCKETS_S = (
@@ -36,8 +45,6 @@ RPC_DURATION_BUCKETS_S = (
 # 1 KiB .. 256 MiB in powers of 4: a few tokens of one layer .. a long all-layer span.
 SEGMENT_SIZE_BUCKETS_BYTES = tuple(float(1024 * 4**i) for i in range(10))
 _METHOD_PATTERN = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
-
-UsageFn = Callable[[], tuple[int, int]]
 
 
 def _check(label: str, value: str, allowed: Iterable[str]) -> str:
@@ -60,18 +67,26 @@ class StoreMetrics:
     `observe_rpc` accepts; the wiring passes the service descriptor's methods.
     """
 
-    def __init__(self, rpc_methods: Iterable[str]) -> None:
+    def __init__(self, rpc_methods: Iterable[str], build_version: str | None = None) -> None:
         self.rpc_methods = frozenset(rpc_methods)
         if not self.rpc_methods:
             raise ValueError("rpc_methods must name at least one RPC")
         bad = sorted(m for m in self.rpc_methods if not _METHOD_PATTERN.match(m))
         if bad:
             raise ValueError(f"rpc_methods {bad} are not RPC names ({_METHOD_PATTERN.pattern})")
+        # `_created` series double every counter and no dashboard reads them (process-wide).
+        prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
-        self._usage_fn: UsageFn | None = None
+        self.store = StoreCollector()
+        self.registry.register(self.store)
+        ProcessCollector(namespace="", registry=self.registry)  # process_* (Linux /proc)
+        PlatformCollector(registry=self.registry)  # python_info
         self._define_counters()
         self._define_distributions()
         self._initialize_children()
+        Info(f"{PREFIX}_build", "Version of the running sidecar.", registry=self.registry).info(
+            {"version": build_version or package_version()}
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         # prometheus_client appends `_total` to counters itself.
@@ -81,19 +96,10 @@ class StoreMetrics:
         self.lookups = self._counter(
             "lookups", "Segment lookups by kind and result.", ("kind", "result")
         )
-        self.tier_requests = self._counter(
-            "tier_requests", "Reads per storage tier by result.", ("tier", "result")
-        )
         self.hit_tokens = self._counter("hit_tokens", "Tokens served from stored segments.")
         self.queried_tokens = self._counter("queried_tokens", "Tokens asked for by lookups.")
         self.bytes = self._counter(
             "bytes", "Payload bytes received (in) and sent (out).", ("direction",)
-        )
-        self.evictions = self._counter(
-            "evictions", "Segments removed by a tier, by reason.", ("tier", "reason")
-        )
-        self.checksum_failures = self._counter(
-            "checksum_failures", "Payloads that failed verification (served as misses).", ("tier",)
         )
 
     def _define_distributions(self) -> None:
@@ -110,22 +116,12 @@ class StoreMetrics:
             buckets=SEGMENT_SIZE_BUCKETS_BYTES,
             registry=self.registry,
         )
-        self.segments = Gauge(f"{PREFIX}_segments", "Segments stored.", registry=self.registry)
-        self.stored_bytes = Gauge(
-            f"{PREFIX}_stored_bytes", "Payload bytes stored.", registry=self.registry
-        )
 
     def _initialize_children(self) -> None:
         # Known label combinations start at 0 so rate() works from the first scrape.
         for kind in LOOKUP_KINDS:
             for result in RESULTS:
                 self.lookups.labels(kind, result)
-        for tier in TIERS:
-            self.checksum_failures.labels(tier)
-            for result in RESULTS:
-                self.tier_requests.labels(tier, result)
-            for reason in EVICTION_REASONS:
-                self.evictions.labels(tier, reason)
         for direction in DIRECTIONS:
             self.bytes.labels(direction)
 
@@ -147,41 +143,28 @@ class StoreMetrics:
         self.queried_tokens.inc(queried_tokens)
         self.hit_tokens.inc(hit_tokens)
 
-    def record_tier(self, tier: str, hit: bool) -> None:
-        """Record one read of `tier`."""
-        self.tier_requests.labels(_check("tier", tier, TIERS), "hit" if hit else "miss").inc()
-
     def add_bytes(self, direction: str, n: int) -> None:
         """Count `n` payload bytes received ("in") or sent ("out")."""
         self.bytes.labels(_check("direction", direction, DIRECTIONS)).inc(_check_count("n", n))
-
-    def record_eviction(self, tier: str, reason: str) -> None:
-        """Count one segment removed from `tier` for `reason` (see EVICTION_REASONS)."""
-        _check("tier", tier, TIERS)
-        self.evictions.labels(tier, _check("reason", reason, EVICTION_REASONS)).inc()
-
-    def record_checksum_failure(self, tier: str) -> None:
-        """Count one payload from `tier` that failed verification."""
-        self.checksum_failures.labels(_check("tier", tier, TIERS)).inc()
 
     def observe_segment_size(self, n: int) -> None:
         """Record the payload size of one stored segment."""
         self.segment_size.observe(_check_count("n", n))
 
-    def set_usage(self, segments: int, stored_bytes: int) -> None:
-        """Set the usage gauges now."""
-        self.segments.set(_check_count("segments", segments))
-        self.stored_bytes.set(_check_count("stored_bytes", stored_bytes))
+    def bind_store(self, stats_fn: StatsFn | None) -> None:
+        """Read the store's `StoreStats` from `stats_fn` at every scrape (None unbinds).
 
-    def bind_usage(self, usage_fn: UsageFn | None) -> None:
-        """Read `(segments, stored_bytes)` from `usage_fn` at every `render()` (None unbinds).
-
-        `render()` runs on the event loop, so `usage_fn` must be cheap (counters, not scans).
+        Scrapes run on the event loop, so `stats_fn` must be cheap (counters, not scans).
         """
-        self._usage_fn = usage_fn
+        self.store.bind(stats_fn)
 
     def render(self) -> tuple[bytes, str]:
         """Return the text exposition of every series and its content type."""
-        if self._usage_fn is not None:
-            self.set_usage(*self._usage_fn())
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def package_version() -> str:
+    try:
+        return version("kvsplice")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"

@@ -51,12 +51,22 @@ class StoredSegment:
 
 
 @dataclass(frozen=True)
+class TierUsage:
+    """How full one tier is now (`capacity_bytes` None: no fixed bound known)."""
+
+    used_bytes: int
+    capacity_bytes: int | None
+
+
+@dataclass(frozen=True)
 class StoreStats:
     tiers: Mapping[str, TierStats]
     total: TierStats
     num_segments: int
     stored_bytes: int  # segment bodies (meta + payload), what quotas count
     removals: Mapping[str, int]  # by REMOVAL_REASONS
+    usage: Mapping[str, TierUsage]  # by tier name, fastest first
+    durable_tier: str  # the last tier: segments live (and are removed) there
 
 
 class _Victim(NamedTuple):
@@ -214,7 +224,9 @@ class TieredStore:
             return self._catalog.usage()
 
     def stats(self) -> StoreStats:
-        tier_stats = {tier.name: tier.stats() for tier in self._stack.tiers}
+        tiers = self._stack.tiers
+        tier_stats = {tier.name: tier.stats() for tier in tiers}
+        usage = {tier.name: TierUsage(tier.used_bytes(), tier.capacity_bytes()) for tier in tiers}
         with self._lock:
             return StoreStats(
                 tiers=tier_stats,
@@ -222,6 +234,8 @@ class TieredStore:
                 num_segments=len(self._catalog),
                 stored_bytes=self._catalog.total_bytes(),
                 removals={reason: self._removals[reason] for reason in REMOVAL_REASONS},
+                usage=usage,
+                durable_tier=self._stack.durable.name,
             )
 
     def add_removal_listener(self, listener: RemovalListener) -> None:

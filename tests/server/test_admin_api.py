@@ -105,7 +105,6 @@ def test_metrics_exposes_recorded_kvsplice_series() -> None:
     metrics = StoreMetrics(rpc_methods=["Lookup"])
     metrics.record_lookup("exact", True, queried_tokens=40, hit_tokens=32)
     metrics.observe_rpc("Lookup", 0.003, "OK")
-    metrics.bind_usage(lambda: (2, 8192))
     response = make_client(metrics=metrics).get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -113,8 +112,7 @@ def test_metrics_exposes_recorded_kvsplice_series() -> None:
     assert 'kvsplice_lookups_total{kind="exact",result="hit"} 1.0' in text
     assert "kvsplice_hit_tokens_total 32.0" in text
     assert 'kvsplice_rpc_duration_seconds_count{code="OK",method="Lookup"} 1.0' in text
-    assert "kvsplice_segments 2.0" in text
-    assert "kvsplice_stored_bytes 8192.0" in text
+    assert "_created" not in text
 
 
 def test_stats_of_all_namespaces_and_of_one() -> None:

@@ -8,20 +8,39 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from kvsplice.server.metrics import (
-    DIRECTIONS,
-    EVICTION_REASONS,
-    LOOKUP_KINDS,
-    RESULTS,
-    TIERS,
-    StoreMetrics,
-)
+from kvsplice.server.metrics import DIRECTIONS, LOOKUP_KINDS, RESULTS, StoreMetrics
+from kvsplice.server.store_collector import EVICTION_REASONS
+from kvsplice.storage.tier import TierStats
+from kvsplice.storage.tiered_store import REMOVAL_REASONS, StoreStats, TierUsage
 
 RPC_METHODS = ("Lookup", "Fetch", "Put")
 
 
 def make_metrics() -> StoreMetrics:
     return StoreMetrics(rpc_methods=RPC_METHODS)
+
+
+IDLE = TierStats()
+
+
+def make_store_stats(
+    memory: TierStats = IDLE, lmdb: TierStats = IDLE, **removals: int
+) -> StoreStats:
+    """A memory cache over a durable LMDB tier, as `TieredStore.stats()` reports them."""
+    return StoreStats(
+        tiers={"memory": memory, "lmdb": lmdb},
+        total=memory + lmdb,
+        num_segments=7,
+        stored_bytes=12345,
+        removals={reason: removals.get(reason, 0) for reason in REMOVAL_REASONS},
+        usage={"memory": TierUsage(1000, 4096), "lmdb": TierUsage(20480, 1 << 20)},
+        durable_tier="lmdb",
+    )
+
+
+def is_runtime_family(name: str) -> bool:
+    """process_* and python_info come from prometheus_client's own collectors."""
+    return name.startswith(("process_", "python_"))
 
 
 def value(metrics: StoreMetrics, name: str, **labels: str) -> float | None:
@@ -35,11 +54,22 @@ def families(metrics: StoreMetrics) -> dict[str, object]:
 
 def test_every_series_is_prefixed_and_counters_end_in_total() -> None:
     metrics = make_metrics()
+    metrics.bind_store(make_store_stats)
     for family in metrics.registry.collect():
-        assert family.name.startswith("kvsplice_"), family.name
+        assert family.name.startswith("kvsplice_") or is_runtime_family(family.name), family.name
         for sample in family.samples:
-            if family.type == "counter" and not sample.name.endswith("_created"):
+            if family.type == "counter":
                 assert sample.name.endswith("_total"), sample.name
+
+
+def test_no_created_series_build_info_and_process_metrics() -> None:
+    metrics = make_metrics()
+    metrics.add_bytes("in", 1)
+    text = metrics.render()[0].decode()
+    assert "_created" not in text
+    assert 'kvsplice_build_info{version="' in text
+    assert value(metrics, "process_resident_memory_bytes") > 0
+    assert value(metrics, "process_cpu_seconds_total") >= 0
 
 
 def test_no_series_carries_a_namespace_label() -> None:
@@ -55,7 +85,8 @@ def test_known_label_combinations_start_at_zero() -> None:
     for kind in LOOKUP_KINDS:
         for result in RESULTS:
             assert value(metrics, "kvsplice_lookups_total", kind=kind, result=result) == 0
-    for tier in TIERS:
+    metrics.bind_store(make_store_stats)
+    for tier in ("memory", "lmdb"):
         assert value(metrics, "kvsplice_checksum_failures_total", tier=tier) == 0
         for reason in EVICTION_REASONS:
             assert value(metrics, "kvsplice_evictions_total", tier=tier, reason=reason) == 0
@@ -75,22 +106,32 @@ def test_record_lookup_counts_lookups_and_tokens() -> None:
     assert value(metrics, "kvsplice_hit_tokens_total") == 94
 
 
-def test_tier_bytes_evictions_and_checksums_accumulate() -> None:
+def test_payload_bytes_accumulate() -> None:
     metrics = make_metrics()
-    metrics.record_tier("lmdb", True)
-    metrics.record_tier("lmdb", True)
-    metrics.record_tier("redis", False)
     metrics.add_bytes("in", 1000)
     metrics.add_bytes("out", 300)
     metrics.add_bytes("out", 200)
-    metrics.record_eviction("memory", "capacity")
-    metrics.record_checksum_failure("redis")
-    assert value(metrics, "kvsplice_tier_requests_total", tier="lmdb", result="hit") == 2
-    assert value(metrics, "kvsplice_tier_requests_total", tier="redis", result="miss") == 1
     assert value(metrics, "kvsplice_bytes_total", direction="in") == 1000
     assert value(metrics, "kvsplice_bytes_total", direction="out") == 500
-    assert value(metrics, "kvsplice_evictions_total", tier="memory", reason="capacity") == 1
-    assert value(metrics, "kvsplice_checksum_failures_total", tier="redis") == 1
+
+
+def test_tier_counters_come_from_the_store_at_scrape_time() -> None:
+    metrics = make_metrics()
+    memory = TierStats(hits=5, misses=3, evictions=4, checksum_failures=1)
+    lmdb = TierStats(hits=3, misses=0, evictions=99, checksum_failures=2)
+    metrics.bind_store(lambda: make_store_stats(memory, lmdb, capacity=6, ttl=2, delete=8))
+    assert value(metrics, "kvsplice_tier_requests_total", tier="memory", result="hit") == 5
+    assert value(metrics, "kvsplice_tier_requests_total", tier="memory", result="miss") == 3
+    assert value(metrics, "kvsplice_tier_requests_total", tier="lmdb", result="hit") == 3
+    # A cache reports its own budget evictions and dropped corrupt records...
+    assert value(metrics, "kvsplice_evictions_total", tier="memory", reason="capacity") == 4
+    assert value(metrics, "kvsplice_evictions_total", tier="memory", reason="corrupt") == 1
+    # ... the durable tier the store's removals; deletes are not evictions.
+    assert value(metrics, "kvsplice_evictions_total", tier="lmdb", reason="capacity") == 6
+    assert value(metrics, "kvsplice_evictions_total", tier="lmdb", reason="ttl") == 2
+    assert value(metrics, "kvsplice_checksum_failures_total", tier="lmdb") == 2
+    assert value(metrics, "kvsplice_tier_used_bytes", tier="lmdb") == 20480
+    assert value(metrics, "kvsplice_tier_capacity_bytes", tier="memory") == 4096
 
 
 def test_rpc_histogram_spans_a_tenth_of_a_millisecond_to_ten_seconds() -> None:
@@ -116,7 +157,7 @@ def test_rpc_histogram_spans_a_tenth_of_a_millisecond_to_ten_seconds() -> None:
 def test_segment_size_histogram_and_usage_gauges() -> None:
     metrics = make_metrics()
     metrics.observe_segment_size(3 * 1024 * 1024)
-    metrics.set_usage(segments=7, stored_bytes=12345)
+    metrics.bind_store(make_store_stats)
     assert value(metrics, "kvsplice_segment_size_bytes_count") == 1
     assert value(metrics, "kvsplice_segment_size_bytes_sum") == 3 * 1024 * 1024
     assert (
@@ -127,19 +168,21 @@ def test_segment_size_histogram_and_usage_gauges() -> None:
     assert value(metrics, "kvsplice_stored_bytes") == 12345
 
 
-def test_bound_usage_function_is_read_at_render_time() -> None:
+def test_bound_store_is_read_at_render_time() -> None:
     metrics = make_metrics()
-    usage = [(1, 100)]
-    metrics.bind_usage(lambda: usage[-1])
-    assert families(metrics)["kvsplice_segments"].samples[0].value == 1
-    usage.append((5, 900))
+    assert "kvsplice_segments" not in families(metrics)  # unbound: no store series
+    stats = [make_store_stats()]
+    metrics.bind_store(lambda: stats[-1])
+    assert families(metrics)["kvsplice_segments"].samples[0].value == 7
+    stats.append(make_store_stats(TierStats(hits=9)))
     rendered = families(metrics)
-    assert rendered["kvsplice_segments"].samples[0].value == 5
-    assert rendered["kvsplice_stored_bytes"].samples[0].value == 900
+    hits = [s for s in rendered["kvsplice_tier_requests"].samples if s.labels["tier"] == "memory"]
+    assert hits[0].value == 9
 
 
 def test_render_is_prometheus_text_with_every_series() -> None:
     metrics = make_metrics()
+    metrics.bind_store(make_store_stats)
     body, content_type = metrics.render()
     assert content_type.startswith("text/plain")
     names = set(families(metrics))
@@ -155,6 +198,9 @@ def test_render_is_prometheus_text_with_every_series() -> None:
         "kvsplice_segments",
         "kvsplice_stored_bytes",
         "kvsplice_segment_size_bytes",
+        "kvsplice_tier_used_bytes",
+        "kvsplice_tier_capacity_bytes",
+        "kvsplice_build_info",
     } <= names
     assert b"kvsplice_lookups_total" in body
 
@@ -175,14 +221,9 @@ def test_two_instances_do_not_share_a_registry() -> None:
         lambda m: m.record_lookup("fuzzy", True, 1, 1),
         lambda m: m.record_lookup("exact", True, 5, 6),
         lambda m: m.record_lookup("exact", True, -1, 0),
-        lambda m: m.record_tier("s3", True),
         lambda m: m.add_bytes("sideways", 1),
         lambda m: m.add_bytes("in", -1),
-        lambda m: m.record_eviction("memory", "because"),
-        lambda m: m.record_eviction("disk", "capacity"),
-        lambda m: m.record_checksum_failure("tenant-a"),
         lambda m: m.observe_segment_size(-5),
-        lambda m: m.set_usage(-1, 0),
     ],
 )
 def test_unbounded_or_invalid_values_are_rejected(call: Callable[[StoreMetrics], None]) -> None:

@@ -1,0 +1,159 @@
+"""Each store metric moves when its event happens in a live sidecar, read back from `/metrics`."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+import xxhash
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvsplice.client.store_client import StoreClient
+from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storage.config import LMDBTierConfig
+
+FINGERPRINT = "kvfp1-" + "0" * 32
+NAMESPACE = "tenant-a"
+MARKER = b"<<kvsplice-metrics-corruption-marker>>"
+MIB = 1 << 20
+
+
+def make_segment(i: int, nbytes: int, **fields: object) -> tuple[SegmentMeta, bytes]:
+    payload = random.Random(i).randbytes(nbytes)
+    tokens = (i, i + 1, i + 2, i + 3)
+    parent = root_key(FINGERPRINT)
+    meta = SegmentMeta(
+        namespace=NAMESPACE, model_fingerprint=FINGERPRINT,
+        context_key=context_key(parent, tokens), parent_key=parent, content_key=content_key(tokens),
+        token_ids=tokens, start_position=0, layer_start=0, layer_end=30,
+        payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload),
+    )  # fmt: skip
+    return replace(meta, **fields), payload
+
+
+def start(path: Path, memory_mib: int = 1, lmdb_mib: int = 4) -> EmbeddedStore:
+    config = loopback_config(str(path), memory_bytes=memory_mib * MIB, admin_port=0)
+    lmdb = LMDBTierConfig(path=str(path), map_size_bytes=lmdb_mib * MIB, sync=False)
+    store = EmbeddedStore(replace(config, store=replace(config.store, lmdb=lmdb)))
+    store.start()
+    return store
+
+
+def scrape(store: EmbeddedStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{store.admin_url}/metrics").text
+    assert "_created" not in text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(metrics: dict, name: str, **labels: str) -> float:
+    return metrics[name, tuple(sorted(labels.items()))]
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[EmbeddedStore]:
+    store = start(tmp_path)
+    yield store
+    store.stop()
+
+
+def test_tier_requests_count_hits_and_misses_per_tier(sidecar: EmbeddedStore) -> None:
+    before = scrape(sidecar)
+    assert sample(before, "kvsplice_tier_requests_total", tier="memory", result="hit") == 0
+    with StoreClient(sidecar.target, NAMESPACE) as client:
+        metas = [make_segment(i, 300_000) for i in range(6)]  # 1.8 MB: the 1 MiB memory tier
+        for meta, payload in metas:  # keeps the last three
+            assert client.put_segment(meta, payload)
+        for meta, _ in reversed(metas):  # newest first: memory hits, then LMDB hits
+            assert client.get_segment(meta.segment_id) is not None
+    after = scrape(sidecar)
+    assert sample(after, "kvsplice_tier_requests_total", tier="memory", result="hit") >= 1
+    assert sample(after, "kvsplice_tier_requests_total", tier="memory", result="miss") >= 1
+    assert sample(after, "kvsplice_tier_requests_total", tier="lmdb", result="hit") >= 1
+
+
+def test_evictions_count_by_tier_and_reason(sidecar: EmbeddedStore) -> None:
+    with StoreClient(sidecar.target, NAMESPACE) as client:
+        for i in range(24):  # 24 x 400 KB into a 4 MiB LMDB (the issue's scenario)
+            meta, payload = make_segment(i, 400_000)
+            assert client.put_segment(meta, payload)
+        meta, payload = make_segment(99, 1000, ttl_s=0.05)
+        assert client.put_segment(meta, payload)
+        time.sleep(0.2)
+        assert client.get_segment(meta.segment_id) is None  # read after expiry: removed
+    metrics = scrape(sidecar)
+    assert sample(metrics, "kvsplice_evictions_total", tier="lmdb", reason="capacity") >= 10
+    assert sample(metrics, "kvsplice_evictions_total", tier="memory", reason="capacity") >= 10
+    assert sample(metrics, "kvsplice_evictions_total", tier="lmdb", reason="ttl") == 1
+    assert sample(metrics, "kvsplice_segments") < 24
+
+
+def test_checksum_failures_count_bytes_flipped_on_disk(tmp_path: Path) -> None:
+    store = start(tmp_path)
+    meta, payload = make_segment(1, 50_000)
+    payload = payload[:20_000] + MARKER + payload[20_000 + len(MARKER) :]
+    meta = replace(meta, checksum=xxhash.xxh3_64_intdigest(payload))
+    with StoreClient(store.target, NAMESPACE) as client:
+        assert client.put_segment(meta, payload)
+    store.stop()
+    data_file = tmp_path / "data.mdb"
+    raw = bytearray(data_file.read_bytes())
+    raw[raw.index(MARKER) + 5] ^= 0xFF
+    data_file.write_bytes(bytes(raw))
+
+    store = start(tmp_path)  # a fresh memory tier: the read goes to LMDB
+    try:
+        assert sample(scrape(store), "kvsplice_checksum_failures_total", tier="lmdb") == 0
+        with StoreClient(store.target, NAMESPACE) as client:
+            assert client.get_segment(meta.segment_id) is None  # a miss, never the bad bytes
+        metrics = scrape(store)
+        assert sample(metrics, "kvsplice_checksum_failures_total", tier="lmdb") == 1
+        assert sample(metrics, "kvsplice_evictions_total", tier="lmdb", reason="lost") == 1
+    finally:
+        store.stop()
+
+
+def test_tier_bytes_against_capacity(sidecar: EmbeddedStore) -> None:
+    empty = scrape(sidecar)
+    with StoreClient(sidecar.target, NAMESPACE) as client:
+        meta, payload = make_segment(1, 200_000)
+        assert client.put_segment(meta, payload)
+    metrics = scrape(sidecar)
+    assert sample(metrics, "kvsplice_tier_capacity_bytes", tier="memory") == 1 * MIB
+    assert sample(metrics, "kvsplice_tier_capacity_bytes", tier="lmdb") == 4 * MIB
+    for tier in ("memory", "lmdb"):
+        used = sample(metrics, "kvsplice_tier_used_bytes", tier=tier)
+        assert used - sample(empty, "kvsplice_tier_used_bytes", tier=tier) >= 200_000
+    assert sample(metrics, "kvsplice_stored_bytes") >= 200_000
+
+
+def test_token_hit_rate_matches_v1_stats(sidecar: EmbeddedStore) -> None:
+    with StoreClient(sidecar.target, NAMESPACE) as client:
+        meta, payload = make_segment(0, 1000)
+        assert client.put_segment(meta, payload)
+        client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 7, 7, 7, 7])  # 4 of 8 tokens stored
+        client.lookup_prefix(FINGERPRINT, [5, 5, 5, 5])  # 0 of 4
+    metrics = scrape(sidecar)
+    assert sample(metrics, "kvsplice_queried_tokens_total") == 12
+    assert sample(metrics, "kvsplice_hit_tokens_total") == 4
+    (row,) = httpx.get(f"{sidecar.admin_url}/v1/stats").json()["namespaces"]
+    assert (row["num_requested_tokens"], row["num_hit_tokens"]) == (12, 4)
+    assert row["hit_rate"] == pytest.approx(4 / 12)
+
+
+def test_build_info_and_process_metrics(sidecar: EmbeddedStore) -> None:
+    metrics = scrape(sidecar)
+    (build,) = [labels for name, labels in metrics if name == "kvsplice_build_info"]
+    assert dict(build)["version"] not in ("", "unknown")
+    assert sample(metrics, "process_resident_memory_bytes") > 10 * MIB
+    assert sample(metrics, "process_open_fds") > 0
