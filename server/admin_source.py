@@ -10,9 +10,16 @@ import logging
 
 from kvsplice.common.errors import InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
-from kvsplice.server.admin_models import FlushResult, NamespaceStats, SegmentSummary
+from kvsplice.server.admin_models import (
+    FlushResult,
+    NamespaceStats,
+    SegmentHits,
+    SegmentSummary,
+    TierOverview,
+)
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.segment_service import SegmentService, check_namespace
+from kvsplice.server.store_collector import EVICTION_REASONS, eviction_counts
 from kvsplice.storage.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
@@ -70,3 +77,22 @@ class StoreAdminSource:
             namespace, num_segments, freed_bytes, num_blobs,
         )  # fmt: skip
         return FlushResult(namespace, num_segments, freed_bytes, num_blobs)
+
+    def tier_overview(self) -> list[TierOverview]:
+        stats = self._store.stats()
+        evictions = eviction_counts(stats)
+        return [
+            TierOverview(
+                tier=tier,
+                used_bytes=stats.usage[tier].used_bytes,
+                capacity_bytes=stats.usage[tier].capacity_bytes,
+                num_hits=tier_stats.hits,
+                num_misses=tier_stats.misses,
+                num_checksum_failures=tier_stats.checksum_failures,
+                evictions={reason: evictions[tier, reason] for reason in EVICTION_REASONS},
+            )
+            for tier, tier_stats in stats.tiers.items()
+        ]
+
+    def top_segments(self, limit: int) -> list[SegmentHits]:
+        return self._segments.top_segments(limit)

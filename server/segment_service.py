@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -20,7 +20,7 @@ from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
-from kvsplice.server.admin_models import NamespaceStats, SegmentSummary
+from kvsplice.server.admin_models import NamespaceStats, SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.tiered_store import StoredSegment, TieredStore
@@ -91,6 +91,9 @@ class SegmentService:
         self._misses: defaultdict[str, int] = defaultdict(int)
         self._requested_tokens: defaultdict[str, int] = defaultdict(int)
         self._hit_tokens: defaultdict[str, int] = defaultdict(int)
+        # Reads served per stored segment (the dashboard's top list); a removed segment's
+        # count goes with it, so this never outgrows the store.
+        self._segment_hits: Counter[tuple[str, bytes]] = Counter()
         self._ready = False
         store.add_removal_listener(self._on_removed)
 
@@ -166,6 +169,8 @@ class SegmentService:
             raise FingerprintMismatch(
                 f"segment {key.hex()} belongs to {stored.meta.model_fingerprint}, not {model_fingerprint}"
             )
+        if stored is not None:
+            self._segment_hits[namespace, stored.meta.context_key] += 1
         return stored
 
     def delete(self, namespace: str, key: bytes) -> bool:
@@ -230,6 +235,17 @@ class SegmentService:
         metas = self._store.list_segments(namespace, offset, limit)
         return [SegmentSummary.from_meta(meta) for meta in metas]
 
+    def top_segments(self, limit: int) -> list[SegmentHits]:
+        """The `limit` stored segments read most often, most first."""
+        top = []
+        for (namespace, key), num_hits in self._segment_hits.most_common(limit):
+            meta = self._store.get_meta(namespace, key)
+            if meta is not None:
+                top.append(SegmentHits(
+                    namespace, meta.segment_id, meta.num_tokens, meta.payload_nbytes, num_hits
+                ))  # fmt: skip
+        return top
+
     # -- internals --------------------------------------------------------------------
 
     def _stats_of(self, namespace: str, usage: dict[str, NamespaceUsage]) -> NamespaceStats:
@@ -260,6 +276,7 @@ class SegmentService:
 
     def _on_removed(self, meta: SegmentMeta) -> None:
         self._unindex(meta.namespace, meta.context_key)
+        self._segment_hits.pop((meta.namespace, meta.context_key), None)
 
     def _still_stored(self, meta: SegmentMeta) -> bool:
         """Defensive: an index entry whose segment the store lost is dropped, not served."""
