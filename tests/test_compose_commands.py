@@ -347,6 +347,7 @@ def make_contract_cli() -> Command:
     @contract.command()
     def demo(
         store: Annotated[str, typer.Option("--store")] = "",
+        out: Annotated[str, typer.Option("--out")] = "",
         auth_token: Annotated[str, typer.Option("--auth-token", envvar="KVSPLICE_AUTH_TOKEN")] = "",
         model_cache: Annotated[
             str, typer.Option("--model-cache", envvar="KVSPLICE_MODEL_CACHE")
