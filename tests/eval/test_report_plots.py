@@ -21,6 +21,8 @@ from kvsplice.eval.plots import (
     fidelity_points,
     place_legend,
     plot_ttft,
+    series_color,
+    series_marker,
     write_plots,
 )
 from kvsplice.eval.report import (
@@ -219,3 +221,33 @@ def test_demo_rows_and_render(tmp_path: Path) -> None:
     assert "v1/stats?namespace=demo-x-exact" in output and "4.00x" in output
     data = json.loads(json.dumps(demo_json(result), default=str))
     assert {"config", "agents", "aggregates", "records", "store_stats"} <= set(data)
+
+
+def test_a_mode_keeps_its_colour_in_every_figure_and_variants_shade_it() -> None:
+    labels = ["dense", "exact", "blend:r=0.2", "blend:r=0.4"]
+    assert series_color("exact", labels) == series_color("exact", ["exact"])
+    assert series_color("blend:r=0.2", labels) == series_color("blend:r=0.2", ["blend:r=0.2"])
+    assert series_color("blend:r=0.4", labels) != series_color("blend:r=0.2", labels)
+    assert series_marker("blend:r=0.4", labels) != series_marker("blend:r=0.2", labels)
+    assert len({series_color(label, labels) for label in labels}) == len(labels)
+
+
+def test_speedup_vs_fidelity_has_a_legend_no_point_labels_the_region_and_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvsplice.eval.plots as plots
+
+    figures: list[Figure] = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda f, p: (figures.append(f), real_save(f, p))[1])
+    plots.plot_speedup_vs_fidelity(aggregate(make_many_variants()), tmp_path / "s.png")
+    (figure,) = figures
+    kls, agreements = figure.axes
+    assert not kls.texts and not agreements.texts  # no labels beside points to collide
+    legend = [t.get_text() for t in kls.get_legend().get_texts()]
+    assert legend[0] == "admitted: KL ≤ 0.05"
+    assert {f"blend:r=0.{i + 1}" for i in range(9)} <= set(legend)
+    assert [t.get_text() for t in agreements.get_legend().get_texts()] == [
+        "admitted: agreement ≥ 95%"
+    ]
+    assert "N = 2 calls per variant" in figure._suptitle.get_text()
