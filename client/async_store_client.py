@@ -6,7 +6,6 @@ No torch here.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
@@ -21,9 +20,8 @@ from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.client.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
     DegradedWarning,
-    backoff_delays,
+    async_retrying,
     error_from_rpc,
-    retry_delay_s,
 )
 from kvsplice.client.store_types import (
     AnchorEntry,
@@ -215,15 +213,13 @@ class AsyncStoreClient:
     async def _idempotent(self, operation: str, call: Attempt[T], timeout_s: float, miss: T) -> T:
         """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
         deadline_s = time.monotonic() + timeout_s
-        delays_s = backoff_delays(self.config)
-        while True:
-            try:
-                return await call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
-            except grpc.RpcError as rpc_error:
-                delay_s = retry_delay_s(rpc_error, delays_s, deadline_s)
-                if delay_s is None:
-                    return self._settle(operation, rpc_error, miss)
-            await asyncio.sleep(delay_s)
+        try:
+            async for attempt in async_retrying(self.config, timeout_s):
+                with attempt:
+                    return await call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+        raise AssertionError("tenacity returned without an attempt")  # pragma: no cover
 
     async def _once(self, operation: str, call: Attempt[T], timeout_s: float, miss: T) -> T:
         try:

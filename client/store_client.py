@@ -19,9 +19,8 @@ from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.client.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
     DegradedWarning,
-    backoff_delays,
     error_from_rpc,
-    retry_delay_s,
+    retrying,
 )
 from kvsplice.client.store_types import (
     AnchorEntry,
@@ -234,15 +233,13 @@ class StoreClient:
     ) -> T:
         """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
         deadline_s = time.monotonic() + timeout_s
-        delays_s = backoff_delays(self.config)
-        while True:
-            try:
-                return call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
-            except grpc.RpcError as rpc_error:
-                delay_s = retry_delay_s(rpc_error, delays_s, deadline_s)
-                if delay_s is None:
-                    return self._settle(operation, rpc_error, miss)
-            time.sleep(delay_s)
+        try:
+            for attempt in retrying(self.config, timeout_s):
+                with attempt:
+                    return call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+        raise AssertionError("tenacity returned without an attempt")  # pragma: no cover
 
     def _once(self, operation: str, call: Callable[[float], T], timeout_s: float, miss: T) -> T:
         try:

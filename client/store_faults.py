@@ -1,4 +1,4 @@
-"""How the store clients treat failures: status → error class, retry backoff, one warning.
+"""How the store clients treat failures: status → error class, retries (tenacity), one warning.
 
 Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) become misses; server faults raise
 our own errors. Shared by the sync and async clients; knows nothing about messages.
@@ -7,13 +7,19 @@ our own errors. Shared by the sync and async clients; knows nothing about messag
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_random_exponential,
+)
 
 from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.common.errors import (
@@ -60,28 +66,31 @@ def is_transient(error: grpc.RpcError) -> bool:
     return error.code() in TRANSIENT_CODES  # type: ignore[attr-defined]
 
 
-def retry_delay_s(
-    error: grpc.RpcError, delays_s: Iterator[float], deadline_s: float
-) -> float | None:
-    """Seconds to sleep before retrying after `error`, or None to give up now.
+def _retry_policy(config: StoreClientConfig, timeout_s: float) -> dict[str, object]:
+    """Transient failures only; exponential backoff with full jitter, capped; never a sleep
+    that would end past the call's deadline (`timeout_s` from now); the last error re-raised."""
+    return {
+        "stop": stop_after_attempt(config.max_attempts) | stop_before_delay(timeout_s),
+        "wait": wait_random_exponential(
+            multiplier=config.backoff_initial_s,
+            max=config.backoff_max_s,
+            exp_base=config.backoff_multiplier,
+        ),
+        "retry": retry_if_exception(
+            lambda error: isinstance(error, grpc.RpcError) and is_transient(error)
+        ),
+        "reraise": True,
+    }
 
-    Only transient failures are retried, and only while the sleep ends before
-    the call's deadline (`deadline_s` on the `time.monotonic()` clock).
-    """
-    if not is_transient(error):
-        return None
-    delay_s = next(delays_s, None)
-    if delay_s is None or time.monotonic() + delay_s >= deadline_s:
-        return None
-    return delay_s
+
+def retrying(config: StoreClientConfig, timeout_s: float) -> Retrying:
+    """`for attempt in retrying(...): with attempt: ...` for the sync client."""
+    return Retrying(**_retry_policy(config, timeout_s))  # type: ignore[arg-type]
 
 
-def backoff_delays(config: StoreClientConfig) -> Iterator[float]:
-    """Sleeps between attempts: exponential, capped, full jitter; max_attempts - 1 of them."""
-    ceiling = config.backoff_initial_s
-    for _ in range(config.max_attempts - 1):
-        yield random.uniform(0, ceiling)
-        ceiling = min(ceiling * config.backoff_multiplier, config.backoff_max_s)
+def async_retrying(config: StoreClientConfig, timeout_s: float) -> AsyncRetrying:
+    """`async for attempt in async_retrying(...): with attempt: ...` for the asyncio client."""
+    return AsyncRetrying(**_retry_policy(config, timeout_s))  # type: ignore[arg-type]
 
 
 @dataclass
