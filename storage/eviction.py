@@ -1,6 +1,13 @@
 """Eviction orders for the memory tier: LRU and LFU, every operation O(1).
 
 An order only ranks keys; it never holds values or counts bytes (the tier does).
+
+NOTE: not cachetools' LRUCache/LFUCache. Those own the values and evict inside
+`__setitem__`, while the memory tier must hand every evicted key to `on_evict` (the
+store uncatalogs it) after releasing its lock, refuse an oversize record before
+evicting anything, and read a record's prefix without counting an access. Our LFU also
+breaks ties by least recent access, which the brute-force model test pins down; what
+is left here is a ranking of keys, not a cache.
 """
 
 from __future__ import annotations
