@@ -7,6 +7,7 @@ itself (tiers and the tiered store do) and knows nothing about RPCs or namespace
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,34 +24,52 @@ _DURABLE_REASONS = ("capacity", "ttl", "quota", "lost")
 StatsFn = Callable[[], StoreStats]
 
 
-def _families() -> dict[str, Metric]:
-    return {
-        "requests": CounterMetricFamily(
+@dataclass(frozen=True)
+class _Families:
+    """The families of one scrape, filled from one `StoreStats` snapshot."""
+
+    requests: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
             f"{PREFIX}_tier_requests",
             "Reads per storage tier by result.",
             labels=["tier", "result"],
-        ),
-        "evictions": CounterMetricFamily(
+        )
+    )
+    evictions: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
             f"{PREFIX}_evictions",
             "Segments a tier removed without being asked, by reason.",
             labels=["tier", "reason"],
-        ),
-        "checksum": CounterMetricFamily(
+        )
+    )
+    checksum: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
             f"{PREFIX}_checksum_failures",
             "Records that failed verification (each served as a miss, never spliced).",
             labels=["tier"],
-        ),
-        "used": GaugeMetricFamily(
+        )
+    )
+    used: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
             f"{PREFIX}_tier_used_bytes", "Bytes a tier holds now.", labels=["tier"]
-        ),
-        "capacity": GaugeMetricFamily(
+        )
+    )
+    capacity: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
             f"{PREFIX}_tier_capacity_bytes", "A tier's byte budget.", labels=["tier"]
-        ),
-        "segments": GaugeMetricFamily(f"{PREFIX}_segments", "Segments stored."),
-        "stored": GaugeMetricFamily(
+        )
+    )
+    segments: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(f"{PREFIX}_segments", "Segments stored.")
+    )
+    stored: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
             f"{PREFIX}_stored_bytes", "Segment bytes stored (what quotas count)."
-        ),
-    }
+        )
+    )
+
+    def all(self) -> list[Metric]:
+        return [getattr(self, f.name) for f in fields(self)]
 
 
 def eviction_counts(stats: StoreStats) -> dict[tuple[str, str], int]:
@@ -82,23 +101,23 @@ class StoreCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Names only, so registering never calls into a store that is not built yet.
-        return iter(_families().values())
+        return iter(_Families().all())
 
     def collect(self) -> Iterator[Metric]:
         if self._stats_fn is None:
             return
         stats = self._stats_fn()
-        families = _families()
+        families = _Families()
         for tier, tier_stats in stats.tiers.items():
-            families["requests"].add_metric([tier, "hit"], tier_stats.hits)
-            families["requests"].add_metric([tier, "miss"], tier_stats.misses)
-            families["checksum"].add_metric([tier], tier_stats.checksum_failures)
+            families.requests.add_metric([tier, "hit"], tier_stats.hits)
+            families.requests.add_metric([tier, "miss"], tier_stats.misses)
+            families.checksum.add_metric([tier], tier_stats.checksum_failures)
         for (tier, reason), count in eviction_counts(stats).items():
-            families["evictions"].add_metric([tier, reason], count)
+            families.evictions.add_metric([tier, reason], count)
         for tier, usage in stats.usage.items():
-            families["used"].add_metric([tier], usage.used_bytes)
+            families.used.add_metric([tier], usage.used_bytes)
             if usage.capacity_bytes is not None:
-                families["capacity"].add_metric([tier], usage.capacity_bytes)
-        families["segments"].add_metric([], stats.num_segments)
-        families["stored"].add_metric([], stats.stored_bytes)
-        yield from families.values()
+                families.capacity.add_metric([tier], usage.capacity_bytes)
+        families.segments.add_metric([], stats.num_segments)
+        families.stored.add_metric([], stats.stored_bytes)
+        yield from families.all()

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _command_name(argv: list[str] | None) -> str:
     """'serve', 'bench core'...: the words before the first flag, for the error prefix."""
-    words = []
+    words: list[str] = []
     for arg in sys.argv[1:] if argv is None else argv:
         if arg.startswith("-") or len(words) == 2 or (words and words[0] != "bench"):
             break

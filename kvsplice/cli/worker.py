@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -107,7 +107,7 @@ def _progress_bar():
     )
     task = bar.add_task("agent calls", total=None)
 
-    def on_event(event: object) -> None:
+    def on_event(event: Any) -> None:  # eval.progress.ProgressEvent (imports torch)
         bar.update(task, completed=event.done, total=event.total, description=event.message[:60])
 
     return bar, on_event
