@@ -107,7 +107,7 @@ def _progress_bar():
     )
     task = bar.add_task("agent calls", total=None)
 
-    def on_event(event: Any) -> None:  # eval.progress.ProgressEvent (imports torch)
+    def on_event(event: Any) -> None:  # eval.mode_runner.ProgressEvent (imports torch)
         bar.update(task, completed=event.done, total=event.total, description=event.message[:60])
 
     return bar, on_event
