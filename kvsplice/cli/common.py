@@ -101,7 +101,9 @@ def require_worker(command: str) -> None:
 def split_host_port(address: str, flag: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise typer.BadParameter(f"{address!r} must be host:port", param_hint=f"'{flag}'")
+        raise typer.BadParameter(
+            f"{address!r} must be host:port (port 0..65535)", param_hint=f"'{flag}'"
+        )
     return host.strip("[]"), int(port)
 
 
