@@ -150,8 +150,9 @@ def test_an_unexpected_failure_is_one_line_unless_debug(
 
 def test_the_cli_choices_are_the_library_choices() -> None:
     pytest.importorskip("torch")
+    from kvsplice.agents.layouts import LAYOUTS
     from kvsplice.cli.serve import MemoryPolicy
-    from kvsplice.cli.worker import Graph, Quant, Workload
+    from kvsplice.cli.worker import Graph, Layout, Quant, Workload
     from kvsplice.eval.bench_agents import WORKLOADS
     from kvsplice.eval.mode_runner import GRAPHS
     from kvsplice.kvmath.quant import QUANT_SCHEMES
@@ -160,4 +161,5 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     assert tuple(Workload) == WORKLOADS
     assert tuple(Graph) == GRAPHS
     assert tuple(Quant) == QUANT_SCHEMES
+    assert tuple(Layout) == tuple(LAYOUTS)
     assert tuple(MemoryPolicy) == tuple(EVICTION_POLICIES)
