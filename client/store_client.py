@@ -15,6 +15,7 @@ import grpc
 import grpc.experimental
 
 from kvsplice.client import store_wire as wire
+from kvsplice.client.same_host import SameHostPath
 from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.client.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
@@ -29,11 +30,19 @@ from kvsplice.client.store_types import (
     SimilarCandidate,
     StoreStats,
 )
-from kvsplice.common.errors import CorruptPayload, InvalidRequest, NotFound, StoreUnavailable
+from kvsplice.common.errors import (
+    CorruptPayload,
+    InvalidRequest,
+    KvspliceError,
+    NotFound,
+    StoreUnavailable,
+)
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 
 T = TypeVar("T")
+# `_same_host` before the sidecar was asked where its data plane is.
+_UNASKED = object()
 
 # NOTE: by default every server-streaming call (GetSegment) starts a "channel spin"
 # thread of its own (~2 ms on a loaded 2-core host); this makes the calling thread
@@ -72,6 +81,9 @@ class StoreClient:
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        self._same_host: SameHostPath | object | None = (
+            _UNASKED if self.config.same_host_reads else None
+        )
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
         """Store `payload` under `meta`; False if the store could not be reached in time."""
@@ -92,10 +104,32 @@ class StoreClient:
     def get_segment(
         self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
     ) -> tuple[SegmentMeta, bytes] | None:
-        """The segment's meta and verified payload, or None (absent, corrupt or unreachable)."""
-        request = wire.get_request(
-            self.namespace, wire.to_context_key(segment_id_or_context_key), model_fingerprint
-        )
+        """The segment's meta and verified payload, or None (absent, corrupt or unreachable).
+
+        On the sidecar's host the payload is a read-only view into its LMDB map
+        (`client.same_host`), valid for as long as the caller holds it; elsewhere bytes
+        streamed over gRPC. Either way namespace, expiry, fingerprint and checksum hold.
+        """
+        key = wire.to_context_key(segment_id_or_context_key)
+        try:
+            local = self._same_host_path()
+            if local is not None:
+                try:
+                    found = local.get_segment(key, model_fingerprint)
+                    self.counters.num_same_host_reads += 1
+                    return found
+                except StoreUnavailable as error:  # this read goes over gRPC
+                    self._warning.warn("get_segment (same host)", str(error))
+            return self._get_over_grpc(key, model_fingerprint)
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_segment", str(error))
+            return None
+
+    def _get_over_grpc(
+        self, key: bytes, model_fingerprint: str | None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        request = wire.get_request(self.namespace, key, model_fingerprint)
 
         def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
             assembler = wire.SegmentAssembler()
@@ -107,10 +141,26 @@ class StoreClient:
             return self._idempotent("get_segment", read, self.config.get_timeout_s, None)
         except NotFound:
             return None
-        except CorruptPayload as error:
-            self.counters.num_corrupt_payloads += 1
-            self._warning.warn("get_segment", str(error))
-            return None
+
+    def _same_host_path(self) -> SameHostPath | None:
+        """The same-host path, asking the sidecar once where it reads (None: gRPC only)."""
+        if isinstance(self._same_host, SameHostPath) and not self._same_host.usable:
+            self._same_host = _UNASKED  # forked since it opened: open it again
+        if self._same_host is _UNASKED:
+            request = wire.data_plane_request(self.namespace)
+            call = self._unary(self._stub.DescribeDataPlane, request, wire.data_plane_result)
+            try:
+                plane = self._idempotent(
+                    "describe_data_plane", call, self.config.lookup_timeout_s, None
+                )
+            except KvspliceError as error:  # refused (an older sidecar, no permission)
+                self._warning.warn("describe_data_plane", str(error))
+                self._same_host = None
+                return None
+            if plane is None:
+                return None  # unreachable: ask again next time
+            self._same_host = SameHostPath.open(plane, self.namespace)
+        return self._same_host if isinstance(self._same_host, SameHostPath) else None
 
     def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
         """Stored segments chaining from position 0 over `token_ids`; MISS when none or degraded."""
@@ -207,6 +257,9 @@ class StoreClient:
         return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 
     def close(self) -> None:
+        if isinstance(self._same_host, SameHostPath):
+            self._same_host.close()
+        self._same_host = None
         self._channel.close()
 
     def __enter__(self) -> StoreClient:

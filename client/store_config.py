@@ -23,6 +23,8 @@ class StoreClientConfig:
 
     `lookup_timeout_s` covers LookupPrefix/FindSimilar/Stats/anchors, the calls a
     worker makes on its hot path; past it the worker falls back to dense prefill.
+    `same_host_reads` lets gets read segments in place when the sidecar runs on this
+    host (`client.same_host`); False forces every get over gRPC.
     """
 
     lookup_timeout_s: float = 0.5
@@ -36,6 +38,7 @@ class StoreClientConfig:
     warn_interval_s: float = 30.0
     reconnect_backoff_ms: int = 200
     max_reconnect_backoff_ms: int = 5000
+    same_host_reads: bool = True
 
     def __post_init__(self) -> None:
         for name in ("lookup_timeout_s", "get_timeout_s", "put_timeout_s", "backoff_initial_s"):

@@ -86,3 +86,14 @@ class ClientCounters:
 
     num_degraded_calls: int = 0  # store unreachable or past its deadline
     num_corrupt_payloads: int = 0  # checksum or length failed on get
+    num_same_host_reads: int = 0  # gets served in place from the sidecar's host (no gRPC)
+
+
+@dataclass(frozen=True)
+class DataPlaneInfo:
+    """Where the sidecar's segments can be read in place (`lmdb_path` "" : nowhere)."""
+
+    host_id: str
+    lmdb_path: str
+    lmdb_file_id: tuple[int, int]
+    server_pid: int

@@ -15,6 +15,7 @@ import xxhash
 
 from kvsplice.client.store_types import (
     AnchorEntry,
+    DataPlaneInfo,
     PrefixLookup,
     SegmentRef,
     SimilarCandidate,
@@ -234,6 +235,19 @@ def delete_request(namespace: str, key: bytes) -> pb.DeleteRequest:
 
 def stats_request(namespace: str) -> pb.StatsRequest:
     return pb.StatsRequest(namespace=namespace)
+
+
+def data_plane_request(namespace: str) -> pb.DescribeDataPlaneRequest:
+    return pb.DescribeDataPlaneRequest(namespace=namespace)
+
+
+def data_plane_result(response: pb.DescribeDataPlaneResponse) -> DataPlaneInfo:
+    return DataPlaneInfo(
+        host_id=response.host_id,
+        lmdb_path=response.lmdb_path,
+        lmdb_file_id=(response.lmdb_device, response.lmdb_inode),
+        server_pid=response.server_pid,
+    )
 
 
 def _ref(ref: pb.SegmentRef) -> SegmentRef:

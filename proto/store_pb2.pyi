@@ -157,7 +157,7 @@ class FindSimilarResponse(_message.Message):
     def __init__(self, candidates: _Optional[_Iterable[_Union[SimilarCandidate, _Mapping]]] = ...) -> None: ...
 
 class PutAnchorRequest(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "anchor_id", "base_payload", "agent_payloads", "num_tokens")
+    __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "anchor_id", "base_payload", "agent_payloads", "num_tokens", "chunk")
     class AgentPayloadsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class PutAnchorRequest(_message.Message):
     BASE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     AGENT_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     placeholder_id: str
@@ -179,7 +180,18 @@ class PutAnchorRequest(_message.Message):
     base_payload: bytes
     agent_payloads: _containers.ScalarMap[str, bytes]
     num_tokens: int
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., anchor_id: _Optional[str] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    chunk: AnchorChunk
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., placeholder_id: _Optional[str] = ..., anchor_id: _Optional[str] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ..., num_tokens: _Optional[int] = ..., chunk: _Optional[_Union[AnchorChunk, _Mapping]] = ...) -> None: ...
+
+class AnchorChunk(_message.Message):
+    __slots__ = ("anchor_id", "agent_id", "data")
+    ANCHOR_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    anchor_id: str
+    agent_id: str
+    data: bytes
+    def __init__(self, anchor_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PutAnchorResponse(_message.Message):
     __slots__ = ("evicted_anchor_ids",)
@@ -229,10 +241,12 @@ class AnchorEntry(_message.Message):
     def __init__(self, anchor_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., activation_count: _Optional[int] = ..., created_seq: _Optional[int] = ..., base_payload: _Optional[bytes] = ..., agent_payloads: _Optional[_Mapping[str, bytes]] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetAnchorsResponse(_message.Message):
-    __slots__ = ("anchors",)
+    __slots__ = ("anchors", "chunk")
     ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     anchors: _containers.RepeatedCompositeFieldContainer[AnchorEntry]
-    def __init__(self, anchors: _Optional[_Iterable[_Union[AnchorEntry, _Mapping]]] = ...) -> None: ...
+    chunk: AnchorChunk
+    def __init__(self, anchors: _Optional[_Iterable[_Union[AnchorEntry, _Mapping]]] = ..., chunk: _Optional[_Union[AnchorChunk, _Mapping]] = ...) -> None: ...
 
 class TouchAnchorsRequest(_message.Message):
     __slots__ = ("namespace", "model_fingerprint", "placeholder_id", "anchor_ids")
@@ -283,3 +297,23 @@ class StatsResponse(_message.Message):
     num_hits: int
     num_misses: int
     def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ...) -> None: ...
+
+class DescribeDataPlaneRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class DescribeDataPlaneResponse(_message.Message):
+    __slots__ = ("host_id", "lmdb_path", "lmdb_device", "lmdb_inode", "server_pid")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    LMDB_PATH_FIELD_NUMBER: _ClassVar[int]
+    LMDB_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LMDB_INODE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_PID_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    lmdb_path: str
+    lmdb_device: int
+    lmdb_inode: int
+    server_pid: int
+    def __init__(self, host_id: _Optional[str] = ..., lmdb_path: _Optional[str] = ..., lmdb_device: _Optional[int] = ..., lmdb_inode: _Optional[int] = ..., server_pid: _Optional[int] = ...) -> None: ...

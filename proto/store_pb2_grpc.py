@@ -54,12 +54,12 @@ class SegmentStoreStub:
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.FindSimilarRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.FindSimilarResponse.FromString,
                 _registered_method=True)
-        self.PutAnchor = channel.unary_unary(
+        self.PutAnchor = channel.stream_unary(
                 '/kvsplice.v1.SegmentStore/PutAnchor',
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.PutAnchorRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.PutAnchorResponse.FromString,
                 _registered_method=True)
-        self.GetAnchors = channel.unary_unary(
+        self.GetAnchors = channel.unary_stream(
                 '/kvsplice.v1.SegmentStore/GetAnchors',
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.GetAnchorsRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.GetAnchorsResponse.FromString,
@@ -78,6 +78,11 @@ class SegmentStoreStub:
                 '/kvsplice.v1.SegmentStore/Stats',
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.StatsResponse.FromString,
+                _registered_method=True)
+        self.DescribeDataPlane = channel.unary_unary(
+                '/kvsplice.v1.SegmentStore/DescribeDataPlane',
+                request_serializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.SerializeToString,
+                response_deserializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.FromString,
                 _registered_method=True)
 
 
@@ -113,14 +118,18 @@ class SegmentStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PutAnchor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def PutAnchor(self, request_iterator, context):
+        """Client streaming: the first message carries every field but `chunk`
+        (payload fields empty), the next ones the payloads as chunks, in order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetAnchors(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Server streaming: the first reply lists the anchors (payload fields empty),
+        the next ones carry their payloads as chunks, in order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -139,6 +148,14 @@ class SegmentStoreServicer:
 
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeDataPlane(self, request, context):
+        """Where a client on the sidecar's own host may read segments in place
+        (the durable LMDB environment, opened read-only); empty path: nowhere.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -166,12 +183,12 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.FindSimilarRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.FindSimilarResponse.SerializeToString,
             ),
-            'PutAnchor': grpc.unary_unary_rpc_method_handler(
+            'PutAnchor': grpc.stream_unary_rpc_method_handler(
                     servicer.PutAnchor,
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.PutAnchorRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.PutAnchorResponse.SerializeToString,
             ),
-            'GetAnchors': grpc.unary_unary_rpc_method_handler(
+            'GetAnchors': grpc.unary_stream_rpc_method_handler(
                     servicer.GetAnchors,
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.GetAnchorsRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.GetAnchorsResponse.SerializeToString,
@@ -190,6 +207,11 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.StatsRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.StatsResponse.SerializeToString,
+            ),
+            'DescribeDataPlane': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeDataPlane,
+                    request_deserializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.FromString,
+                    response_serializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,7 +333,7 @@ class SegmentStore:
             _registered_method=True)
 
     @staticmethod
-    def PutAnchor(request,
+    def PutAnchor(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -321,8 +343,8 @@ class SegmentStore:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/kvsplice.v1.SegmentStore/PutAnchor',
             kvsplice_dot_v1_dot_store__pb2.PutAnchorRequest.SerializeToString,
@@ -348,7 +370,7 @@ class SegmentStore:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/kvsplice.v1.SegmentStore/GetAnchors',
@@ -435,6 +457,33 @@ class SegmentStore:
             '/kvsplice.v1.SegmentStore/Stats',
             kvsplice_dot_v1_dot_store__pb2.StatsRequest.SerializeToString,
             kvsplice_dot_v1_dot_store__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeDataPlane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvsplice.v1.SegmentStore/DescribeDataPlane',
+            kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.SerializeToString,
+            kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

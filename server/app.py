@@ -22,6 +22,7 @@ from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
 from kvsplice.server.admin_source import StoreAdminSource
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.config import ServerConfig
+from kvsplice.server.data_plane import describe_data_plane
 from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService
@@ -145,7 +146,9 @@ def build(config: ServerConfig) -> StoreServer:
         anchors = AnchorService(store, config.anchor_pool, config.service)
         metrics = StoreMetrics(RPC_METHODS)
         metrics.bind_store(store.stats)
-        servicer = SegmentStoreServicer(segments, anchors, metrics, config.chunk_nbytes)
+        servicer = SegmentStoreServicer(
+            segments, anchors, metrics, config.chunk_nbytes, describe_data_plane(config.store)
+        )
         server, health = _grpc_server(config, servicer, metrics)
         address = _bind(server, config.listen_address)
     except BaseException:

@@ -19,6 +19,7 @@ from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
+from kvsplice.server.data_plane import DataPlane
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService, check_namespace, similar_hit_tokens
 from kvsplice.storage.tiered_store import StoredSegment
@@ -44,8 +45,10 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         anchors: AnchorService,
         metrics: StoreMetrics,
         chunk_nbytes: int,
+        data_plane: DataPlane | None = None,
     ) -> None:
         self._segments = segments
+        self._data_plane = data_plane
         self._anchors = anchors
         self._metrics = metrics
         self._chunk_nbytes = chunk_nbytes
@@ -145,6 +148,14 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     ) -> pb.StatsResponse:
         (stats,) = self._segments.namespace_stats(check_namespace(request.namespace))
         return convert.stats_response(stats)
+
+    async def DescribeDataPlane(
+        self, request: pb.DescribeDataPlaneRequest, context: aio.ServicerContext
+    ) -> pb.DescribeDataPlaneResponse:
+        check_namespace(request.namespace)
+        if self._data_plane is None:
+            return pb.DescribeDataPlaneResponse()
+        return self._data_plane.to_response()
 
 
 def add_to_server(servicer: SegmentStoreServicer, server: aio.Server) -> None:

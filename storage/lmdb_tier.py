@@ -25,7 +25,10 @@ from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
 
-_DB_NAME = b"records"
+DB_NAME = b"records"
+# Reader slots in the lock table (the sidecar creates it): same-host clients hold one per
+# read in flight (`lmdb_reader`), so the default of 126 would be tight.
+MAX_READERS = 1024
 _KEY_BATCH = 1024
 
 
@@ -56,8 +59,9 @@ class LMDBTier:
             metasync=config.sync,
             readahead=False,  # random reads of large values; readahead only evicts page cache
             lock=True,
+            max_readers=MAX_READERS,
         )
-        self._db = self._env.open_db(_DB_NAME)
+        self._db = self._env.open_db(DB_NAME)
 
     def put(self, key: bytes, value: bytes | memoryview) -> None:
         record = seal(value, compress=self._config.compress)

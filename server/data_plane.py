@@ -1,0 +1,42 @@
+"""What the sidecar tells clients about reading its segments in place on its own host.
+
+Owns the description only (host, LMDB directory and data file, pid); the reading is
+`storage.lmdb_reader`'s and the choice of path the client's. Without an LMDB tier
+there is nothing to read in place and clients stay on gRPC.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kvsplice.common.host import host_id
+from kvsplice.proto import store_pb2 as pb
+from kvsplice.storage.config import StoreConfig
+from kvsplice.storage.lmdb_reader import data_file_id
+
+
+@dataclass(frozen=True)
+class DataPlane:
+    host_id: str
+    lmdb_path: str  # "" when the store has no LMDB tier
+    lmdb_file_id: tuple[int, int]
+    server_pid: int
+
+    def to_response(self) -> pb.DescribeDataPlaneResponse:
+        device, inode = self.lmdb_file_id
+        return pb.DescribeDataPlaneResponse(
+            host_id=self.host_id,
+            lmdb_path=self.lmdb_path,
+            lmdb_device=device,
+            lmdb_inode=inode,
+            server_pid=self.server_pid,
+        )
+
+
+def describe_data_plane(store: StoreConfig) -> DataPlane:
+    """The data plane of a store built from `store` (call after its tiers are open)."""
+    if store.lmdb is None:
+        return DataPlane(host_id(), "", (0, 0), os.getpid())
+    path = os.path.abspath(store.lmdb.path)
+    return DataPlane(host_id(), path, data_file_id(path), os.getpid())

@@ -1,0 +1,104 @@
+"""A store sidecar in a child process of this host: what a worker next to it sees.
+
+For benchmarks and tests of the same-host data plane (LMDB forbids one process to
+open an environment twice, so the reader must be another process). Owns the child's
+start and stop only; the store is the ordinary `EmbeddedStore` with an LMDB tier.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from types import TracebackType
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    """Plain values (they cross a spawn): an LMDB tier alone, optionally under a memory tier."""
+
+    lmdb_path: str
+    map_size_bytes: int
+    lmdb_sync: bool = False
+    memory_bytes: int | None = None
+    chunk_nbytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ValueError(f"memory_bytes {self.memory_bytes} must be > 0 or None")
+
+
+class SidecarProcess:
+    """`start()` → a sidecar serving at `target` in a spawned child; `stop()` ends it."""
+
+    def __init__(self, spec: SidecarSpec) -> None:
+        self.spec = spec
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_serve, args=(spec, child_conn), name="kvsplice-sidecar", daemon=True
+        )
+        self.target = ""
+
+    def start(self) -> str:
+        self._process.start()
+        if not self._conn.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise TimeoutError(f"sidecar did not start within {START_TIMEOUT_S} s")
+        message = self._conn.recv()
+        if isinstance(message, BaseException):
+            self._process.join(STOP_TIMEOUT_S)
+            raise message
+        self.target = str(message)
+        return self.target
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._conn.send("stop")
+            self._process.join(STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+    def __enter__(self) -> SidecarProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _serve(spec: SidecarSpec, conn: Connection) -> None:
+    from kvsplice.server.config import ServerConfig
+    from kvsplice.server.embedded import EmbeddedStore
+    from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig
+
+    lmdb = LMDBTierConfig(spec.lmdb_path, map_size_bytes=spec.map_size_bytes, sync=spec.lmdb_sync)
+    memory = None if spec.memory_bytes is None else MemoryTierConfig(max_bytes=spec.memory_bytes)
+    config = ServerConfig(
+        listen_address="127.0.0.1:0",
+        store=StoreConfig(memory=memory, lmdb=lmdb),
+        grace_period_s=1.0,
+        chunk_nbytes=spec.chunk_nbytes,
+    )
+    try:
+        store = EmbeddedStore(config)
+        store.start()
+    except BaseException as exc:
+        conn.send(exc)
+        raise
+    try:
+        conn.send(store.target)
+        conn.recv()  # "stop", or EOFError when the parent went away
+    except EOFError:
+        pass
+    finally:
+        store.stop()
