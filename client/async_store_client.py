@@ -131,7 +131,7 @@ class AsyncStoreClient:
         agent_payloads: Mapping[str, bytes],
         num_tokens: int,
     ) -> list[str] | None:
-        request = wire.put_anchor_request(
+        requests = wire.put_anchor_requests(
             self.namespace,
             model_fingerprint,
             placeholder_id,
@@ -139,9 +139,16 @@ class AsyncStoreClient:
             base_payload,
             agent_payloads,
             num_tokens,
+            self.config.chunk_nbytes,
         )
-        call = self._unary(self._stub.PutAnchor, request, lambda r: list(r.evicted_anchor_ids))
-        return await self._once("put_anchor", call, self.config.lookup_timeout_s, None)
+
+        async def send(timeout_s: float) -> list[str]:
+            response = await self._stub.PutAnchor(
+                requests, timeout=timeout_s, metadata=self._metadata
+            )
+            return list(response.evicted_anchor_ids)
+
+        return await self._once("put_anchor", send, self.config.put_timeout_s, None)
 
     async def get_anchors(
         self,
@@ -165,8 +172,21 @@ class AsyncStoreClient:
             anchor_ids,
             agent_id,
         )
-        call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
-        return await self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
+
+        async def read(timeout_s: float) -> list[AnchorEntry]:
+            assembler = wire.AnchorsAssembler()
+            async for response in self._stub.GetAnchors(
+                request, timeout=timeout_s, metadata=self._metadata
+            ):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return await self._idempotent("get_anchors", read, self.config.get_timeout_s, [])
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_anchors", str(error))
+            return []
 
     async def touch_anchors(
         self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]

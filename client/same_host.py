@@ -41,8 +41,8 @@ class SameHostPath:
         if plane.server_pid == os.getpid():  # LMDB forbids opening one environment twice
             return None
         try:
-            reader = LMDBReader(plane.lmdb_path, expect_file_id=plane.lmdb_file_id)
-        except (StoreUnavailable, OSError) as error:
+            reader = LMDBReader.acquire(plane.lmdb_path, plane.lmdb_file_id)
+        except StoreUnavailable as error:
             logger.info("same-host reads off (%s); reading over gRPC", error)
             return None
         logger.info("same-host reads from %s", plane.lmdb_path)
@@ -79,4 +79,4 @@ class SameHostPath:
 
     def close(self) -> None:
         if self.usable:
-            self._reader.close()
+            self._reader.release()

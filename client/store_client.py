@@ -33,7 +33,6 @@ from kvsplice.client.store_types import (
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
-    KvspliceError,
     NotFound,
     StoreUnavailable,
 )
@@ -148,18 +147,16 @@ class StoreClient:
             self._same_host = _UNASKED  # forked since it opened: open it again
         if self._same_host is _UNASKED:
             request = wire.data_plane_request(self.namespace)
-            call = self._unary(self._stub.DescribeDataPlane, request, wire.data_plane_result)
             try:
-                plane = self._idempotent(
-                    "describe_data_plane", call, self.config.lookup_timeout_s, None
+                response = self._stub.DescribeDataPlane(
+                    request, timeout=self.config.lookup_timeout_s, metadata=self._metadata
                 )
-            except KvspliceError as error:  # refused (an older sidecar, no permission)
-                self._warning.warn("describe_data_plane", str(error))
-                self._same_host = None
+            except grpc.RpcError as rpc_error:
+                if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
+                    return None  # the get that follows reports it; ask again next time
+                self._same_host = None  # refused (an older sidecar, no permission): gRPC only
                 return None
-            if plane is None:
-                return None  # unreachable: ask again next time
-            self._same_host = SameHostPath.open(plane, self.namespace)
+            self._same_host = SameHostPath.open(wire.data_plane_result(response), self.namespace)
         return self._same_host if isinstance(self._same_host, SameHostPath) else None
 
     def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
@@ -197,7 +194,7 @@ class StoreClient:
         num_tokens: int,
     ) -> list[str] | None:
         """Add an anchor; the ids it evicted from the pool, or None if not stored (degraded)."""
-        request = wire.put_anchor_request(
+        requests = wire.put_anchor_requests(
             self.namespace,
             model_fingerprint,
             placeholder_id,
@@ -205,9 +202,14 @@ class StoreClient:
             base_payload,
             agent_payloads,
             num_tokens,
+            self.config.chunk_nbytes,
         )
-        call = self._unary(self._stub.PutAnchor, request, lambda r: list(r.evicted_anchor_ids))
-        return self._once("put_anchor", call, self.config.lookup_timeout_s, None)
+
+        def send(timeout_s: float) -> list[str]:
+            response = self._stub.PutAnchor(requests, timeout=timeout_s, metadata=self._metadata)
+            return list(response.evicted_anchor_ids)
+
+        return self._once("put_anchor", send, self.config.put_timeout_s, None)
 
     def get_anchors(
         self,
@@ -231,8 +233,21 @@ class StoreClient:
             anchor_ids,
             agent_id,
         )
-        call = self._unary(self._stub.GetAnchors, request, wire.anchors_result)
-        return self._idempotent("get_anchors", call, self.config.get_timeout_s, [])
+
+        def read(timeout_s: float) -> list[AnchorEntry]:
+            assembler = wire.AnchorsAssembler()
+            for response in self._stub.GetAnchors(
+                request, timeout=timeout_s, metadata=self._metadata
+            ):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return self._idempotent("get_anchors", read, self.config.get_timeout_s, [])
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_anchors", str(error))
+            return []
 
     def touch_anchors(
         self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]

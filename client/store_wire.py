@@ -180,7 +180,7 @@ def similar_request(
     )
 
 
-def put_anchor_request(
+def put_anchor_requests(
     namespace: str,
     fingerprint: str,
     placeholder_id: str,
@@ -188,16 +188,63 @@ def put_anchor_request(
     base_payload: bytes,
     agent_payloads: Mapping[str, bytes],
     num_tokens: int,
-) -> pb.PutAnchorRequest:
-    return pb.PutAnchorRequest(
+    chunk_nbytes: int,
+) -> Iterator[pb.PutAnchorRequest]:
+    """The anchor's fields, then its payloads (base first) in chunks of `chunk_nbytes`."""
+    yield pb.PutAnchorRequest(
         namespace=namespace,
         model_fingerprint=fingerprint,
         placeholder_id=placeholder_id,
         anchor_id=anchor_id,
-        base_payload=base_payload,
-        agent_payloads=dict(agent_payloads),
         num_tokens=num_tokens,
     )
+    for agent_id, payload in [("", base_payload), *agent_payloads.items()]:
+        view = memoryview(payload)
+        for start in range(0, len(view), chunk_nbytes):
+            data = view[start : start + chunk_nbytes].tobytes()
+            chunk = pb.AnchorChunk(anchor_id=anchor_id, agent_id=agent_id, data=data)
+            yield pb.PutAnchorRequest(chunk=chunk)
+
+
+class AnchorsAssembler:
+    """Collects a GetAnchors reply stream: the anchors first, then their payload chunks."""
+
+    def __init__(self) -> None:
+        self._entries: list[pb.AnchorEntry] | None = None
+        self._pieces: dict[tuple[str, str], list[bytes]] = {}
+
+    def feed(self, response: pb.GetAnchorsResponse) -> None:
+        if self._entries is None:
+            self._entries = list(response.anchors)
+            return
+        if not response.HasField("chunk"):
+            raise CorruptPayload("store sent a second anchor list")
+        chunk = response.chunk
+        self._pieces.setdefault((chunk.anchor_id, chunk.agent_id), []).append(chunk.data)
+
+    def finish(self) -> list[AnchorEntry]:
+        if self._entries is None:
+            raise CorruptPayload("store ended the reply without the anchor list")
+        listed = {entry.anchor_id for entry in self._entries}
+        if any(anchor_id not in listed for anchor_id, _ in self._pieces):
+            raise CorruptPayload("store sent payload chunks of an anchor it did not list")
+        return [self._entry(entry) for entry in self._entries]
+
+    def _entry(self, a: pb.AnchorEntry) -> AnchorEntry:
+        agents = {
+            agent_id: b"".join(parts)
+            for (anchor_id, agent_id), parts in self._pieces.items()
+            if anchor_id == a.anchor_id and agent_id
+        }
+        return AnchorEntry(
+            anchor_id=a.anchor_id,
+            num_tokens=a.num_tokens,
+            activation_count=a.activation_count,
+            created_seq=a.created_seq,
+            base_payload=b"".join(self._pieces.get((a.anchor_id, ""), ())),
+            agent_payloads=agents,
+            agent_ids=tuple(a.agent_ids),
+        )
 
 
 def get_anchors_request(
@@ -276,21 +323,6 @@ def similar_result(response: pb.FindSimilarResponse) -> list[SimilarCandidate]:
             exact_window=c.exact_window,
         )
         for c in response.candidates
-    ]
-
-
-def anchors_result(response: pb.GetAnchorsResponse) -> list[AnchorEntry]:
-    return [
-        AnchorEntry(
-            anchor_id=a.anchor_id,
-            num_tokens=a.num_tokens,
-            activation_count=a.activation_count,
-            created_seq=a.created_seq,
-            base_payload=a.base_payload,
-            agent_payloads=dict(a.agent_payloads),
-            agent_ids=tuple(a.agent_ids),
-        )
-        for a in response.anchors
     ]
 
 

@@ -148,33 +148,78 @@ def similar_response(matches: Sequence[SimilarMatch]) -> pb.FindSimilarResponse:
     )
 
 
-def anchor_write(request: pb.PutAnchorRequest) -> AnchorWrite:
+async def receive_anchor(
+    requests: AsyncIterable[pb.PutAnchorRequest], max_nbytes: int
+) -> AnchorWrite:
+    """Read a PutAnchor stream: the anchor's fields first, then its payloads as chunks.
+
+    Bytes past `max_nbytes` are refused as they arrive (nothing larger is buffered).
+    """
+    first: pb.PutAnchorRequest | None = None
+    pieces: dict[str, list[bytes]] = {}
+    num_received = 0
+    async for request in requests:
+        if first is None:
+            first = request
+            num_received = len(request.base_payload) + sum(
+                len(p) for p in request.agent_payloads.values()
+            )
+        elif not request.HasField("chunk"):
+            raise InvalidRequest("PutAnchor message after the first holds no chunk")
+        else:
+            chunk = request.chunk
+            if chunk.anchor_id and chunk.anchor_id != first.anchor_id:
+                raise InvalidRequest(f"chunk of anchor {chunk.anchor_id!r} in another's stream")
+            data = chunk.data  # read once: every read copies
+            num_received += len(data)
+            pieces.setdefault(chunk.agent_id, []).append(data)
+        if num_received > max_nbytes:
+            raise InvalidRequest(f"anchor payloads exceed the limit of {max_nbytes} bytes")
+    if first is None:
+        raise InvalidRequest("PutAnchor stream is empty")
+    return _anchor_write(first, pieces)
+
+
+def _anchor_write(first: pb.PutAnchorRequest, pieces: dict[str, list[bytes]]) -> AnchorWrite:
+    agent_payloads = dict(first.agent_payloads)
+    for agent_id, parts in pieces.items():
+        if agent_id:
+            agent_payloads[agent_id] = agent_payloads.get(agent_id, b"") + b"".join(parts)
     return AnchorWrite(
-        namespace=request.namespace,
-        model_fingerprint=request.model_fingerprint,
-        placeholder_id=request.placeholder_id,
-        anchor_id=request.anchor_id,
-        base_payload=request.base_payload,
-        agent_payloads=dict(request.agent_payloads),
-        num_tokens=request.num_tokens,
+        namespace=first.namespace,
+        model_fingerprint=first.model_fingerprint,
+        placeholder_id=first.placeholder_id,
+        anchor_id=first.anchor_id,
+        base_payload=first.base_payload + b"".join(pieces.get("", ())),
+        agent_payloads=agent_payloads,
+        num_tokens=first.num_tokens,
     )
 
 
-def anchors_response(records: Sequence[AnchorRecord]) -> pb.GetAnchorsResponse:
-    return pb.GetAnchorsResponse(
+def anchors_responses(
+    records: Sequence[AnchorRecord], chunk_nbytes: int
+) -> Iterator[pb.GetAnchorsResponse]:
+    """The anchors without payloads first, then every payload in chunks, in order."""
+    yield pb.GetAnchorsResponse(
         anchors=[
             pb.AnchorEntry(
                 anchor_id=r.anchor_id,
                 num_tokens=r.num_tokens,
                 activation_count=r.activation_count,
                 created_seq=r.created_seq,
-                base_payload=r.base_payload,
-                agent_payloads=dict(r.agent_payloads),
                 agent_ids=list(r.agent_ids),
             )
             for r in records
         ]
     )
+    for record in records:
+        payloads = [("", record.base_payload), *record.agent_payloads.items()]
+        for agent_id, payload in payloads:
+            view = memoryview(payload)
+            for start in range(0, len(view), chunk_nbytes):
+                data = view[start : start + chunk_nbytes].tobytes()
+                chunk = pb.AnchorChunk(anchor_id=record.anchor_id, agent_id=agent_id, data=data)
+                yield pb.GetAnchorsResponse(chunk=chunk)
 
 
 def stats_response(stats: NamespaceStats) -> pb.StatsResponse:

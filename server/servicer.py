@@ -110,14 +110,17 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         return convert.similar_response(matches)
 
     async def PutAnchor(
-        self, request: pb.PutAnchorRequest, context: aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.PutAnchorRequest], context: aio.ServicerContext
     ) -> pb.PutAnchorResponse:
-        evicted = self._anchors.put(convert.anchor_write(request))
+        write = await convert.receive_anchor(
+            request_iterator, self._anchors.config.max_anchor_nbytes
+        )
+        evicted = self._anchors.put(write)
         return pb.PutAnchorResponse(evicted_anchor_ids=evicted)
 
     async def GetAnchors(
         self, request: pb.GetAnchorsRequest, context: aio.ServicerContext
-    ) -> pb.GetAnchorsResponse:
+    ) -> AsyncIterator[pb.GetAnchorsResponse]:
         records = self._anchors.get(
             request.namespace,
             request.model_fingerprint,
@@ -126,7 +129,8 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
             tuple(request.anchor_ids),
             request.agent_id,
         )
-        return convert.anchors_response(records)
+        for response in convert.anchors_responses(records, self._chunk_nbytes):
+            yield response
 
     async def TouchAnchors(
         self, request: pb.TouchAnchorsRequest, context: aio.ServicerContext

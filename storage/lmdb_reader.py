@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import lmdb
 import numpy as np
@@ -69,12 +70,43 @@ class _Pin:
 class LMDBReader:
     """Segments read in place from the environment at `path` (opened read-only, shared lock).
 
-    `close()` waits for no one: it closes the map once the last pinned view is released,
-    since a view into an unmapped environment would read freed memory.
+    Use `acquire` (one reader per environment and process: LMDB forbids opening an
+    environment twice in one process) and `release`. The map closes after the last
+    release once the last pinned view is gone: a view into an unmapped environment
+    would read freed memory.
     """
 
-    def __init__(self, path: str, expect_file_id: tuple[int, int] | None = None) -> None:
-        if expect_file_id is not None and data_file_id(path) != expect_file_id:
+    _registry: ClassVar[dict[tuple[str, tuple[int, int]], LMDBReader]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def acquire(cls, path: str, expect_file_id: tuple[int, int]) -> LMDBReader:
+        """This process's reader of the environment at `path`, whose data file must be
+        `expect_file_id` (`StoreUnavailable` if it is another file or cannot be opened)."""
+        path = os.path.abspath(path)
+        key = (path, expect_file_id)
+        with cls._registry_lock:
+            reader = cls._registry.get(key)
+            if reader is None or reader._pid != os.getpid():
+                reader = cls(path, expect_file_id)
+                cls._registry[key] = reader
+            reader._num_users += 1
+            return reader
+
+    def release(self) -> None:
+        with LMDBReader._registry_lock:
+            self._num_users -= 1
+            if self._num_users > 0:
+                return
+            LMDBReader._registry.pop((self.path, self._file_id), None)
+        self.close()
+
+    def __init__(self, path: str, expect_file_id: tuple[int, int]) -> None:
+        try:
+            file_id = data_file_id(path)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot see {path}: {exc}") from exc
+        if file_id != expect_file_id:
             raise StoreUnavailable(f"{path} is not the sidecar's environment (another file)")
         try:
             self._env = lmdb.open(
@@ -95,6 +127,9 @@ class LMDBReader:
         self._lock = threading.Lock()
         self._num_pinned = 0
         self._closing = False
+        self._num_users = 0
+        self._pid = os.getpid()
+        self._file_id = file_id
         self.path = path
 
     def read(self, namespace: str, context_key: bytes) -> MappedSegment | None:

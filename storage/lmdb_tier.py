@@ -29,6 +29,16 @@ DB_NAME = b"records"
 # Reader slots in the lock table (the sidecar creates it): same-host clients hold one per
 # read in flight (`lmdb_reader`), so the default of 126 would be tight.
 MAX_READERS = 1024
+
+
+# NOTE: the map is larger than the configured capacity by this much. Pages freed while
+# a reader's snapshot is open (same-host clients) cannot be reused yet, and a delete
+# needs fresh pages to commit: without headroom a full map refuses even the deletes
+# that eviction needs. `put` refuses at the configured capacity (live pages).
+def map_headroom_bytes(capacity_bytes: int) -> int:
+    return capacity_bytes // 4 + (4 << 20)
+
+
 _KEY_BATCH = 1024
 
 
@@ -52,7 +62,7 @@ class LMDBTier:
         os.makedirs(config.path, exist_ok=True)
         self._env = lmdb.open(
             config.path,
-            map_size=config.map_size_bytes,
+            map_size=config.map_size_bytes + map_headroom_bytes(config.map_size_bytes),
             subdir=True,
             max_dbs=1,
             sync=config.sync,
@@ -66,6 +76,11 @@ class LMDBTier:
     def put(self, key: bytes, value: bytes | memoryview) -> None:
         record = seal(value, compress=self._config.compress)
         self._check_open()
+        if self.used_bytes() + len(record) > self._config.map_size_bytes:
+            raise ResourceExhausted(
+                f"{self.name}: {self._config.map_size_bytes} bytes hold no room for a record "
+                f"of {len(record)} bytes"
+            )
         try:
             with self._env.begin(write=True, db=self._db) as txn:
                 txn.put(key, record)
@@ -114,8 +129,11 @@ class LMDBTier:
 
     def delete(self, key: bytes) -> bool:
         self._check_open()
-        with self._env.begin(write=True, db=self._db) as txn:
-            return bool(txn.delete(key))
+        try:
+            with self._env.begin(write=True, db=self._db) as txn:
+                return bool(txn.delete(key))
+        except lmdb.MapFullError as exc:  # headroom used up by pages readers still pin
+            raise ResourceExhausted(f"{self.name}: map full, cannot delete {key.hex()}") from exc
 
     def contains(self, key: bytes) -> bool:
         self._check_open()

@@ -85,7 +85,7 @@ class AnchorConfig:
     for what the correction still gets wrong.
 
     max_anchor_nbytes: an anchor whose base plus one agent's offsets would exceed
-    it is not stored (the store refuses more than its own limit, 4 MiB by default).
+    it is not stored (the store refuses more than its own limit, 256 MiB by default).
     decoded_cache_bytes: decoded anchors kept in the worker between calls
     (`DecodedAnchors`; 0: fetched and decoded on every call).
     min_coverage: 1.0 is KVComm's length rule (anchors at least as long as the
@@ -98,7 +98,7 @@ class AnchorConfig:
     base_lead: str = "<|im_start|>user\n"
     sender_bases: bool = True
     repair: BlendConfig | None = None
-    max_anchor_nbytes: int = (4 << 20) - (64 << 10)
+    max_anchor_nbytes: int = (256 << 20) - (64 << 10)
     decoded_cache_bytes: int = 256 << 20
     min_coverage: float = 1.0
 

@@ -27,7 +27,6 @@ def test_accepted_listen_addresses(address: str) -> None:
         ({"sweep_interval_s": 0.0}, "sweep_interval_s"),
         ({"max_concurrent_rpcs": 0}, "max_concurrent_rpcs"),
         ({"admin_port": 70000}, "admin_port"),
-        ({"chunk_nbytes": 64 * 1024, "service": SegmentServiceConfig()}, "max_anchor_nbytes"),
     ],
 )
 def test_bad_server_configs_name_the_bad_value(fields: dict, named: str) -> None:

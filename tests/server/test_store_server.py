@@ -186,9 +186,12 @@ def test_every_rpc_requires_a_namespace(stub: store_pb2_grpc.SegmentStoreStub) -
         lambda: stub.FindSimilar(
             pb.FindSimilarRequest(model_fingerprint=FINGERPRINT, token_ids=[1]), timeout=5
         ),
-        lambda: stub.GetAnchors(
-            pb.GetAnchorsRequest(model_fingerprint=FINGERPRINT, placeholder_id="p"), timeout=5
+        lambda: list(
+            stub.GetAnchors(
+                pb.GetAnchorsRequest(model_fingerprint=FINGERPRINT, placeholder_id="p"), timeout=5
+            )
         ),
+        lambda: stub.DescribeDataPlane(pb.DescribeDataPlaneRequest(), timeout=5),
         lambda: stub.Delete(pb.DeleteRequest(context_key=key), timeout=5),
         lambda: stub.Stats(pb.StatsRequest(), timeout=5),
     ]
@@ -223,7 +226,8 @@ def test_oversize_anchor_is_an_invalid_argument(stub: store_pb2_grpc.SegmentStor
         base_payload=b"x" * (SERVICE_CONFIG.max_anchor_nbytes + 1),
         num_tokens=3,
     )
-    assert status_of(lambda: stub.PutAnchor(request, timeout=5)) == grpc.StatusCode.INVALID_ARGUMENT
+    status = status_of(lambda: stub.PutAnchor(iter([request]), timeout=5))
+    assert status == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_health_and_reflection_are_served(store: EmbeddedStore) -> None:
