@@ -15,6 +15,7 @@ import grpc
 from grpc import aio
 
 from kvsplice.client import store_wire as wire
+from kvsplice.client.same_host import SameHostPath
 from kvsplice.client.store_client import bearer_metadata, checked_namespace
 from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.client.store_faults import (
@@ -35,6 +36,7 @@ from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2_grpc
 
 T = TypeVar("T")
+_UNASKED = object()  # `_same_host` before the sidecar was asked where its data plane is
 Attempt = Callable[[float], Awaitable[T]]
 
 
@@ -57,6 +59,9 @@ class AsyncStoreClient:
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        self._same_host: SameHostPath | object | None = (
+            _UNASKED if self.config.same_host_reads else None
+        )
 
     async def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
         """Store `payload` under `meta`; False if the store could not be reached in time."""
@@ -77,10 +82,31 @@ class AsyncStoreClient:
     async def get_segment(
         self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
     ) -> tuple[SegmentMeta, bytes] | None:
-        """The segment's meta and verified payload, or None (absent, corrupt or unreachable)."""
-        request = wire.get_request(
-            self.namespace, wire.to_context_key(segment_id_or_context_key), model_fingerprint
-        )
+        """The segment's meta and verified payload, or None (absent, corrupt or unreachable).
+
+        Read in place on the sidecar's host like `StoreClient.get_segment` (the read is a
+        map lookup plus one checksum pass, so it runs on the loop); else over gRPC.
+        """
+        key = wire.to_context_key(segment_id_or_context_key)
+        try:
+            local = await self._same_host_path()
+            if local is not None:
+                try:
+                    found = local.get_segment(key, model_fingerprint)
+                    self.counters.num_same_host_reads += 1
+                    return found
+                except StoreUnavailable as error:  # this read goes over gRPC
+                    self._warning.warn("get_segment (same host)", str(error))
+            return await self._get_over_grpc(key, model_fingerprint)
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_segment", str(error))
+            return None
+
+    async def _get_over_grpc(
+        self, key: bytes, model_fingerprint: str | None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        request = wire.get_request(self.namespace, key, model_fingerprint)
 
         async def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
             assembler = wire.SegmentAssembler()
@@ -94,10 +120,24 @@ class AsyncStoreClient:
             return await self._idempotent("get_segment", read, self.config.get_timeout_s, None)
         except NotFound:
             return None
-        except CorruptPayload as error:
-            self.counters.num_corrupt_payloads += 1
-            self._warning.warn("get_segment", str(error))
-            return None
+
+    async def _same_host_path(self) -> SameHostPath | None:
+        """As `StoreClient._same_host_path`: ask once, None means gRPC only."""
+        if isinstance(self._same_host, SameHostPath) and not self._same_host.usable:
+            self._same_host = _UNASKED
+        if self._same_host is _UNASKED:
+            request = wire.data_plane_request(self.namespace)
+            try:
+                response = await self._stub.DescribeDataPlane(
+                    request, timeout=self.config.lookup_timeout_s, metadata=self._metadata
+                )
+            except grpc.RpcError as rpc_error:
+                if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
+                    return None
+                self._same_host = None
+                return None
+            self._same_host = SameHostPath.open(wire.data_plane_result(response), self.namespace)
+        return self._same_host if isinstance(self._same_host, SameHostPath) else None
 
     async def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
         request = wire.lookup_request(self.namespace, model_fingerprint, token_ids)
@@ -209,6 +249,9 @@ class AsyncStoreClient:
         return await self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 
     async def close(self) -> None:
+        if isinstance(self._same_host, SameHostPath):
+            self._same_host.close()
+        self._same_host = None
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncStoreClient:

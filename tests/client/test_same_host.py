@@ -12,18 +12,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from kvsplice.client.store_client import StoreClient
-from kvsplice.client.store_config import StoreClientConfig
-from kvsplice.common.errors import FingerprintMismatch
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
-from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 from store_client_factories import (
     NAMESPACE,
     OTHER_FINGERPRINT,
     make_meta,
     make_payload,
 )
+
+from kvsplice.client.async_store_client import AsyncStoreClient
+from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.common.errors import FingerprintMismatch
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 
 PATIENT = StoreClientConfig(lookup_timeout_s=10.0, get_timeout_s=30.0, put_timeout_s=30.0)
 OVER_GRPC = replace(PATIENT, same_host_reads=False)
@@ -90,6 +91,16 @@ def test_a_view_outlives_the_segment_it_was_read_from(sidecar: SidecarProcess) -
             assert client.put_segment(make_meta([33, seed], other), other)
         assert bytes(found[1]) == payload
         assert client.get_segment(meta.segment_id) is None
+
+
+async def test_the_async_client_reads_in_place_too(sidecar: SidecarProcess) -> None:
+    payload = make_payload(1 << 20, seed=5)
+    meta = make_meta([51, 52], payload)
+    async with AsyncStoreClient(sidecar.target, NAMESPACE, config=PATIENT) as client:
+        assert await client.put_segment(meta, payload)
+        found = await client.get_segment(meta.segment_id)
+        assert found is not None and bytes(found[1]) == payload
+        assert client.counters.num_same_host_reads == 1
 
 
 def test_an_in_process_store_is_read_over_grpc(tmp_path: Path) -> None:
