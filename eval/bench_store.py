@@ -29,6 +29,7 @@ from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.eval.bench_store_paths import PathRow, bench_read_paths
 from kvsplice.eval.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import (
     BENCH_FINGERPRINT,
@@ -69,7 +70,8 @@ _NUM_CHANNEL_WARMUPS = 2
 class StoreBenchConfig:
     """What to measure. `tmp_dir` holds the LMDB environments (None: the system temp dir).
 
-    `lmdb_sync` True is the LMDB tier's durable default (fsync on every commit). Lookup
+    `path_sizes_mib`: segment sizes read through each read path (`bench_store_paths`;
+    empty: none). `lmdb_sync` True is the LMDB tier's durable default (fsync on every commit). Lookup
     stores of more than `max_grpc_populated_segments` are preloaded in-process into LMDB
     and indexed by the server's start-up rebuild instead of put one by one through gRPC.
     """
@@ -83,10 +85,13 @@ class StoreBenchConfig:
     max_grpc_populated_segments: int = 10_000
     lmdb_sync: bool = True
     seed: int = 0
+    path_sizes_mib: tuple[int, ...] = (8, 32, 128)
 
     def __post_init__(self) -> None:
         if not self.sizes_mib or min(self.sizes_mib) < 1:
             raise ValueError(f"sizes_mib {self.sizes_mib} must be non-empty and >= 1")
+        if self.path_sizes_mib and min(self.path_sizes_mib) < 1:
+            raise ValueError(f"path_sizes_mib {self.path_sizes_mib} must all be >= 1")
         if self.repeats < 1:
             raise ValueError(f"repeats {self.repeats} must be >= 1")
         if any(count < 1 for count in self.lookup_counts):
@@ -173,12 +178,21 @@ class StoreBenchResult:
     load_after: tuple[float, float, float]
     num_cpus: int
     seconds: float
+    paths: tuple[PathRow, ...] = ()
 
 
 def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
     """Transfers per tier and size, then lookups per count (in-process, then gRPC)."""
     start_s, load_before = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvsplice-bench-store-", dir=config.tmp_dir) as tmp:
+        paths = bench_read_paths(
+            config.path_sizes_mib,
+            config.repeats,
+            Path(tmp),
+            CLIENT_CONFIG,
+            config.seed,
+            config.lmdb_sync,
+        )
         transfers = [row for tier in TIERS for row in _bench_tier(config, tier, Path(tmp))]
         lookups: list[LookupRow] = []
         for count in config.lookup_counts:
@@ -193,6 +207,7 @@ def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
         load_after=os_load(os.getloadavg()),
         num_cpus=os.cpu_count() or 0,
         seconds=time.perf_counter() - start_s,
+        paths=tuple(paths),
     )
 
 

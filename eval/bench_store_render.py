@@ -24,16 +24,38 @@ from kvsplice.eval.bench_store import (
     TransferRow,
     os_load,
 )
+from kvsplice.eval.bench_store_paths import PathRow
 
 logger = logging.getLogger(__name__)
 
 _TRANSFER_DERIVED = ("mb_per_s", "copyto_mb_per_s", "ratio_to_copyto", "target_met")
 _LOOKUP_DERIVED = ("target_met", "cpu_target_met")
+_PATH_DERIVED = ("mb_per_s", "ratio_to_copyto", "target", "target_met")
 
 
 def render_store_bench(result: StoreBenchResult) -> list[RenderableType]:
     """The transfer table, the lookup table and a line on the host (the CLI prints them)."""
-    return [render_transfers(result), render_lookups(result.lookups), _host_line(result)]
+    tables = [render_transfers(result), render_lookups(result.lookups), _host_line(result)]
+    return [render_paths(result.paths), *tables] if result.paths else tables
+
+
+def render_paths(rows: Sequence[PathRow]) -> Table:
+    table = Table(
+        title="kvsplice bench store: StoreClient.get_segment by read path (sidecar in another process)",
+        caption=(
+            "same-host = read in place from the sidecar's LMDB (checksummed, no copy); "
+            "grpc = the same read forced over loopback gRPC, as from another host. "
+            "copyto = numpy.copyto of the same bytes in the same run. MB = 10^6 bytes."
+        ),
+    )
+    for column in ("path", "MiB", "ms", "MB/s", "vs copyto", "target"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    for row in rows:
+        table.add_row(
+            row.path, str(row.size_mib), f"{row.seconds * 1e3:.2f}", f"{row.mb_per_s:.0f}",
+            f"{row.ratio_to_copyto:.0%}", _verdict(row.target_met, row.target),
+        )  # fmt: skip
+    return table
 
 
 def render_transfers(result: StoreBenchResult) -> Table:
@@ -105,6 +127,7 @@ def store_bench_to_json(result: StoreBenchResult) -> dict[str, Any]:
         "config": _fields_of(result.config),
         "transfers": [_row_json(row, _TRANSFER_DERIVED) for row in result.transfers],
         "lookups": [_row_json(row, _LOOKUP_DERIVED) for row in result.lookups],
+        "paths": [_row_json(row, _PATH_DERIVED) for row in result.paths],
         "load_before": list(result.load_before),
         "load_after": list(result.load_after),
         "num_cpus": result.num_cpus,
@@ -122,6 +145,7 @@ def store_bench_from_json(data: dict[str, Any]) -> StoreBenchResult:
         load_after=os_load(data["load_after"]),
         num_cpus=int(data["num_cpus"]),
         seconds=float(data["seconds"]),
+        paths=tuple(_from_fields(PathRow, row) for row in data.get("paths", ())),
     )
 
 

@@ -341,6 +341,9 @@ def bench_store(
     sizes_mib: Annotated[
         str, typer.Option(help="Comma-separated segment sizes in MiB.")
     ] = "1,8,32",
+    path_sizes_mib: Annotated[
+        str, typer.Option(help="Sizes in MiB read same-host and over gRPC ('' : none).")
+    ] = "8,32,128",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per size.")] = 5,
     lookup_counts: Annotated[
         str, typer.Option(help="Comma-separated index sizes.")
@@ -357,11 +360,12 @@ def bench_store(
     ] = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
-    """Put/get MB/s (memory and LMDB tiers) beside numpy.copyto; lookup p50/p99 at 10k/100k."""
+    """Get MB/s same-host vs gRPC, put/get per tier, all beside numpy.copyto; lookup p50/p99."""
     import json
 
     config_args = dict(
         sizes_mib=int_tuple(sizes_mib, "--sizes-mib"),
+        path_sizes_mib=int_tuple(path_sizes_mib, "--path-sizes-mib") if path_sizes_mib else (),
         repeats=repeats,
         lookup_counts=int_tuple(lookup_counts, "--lookup-counts"),
         tmp_dir=str(tmp_dir) if tmp_dir else None,

@@ -27,6 +27,7 @@ from kvsplice.eval.bench_store import (
     run_store_bench,
     transfer_server_config,
 )
+from kvsplice.eval.bench_store_paths import READ_PATHS, PathRow
 from kvsplice.eval.bench_store_render import (
     render_store_bench,
     store_bench_from_json,
@@ -57,6 +58,7 @@ def make_result() -> StoreBenchResult:
         load_after=(1.5, 2.5, 3.5),
         num_cpus=2,
         seconds=42.0,
+        paths=(PathRow("same-host", 8, 0.001, 0.0008), PathRow("grpc", 8, 0.01, 0.0008)),
     )
 
 
@@ -74,6 +76,15 @@ def test_transfer_row_figures_follow_from_seconds() -> None:
     assert row.target_met is True  # 839 MB/s >= 500
     assert make_transfer_row(seconds=0.1).target_met is False
     assert make_transfer_row(target_mb_s=None).target_met is None
+
+
+def test_path_targets_are_a_copy_ratio_same_host_and_mb_s_over_grpc() -> None:
+    same_host = PathRow("same-host", 8, seconds=0.001, copyto_seconds=0.0008)
+    assert same_host.ratio_to_copyto == pytest.approx(0.8) and same_host.target_met
+    assert not PathRow("same-host", 8, seconds=0.002, copyto_seconds=0.0008).target_met
+    grpc_row = PathRow("grpc", 8, seconds=0.01, copyto_seconds=0.0008)
+    assert grpc_row.mb_per_s == pytest.approx(8 * MIB / 1e6 / 0.01) and not grpc_row.target_met
+    assert PathRow("grpc", 8, seconds=0.008, copyto_seconds=0.0008).target_met
 
 
 def test_lookup_target_is_an_upper_bound_on_p99() -> None:
@@ -99,6 +110,9 @@ def test_json_round_trips_and_carries_derived_figures() -> None:
     assert store_bench_from_json(data) == result
     assert data["transfers"][0]["mb_per_s"] == pytest.approx(result.transfers[0].mb_per_s)
     assert [row["target_met"] for row in data["lookups"]] == [True, False]
+    assert [(row["path"], row["target_met"]) for row in data["paths"]] == [
+        ("same-host", True), ("grpc", False)
+    ]  # fmt: skip
 
 
 def test_render_shows_each_row_and_its_verdict() -> None:
@@ -106,6 +120,7 @@ def test_render_shows_each_row_and_its_verdict() -> None:
     assert "839" in text  # MB/s of the 8 MiB get
     assert "p99 <= 1 ms met" in text and "p99 <= 1 ms missed" in text
     assert "sync on" in text
+    assert ">= 60% of copyto met" in text and ">= 1000 MB/s missed" in text
 
 
 def test_segment_meta_keys_are_chained_and_checksum_matches() -> None:
@@ -132,7 +147,7 @@ def test_tiny_run_end_to_end_has_complete_positive_rows(tmp_path: Path) -> None:
     # 200 segments are preloaded into LMDB, 60 are put through gRPC: both paths run.
     config = StoreBenchConfig(
         sizes_mib=(1,), repeats=1, lookup_counts=(200, 60), tmp_dir=str(tmp_path),
-        num_queries=20, max_grpc_populated_segments=100,
+        num_queries=20, max_grpc_populated_segments=100, path_sizes_mib=(1,),
     )  # fmt: skip
     result = run_store_bench(config)
     assert {(r.tier, r.operation, r.size_mib) for r in result.transfers} == {
@@ -140,6 +155,8 @@ def test_tiny_run_end_to_end_has_complete_positive_rows(tmp_path: Path) -> None:
     }
     for transfer in result.transfers:
         assert min(transfer.seconds, transfer.copyto_seconds, transfer.mb_per_s) > 0
+    assert [(r.path, r.size_mib) for r in result.paths] == [(p, 1) for p in READ_PATHS]
+    assert all(min(r.seconds, r.copyto_seconds) > 0 for r in result.paths)
     assert {(r.path, r.kind, r.num_segments) for r in result.lookups} == {
         (path, kind, count)
         for path in ("in-process", "grpc")
