@@ -11,6 +11,7 @@ import logging
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from kvsplice.common.errors import LayoutMismatch
 
@@ -65,3 +66,21 @@ def append_layers(
     """
     for offset in range(keys.shape[0]):
         cache.update(keys[offset].unsqueeze(0), values[offset].unsqueeze(0), layer_start + offset)
+
+
+def install_layers(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Give every layer of an empty batch-1 cache its K/V without copying them.
+
+    keys, values: [L, 1, H_kv, T, D], contiguous per layer (e.g. one buffer the caller
+    wrote in place). Plain `DynamicLayer`s take views of them (`cache.update` would
+    concatenate onto an empty tensor: a second full copy); layers of other kinds
+    (sliding windows crop) go through `cache.update`.
+    """
+    for layer_idx in range(keys.shape[0]):
+        layer = cache.layers[layer_idx] if layer_idx < len(cache.layers) else None
+        layer_keys, layer_values = keys[layer_idx], values[layer_idx]
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            layer.lazy_initialization(layer_keys, layer_values)
+            layer.keys, layer.values = layer_keys, layer_values
+        else:
+            cache.update(layer_keys, layer_values, layer_idx)

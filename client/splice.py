@@ -1,8 +1,8 @@
 """Splice: stored segments -> an HF cache for a prompt prefix, then prefill and decode.
 
 Segments are laid contiguously from position 0; a segment captured elsewhere is
-moved by Δ = target − start_position (`RopeSpec.shift_layers`; Δ = 0 is a
-bit-exact copy). It does not fetch, decode payloads or decide whether reuse is safe.
+moved by Δ = target − start_position (`RopeSpec.shift_layers`, or fused with the
+dequantize for stored int8 segments; Δ = 0 is a bit-exact copy). It does not fetch, decode payloads or decide whether reuse is safe.
 """
 
 from __future__ import annotations
@@ -14,20 +14,26 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from kvsplice.client.hf_cache import append_layers, model_cache
+from kvsplice.client.hf_cache import install_layers, model_cache
 from kvsplice.common.errors import InvalidRequest, LayoutMismatch
 from kvsplice.common.layout import KVLayout
+from kvsplice.kvmath.fused_decode import PinnedStaging, decode_into
+from kvsplice.kvmath.payload import StoredKV
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
 
+# A segment to splice: decoded, or still in stored form (the fused path).
+SpliceSource = SegmentKV | StoredKV
+
+
 @dataclass(frozen=True)
 class SplicedSegment:
     """A segment to splice and the token ids it encodes (checked against the prompt)."""
 
-    kv: SegmentKV
+    kv: SpliceSource
     token_ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
@@ -51,48 +57,58 @@ class PrefillResult:
 
 
 def build_cache(
-    model: PreTrainedModel, segments: Sequence[SegmentKV], layout: KVLayout, rope: RopeSpec
+    model: PreTrainedModel,
+    segments: Sequence[SpliceSource],
+    layout: KVLayout,
+    rope: RopeSpec,
+    staging: PinnedStaging | None = None,
 ) -> DynamicCache:
     """A model cache holding `segments` back to back from position 0.
 
     Segment i lands at target = sum of the lengths before it; its keys are
-    shifted by Δ = target − start_position first. Every segment must cover all
-    layers with the model's heads and head_dim (else `LayoutMismatch`).
+    shifted by Δ = target − start_position on the way. Every segment must cover all
+    layers with the model's heads and head_dim (else `LayoutMismatch`). Each is
+    written once into one preallocated [L, 1, H_kv, T, D] buffer per K and V, which
+    the cache's layers then view: stored (`StoredKV`) int8 segments dequantize, shift
+    and land in one fused pass (`kvmath.fused_decode`); decoded ones are shifted and
+    copied in. `staging` (pinned) carries int8 bytes to a GPU model.
     """
     cache = model_cache(model)
-    keys, values, target = [], [], 0
+    if not segments:
+        return cache
     for segment in segments:
         check_segment_layout(segment, layout)
-        keys.append(_keys_at(segment, target, rope, model.device).to(model.dtype))
-        values.append(segment.values.to(model.device, model.dtype))
+    total = sum(segment.num_tokens for segment in segments)
+    shape = (layout.num_layers, 1, layout.num_kv_heads, total, layout.head_dim)
+    keys = torch.empty(shape, dtype=model.dtype, device=model.device)
+    values = torch.empty(shape, dtype=model.dtype, device=model.device)
+    target = 0
+    for segment in segments:
+        rows = slice(target, target + segment.num_tokens)
+        delta = target - segment.start_position
+        keys_out, values_out = keys[:, 0, :, rows], values[:, 0, :, rows]
+        if isinstance(segment, StoredKV):
+            decode_into(segment, rope, delta, keys_out, values_out, staging)
+        else:
+            keys_out.copy_(_keys_at(segment, delta, rope, model.device))
+            values_out.copy_(segment.values)
         target += segment.num_tokens
-    if keys:
-        # One update per layer: appending segment by segment would re-copy the cache each time.
-        append_layers(cache, _cat_tokens(keys), _cat_tokens(values))
+    install_layers(cache, keys, values)
     return cache
 
 
-def _keys_at(segment: SegmentKV, target: int, rope: RopeSpec, device: torch.device) -> torch.Tensor:
-    """Keys [L, H_kv, T, D] on `device`, rotated from start_position to `target`.
-
-    Δ = target − start_position (a positive Δ moves later); shifted in the stored
-    dtype before the caller's single cast to the model dtype.
-    """
+def _keys_at(segment: SegmentKV, delta: int, rope: RopeSpec, device: torch.device) -> torch.Tensor:
+    """Keys [L, H_kv, T, D] on `device`, rotated by Δ (a positive Δ moves later)."""
     keys = segment.keys.to(device)
-    delta = target - segment.start_position
     if delta == 0:
         return keys
     return rope.shift_layers(keys, delta, layer_start=segment.layer_start)
 
 
-def _cat_tokens(parts: list[torch.Tensor]) -> torch.Tensor:
-    # parts: [L, H_kv, T_i, D] -> [L, H_kv, sum T_i, D]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-
-
-def check_segment_layout(segment: SegmentKV, layout: KVLayout) -> None:
+def check_segment_layout(segment: SpliceSource, layout: KVLayout) -> None:
     """Raise `LayoutMismatch` unless the segment is full-depth with the model's geometry."""
-    _, num_heads, _, head_dim = segment.keys.shape
+    shape = segment.kv_shape if isinstance(segment, StoredKV) else segment.keys.shape
+    _, num_heads, _, head_dim = shape
     if segment.layer_start != 0 or segment.num_layers != layout.num_layers:
         raise LayoutMismatch(
             f"segment layers [{segment.layer_start}, {segment.layer_end}) "

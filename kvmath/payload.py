@@ -126,6 +126,37 @@ def read_payload_header(data: Buffer) -> PayloadHeader:
     return _checked_layout(_byte_view(data))[0]
 
 
+@dataclass(frozen=True)
+class StoredKV:
+    """A verified payload's K/V still in stored form (int8 + scales, or exact), not decoded.
+
+    keys, values: [L, H_kv, T, D] views of the payload bytes (read-only when they are);
+    `kvmath.fused_decode` dequantizes, shifts and writes them in as few passes as it can.
+    """
+
+    keys: StoredTensor
+    values: StoredTensor
+    start_position: int
+    layer_start: int
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.keys.data.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys.data.shape[2])
+
+    @property
+    def layer_end(self) -> int:
+        return self.layer_start + self.num_layers
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        num_layers, num_heads, num_tokens, head_dim = self.keys.data.shape
+        return num_layers, num_heads, num_tokens, head_dim
+
+
 def decode_payload(
     data: Buffer,
     *,
@@ -142,6 +173,30 @@ def decode_payload(
     states of layers a..b inclusive; the result has `layer_start == a`.
     """
     dtype_name(dtype)  # ValueError for a dtype K/V never has
+    header, arrays = _verified_arrays(data, expect_fingerprint)
+    first, end = _layer_window(header, layers)
+    return _build_segment(header, arrays, first, end, dtype)
+
+
+def decode_stored(data: Buffer, *, expect_fingerprint: str | None = None) -> StoredKV:
+    """The K/V of payload `data` in stored form, after every check `decode_payload` makes.
+
+    Boundary states are not read. Costs one checksum pass and no copy.
+    """
+    header, arrays = _verified_arrays(data, expect_fingerprint)
+    kind = stored_kind(header.quant, header.dtype)
+    return StoredKV(
+        StoredTensor(arrays["keys"], kind, arrays.get("key_scales")),
+        StoredTensor(arrays["values"], kind, arrays.get("value_scales")),
+        header.start_position,
+        header.layer_start,
+    )
+
+
+def _verified_arrays(
+    data: Buffer, expect_fingerprint: str | None
+) -> tuple[PayloadHeader, dict[str, np.ndarray]]:
+    """Header and section views of `data` once layout, checksum and fingerprint hold."""
     view = _byte_view(data)
     header, sections = _checked_layout(view)
     stored_sum = CHECKSUM.unpack_from(view, len(view) - CHECKSUM.size)[0]
@@ -151,11 +206,10 @@ def decode_payload(
         raise FingerprintMismatch(
             f"payload is for model {header.model_fingerprint}, expected {expect_fingerprint}"
         )
-    first, end = _layer_window(header, layers)
     arrays = {
         s.name: np.frombuffer(view, s.dtype, _count(s), s.offset).reshape(s.shape) for s in sections
     }
-    return _build_segment(header, arrays, first, end, dtype)
+    return header, arrays
 
 
 def _header_for(seg: SegmentKV, model_fingerprint: str, quant: str) -> PayloadHeader:

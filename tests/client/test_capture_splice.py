@@ -21,7 +21,7 @@ from kvsplice.client.splice import (
     prefill_with_segments,
 )
 from kvsplice.common.errors import InvalidRequest, LayoutMismatch
-from kvsplice.kvmath.payload import decode_payload, encode_payload
+from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -135,6 +135,34 @@ def test_segment_captured_at_another_position_is_shifted_into_place(model: PreTr
     dense = dense_prefill(model, ids)
     # fp32 RoPE angles round differently at positions p and p + 300 (~|p·θ|·2^-24).
     assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
+def test_stored_int8_segments_splice_like_their_decoded_form(model: PreTrainedModel) -> None:
+    """The fused path (dequantize + shift + write in place) builds the cache that
+    decoding first and shifting after builds, mixed with decoded segments too."""
+    ids = make_prompt(30, seed=6)
+    moved = capture_segments(model, ids[:12], [(0, 12)], position_offset=200).segments[0]
+    rest = capture_segments(model, ids[12:18], [(0, 6)], position_offset=7).segments[0]
+    payloads = [
+        encode_payload(s, model_fingerprint=FINGERPRINT, quant="int8") for s in (moved, rest)
+    ]
+    decoded = [decode_payload(payload) for payload in payloads]
+    stored = [decode_stored(payloads[0]), decoded[1]]
+    tokens = (tuple(ids[:12]), tuple(ids[12:18]))
+    via_decoded = splice(
+        model, ids, [SplicedSegment(s, t) for s, t in zip(decoded, tokens, strict=True)]
+    )
+    via_stored = splice(
+        model, ids, [SplicedSegment(s, t) for s, t in zip(stored, tokens, strict=True)]
+    )
+    for fused, reference in zip(via_stored.cache.layers, via_decoded.cache.layers, strict=True):
+        # Spliced tokens: values bit-equal, keys within fp32 rounding of the shift.
+        torch.testing.assert_close(
+            fused.keys[..., :18, :], reference.keys[..., :18, :], atol=2e-5, rtol=0
+        )
+        assert torch.equal(fused.values[..., :18, :], reference.values[..., :18, :])
+    assert float((via_stored.logits_last - via_decoded.logits_last).abs().max()) <= 1e-4
 
 
 def test_build_cache_lays_segments_back_to_back() -> None:
