@@ -50,6 +50,14 @@ def decode_into(
     _dequantize_into(_on(stored.values, device, staging), values_out)
 
 
+# NOTE: on CPU the work goes in blocks of about 1 MiB of float32 (a layer, or a run of its
+# tokens): the int8 -> float32 cast lands in a scratch block that stays in cache, and each
+# output block is written to memory once although it is updated in place three times.
+# Whole-tensor kernels measured ~2.5x slower per byte here (mixed int8 x float32 kernels
+# are not vectorized; every extra pass goes to memory). GPUs take each run whole.
+CPU_BLOCK_ELEMENTS = 1 << 18
+
+
 def shift_dequantize_into(
     quantized: tuple[torch.Tensor, torch.Tensor],
     rope: RopeSpec,
@@ -58,57 +66,90 @@ def shift_dequantize_into(
     out: torch.Tensor,
 ) -> None:
     """out = R(Δ)·(q · scale) for int8 keys q [L, H_kv, T, D] with per-channel scales
-    [L, H_kv, 1, D], in three passes over `out` (computed in float32, rounded once).
+    [L, H_kv, 1, D], computed in float32 and rounded once to out's dtype.
 
-    NOTE: with k = q·σ, each rotated channel is q_i·(σ_i·cos) + q_partner·(±σ_partner·sin):
-    the coefficients are [L, H_kv, 1, D] (tiny), so the int8 data is read twice and the
-    output written once plus updated in place twice, instead of a float copy of the keys,
-    a flipped copy and two more passes (the former path: ~6% of memcpy, see bench core).
+    NOTE: with k = q·σ, each rotated channel is q_i·(σ_i·cos) + q_partner·(∓σ_partner·sin):
+    the coefficients are [L, H_kv, 1, D] (tiny), so per block the int8 data is cast once
+    and the output written once (then finished in place by two multiply-adds on the
+    rotation pairs' halves) instead of a float copy of the keys, a flipped copy, two
+    more passes and a copy into the cache (the former path, ~6-15% of memcpy).
     """
     q, scale = quantized
-    work = out if out.dtype == torch.float32 else torch.empty(out.shape, device=out.device)
-    coefficients = _coefficients(rope, delta, layer_start, scale)
-    torch.mul(q, coefficients.diagonal, out=work)
-    for first, second, on_first, on_second in coefficients.pairs:
-        work[first].addcmul_(q[second], on_first)
-        work[second].addcmul_(q[first], on_second)
-    if work is not out:
-        out.copy_(work)
+    blocks = [
+        (run, block)
+        for run in _coefficient_runs(rope, delta, layer_start, scale)
+        for block in _blocks(run.rows, q.shape, out.device)
+    ]
+    largest = max(q[block].numel() for _, block in blocks)
+    buffer = torch.empty(largest, dtype=torch.float32, device=out.device)
+    for run, block in blocks:
+        chunk = q[block]
+        scratch = buffer[: chunk.numel()].view(chunk.shape).copy_(chunk)  # the one int8 cast
+        target = out[block] if out.dtype == torch.float32 else torch.empty_like(scratch)
+        layers = slice(block[0].start - run.rows.start, block[0].stop - run.rows.start)
+        torch.mul(scratch, run.diagonal[layers], out=target)
+        for first, second, on_first, on_second in run.pairs:
+            target[..., first].addcmul_(scratch[..., second], on_first[layers])
+            target[..., second].addcmul_(scratch[..., first], on_second[layers])
+        if out.dtype != torch.float32:
+            out[block].copy_(target)
 
 
-Index = tuple[slice, type(Ellipsis), slice]
+class _Run:
+    """Layers `rows` sharing one rotary_dim and table: σ·cos on `diagonal` [L_run, H_kv, 1, D],
+    and per rotation pair the channel slices of its members with the partner terms
+    [L_run, H_kv, 1, rotary_dim / 2] added to each."""
 
-
-class _Coefficients:
-    """diagonal [L, H_kv, 1, D]; per run of layers, the (layers, ..., channels) index of
-    each pair member and the partner term added to it ([L_run, H_kv, 1, rotary_dim / 2])."""
-
-    def __init__(self, diagonal: torch.Tensor) -> None:
+    def __init__(self, rows: slice, diagonal: torch.Tensor) -> None:
+        self.rows = rows
         self.diagonal = diagonal
-        self.pairs: list[tuple[Index, Index, torch.Tensor, torch.Tensor]] = []
+        self.pairs: list[tuple[slice, slice, torch.Tensor, torch.Tensor]] = []
 
 
-def _coefficients(
+def _coefficient_runs(
     rope: RopeSpec, delta: int, layer_start: int, scale: torch.Tensor
-) -> _Coefficients:
-    """σ·cos on the diagonal, ∓σ_partner·sin for the partners (angles in float64)."""
+) -> list[_Run]:
+    """The runs of layers [layer_start, +L) with their coefficients (angles in float64)."""
     num_layers = int(scale.shape[0])
-    coefficients = _Coefficients(scale.to(torch.float32).clone())
-    if delta == 0:
-        return coefficients  # a bit-exact dequantize: q·σ
+    sigma = scale.to(torch.float32)
+    if delta == 0:  # a bit-exact dequantize: q·σ
+        return [_Run(slice(0, num_layers), sigma)]
+    runs = []
     for start, stop in _runs(rope, layer_start, num_layers):
         rows = slice(start - layer_start, stop - layer_start)
-        cos, sin = _cos_sin(rope, delta, start, stop, scale.device)  # [n, 1, 1, half]
+        cos, sin = _cos_sin(rope, delta, start, scale.device)  # [1, 1, 1, half]
         first, second = _halves(rope.layout, rope.rotary_dim(start))
-        sigma = scale[rows].to(torch.float32)
-        coefficients.diagonal[rows][..., first].mul_(cos)
-        coefficients.diagonal[rows][..., second].mul_(cos)
-        on_first = sigma[..., second] * -sin  # out_first += q_second·(−σ_second·sin)
-        on_second = sigma[..., first] * sin  # out_second += q_first·(σ_first·sin)
-        coefficients.pairs.append(
-            ((rows, Ellipsis, first), (rows, Ellipsis, second), on_first, on_second)
-        )
-    return coefficients
+        run = _Run(rows, sigma[rows].clone())
+        run.diagonal[..., first].mul_(cos)
+        run.diagonal[..., second].mul_(cos)
+        on_first = sigma[rows][..., second] * -sin  # out_first += q_second·(−σ_second·sin)
+        on_second = sigma[rows][..., first] * sin  # out_second += q_first·(σ_first·sin)
+        run.pairs.append((first, second, on_first, on_second))
+        runs.append(run)
+    return runs
+
+
+def _blocks(
+    rows: slice, shape: torch.Size, device: torch.device
+) -> list[tuple[slice, slice, slice]]:
+    """(layers, heads, tokens) index blocks covering layers `rows` of a [L, H, T, D] tensor."""
+    _, num_heads, num_tokens, head_dim = shape
+    heads, all_tokens = slice(0, num_heads), slice(0, num_tokens)
+    if device.type != "cpu":
+        return [(rows, heads, all_tokens)]
+    per_layer = num_heads * num_tokens * head_dim
+    if per_layer <= CPU_BLOCK_ELEMENTS:
+        step = max(1, CPU_BLOCK_ELEMENTS // per_layer)
+        return [
+            (slice(a, min(a + step, rows.stop)), heads, all_tokens)
+            for a in range(rows.start, rows.stop, step)
+        ]
+    tokens_per_block = max(1, CPU_BLOCK_ELEMENTS // (num_heads * head_dim))
+    return [
+        (slice(layer, layer + 1), heads, slice(t, min(t + tokens_per_block, num_tokens)))
+        for layer in range(rows.start, rows.stop)
+        for t in range(0, num_tokens, tokens_per_block)
+    ]
 
 
 def _runs(rope: RopeSpec, layer_start: int, num_layers: int) -> list[tuple[int, int]]:
@@ -124,10 +165,10 @@ def _runs(rope: RopeSpec, layer_start: int, num_layers: int) -> list[tuple[int, 
 
 
 def _cos_sin(
-    rope: RopeSpec, delta: int, start: int, stop: int, device: torch.device
+    rope: RopeSpec, delta: int, layer: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Δ·inv_freq in float64 (positions are never held in half precision), applied in fp32.
-    angles = float(delta) * rope.table(start).inv_freq_tensor()
+    angles = float(delta) * rope.table(layer).inv_freq_tensor()
     cos, sin = angles.cos().to(torch.float32), angles.sin().to(torch.float32)
     return cos.view(1, 1, 1, -1).to(device), sin.view(1, 1, 1, -1).to(device)
 
@@ -141,12 +182,15 @@ def _halves(layout: str, rotary_dim: int) -> tuple[slice, slice]:
 
 
 def _dequantize_into(quantized: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> None:
-    """out = q · scale (per-token value scales), one pass."""
+    """out = q · scale (per-token value scales), blockwise: cast in place, then scale in place."""
     q, scale = quantized
-    if out.dtype == torch.float32:
-        torch.mul(q, scale, out=out)
-    else:
-        out.copy_(q * scale)  # float32 product, rounded once to out's dtype
+    for block in _blocks(slice(0, int(q.shape[0])), q.shape, out.device):
+        target = out[block]
+        if out.dtype == torch.float32:
+            target.copy_(q[block])
+            target.mul_(scale[block])
+        else:
+            target.copy_(q[block].to(torch.float32).mul_(scale[block]))
 
 
 def _decode_then_copy(

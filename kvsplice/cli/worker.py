@@ -320,20 +320,32 @@ def bench_core(
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
     lengths: Annotated[str, typer.Option(help="Comma-separated prompt lengths.")] = "256,1024,2048",
+    threads: Annotated[str, typer.Option(help="Comma-separated torch thread counts.")] = "1,2",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per length.")] = 5,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the rows as JSON.")
+    ] = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
-    """Reuse path (decode + dequantize + shift + splice) vs dense prefill vs memcpy."""
+    """Reuse path (checks + fused dequantize/shift into the cache) vs dense prefill vs memcpy."""
+    import json
+
     require_worker("bench core")
     check_model(model)
     prompt_lengths = int_tuple(lengths, "--lengths")
+    thread_counts = int_tuple(threads, "--threads")
     from kvsplice.client.models import load_model
-    from kvsplice.eval.bench_core import render_core_bench, run_core_bench
+    from kvsplice.eval.bench_core import core_bench_to_json, render_core_bench, run_core_bench
 
     setup_logging(log_level)
     loaded = load_model(model_config(model, model_cache))
-    rows = run_core_bench(loaded, lengths=prompt_lengths, repeats=repeats)
+    rows = run_core_bench(
+        loaded, lengths=prompt_lengths, repeats=repeats, thread_counts=thread_counts
+    )
     console().print(render_core_bench(rows))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(core_bench_to_json(rows), indent=2))
 
 
 @bench_app.command("store")

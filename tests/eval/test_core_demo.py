@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 from rich.console import Console
@@ -10,7 +13,12 @@ from tokenizers.models import WordLevel
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from kvsplice.client.models import LoadedModel, ModelConfig, bundle_model, load_model_cached
-from kvsplice.eval.bench_core import render_core_bench, run_core_bench
+from kvsplice.eval.bench_core import (
+    CoreBenchRow,
+    core_bench_to_json,
+    render_core_bench,
+    run_core_bench,
+)
 from kvsplice.eval.core_demo import (
     CoreDemoConfig,
     build_agent_prompts,
@@ -45,12 +53,26 @@ def test_shared_prefix_len_stops_at_the_first_difference() -> None:
 
 
 def test_bench_core_rows_on_a_tiny_model() -> None:
-    rows = run_core_bench(make_tiny_loaded(), lengths=(8, 16), repeats=1)
-    assert [row.num_tokens for row in rows] == [8, 16]
+    rows = run_core_bench(make_tiny_loaded(), lengths=(8, 16), repeats=1, thread_counts=(1, 2))
+    assert [(row.num_tokens, row.num_threads) for row in rows] == [(8, 1), (8, 2), (16, 1), (16, 2)]
     for row in rows:
         assert row.kv_nbytes == 2 * 2 * 2 * row.num_tokens * 8 * 4  # K+V, L, H_kv, T, D, fp32
-        assert min(row.dense_prefill_s, row.reuse_s, row.dequant_shift_s, row.memcpy_s) > 0
+        assert min(row.dense_prefill_s, row.reuse_s, row.decode_s, row.memcpy_s) > 0
+        assert row.targets_met is None  # targets are stated at 1,024 tokens
     assert "16" in render(render_core_bench(rows))
+    data = json.loads(json.dumps(core_bench_to_json(rows)))
+    first = data["rows"][0]
+    assert (first["num_tokens"], first["num_threads"]) == (8, 1)
+    assert first["decode_ratio_to_memcpy"] == pytest.approx(rows[0].decode_ratio_to_memcpy)
+    assert first["reuse_speedup_vs_dense"] == pytest.approx(rows[0].reuse_speedup_vs_dense)
+
+
+def test_core_targets_are_judged_at_1024_tokens() -> None:
+    row = CoreBenchRow(1024, 1, 1, 8, dense_prefill_s=4.0, reuse_s=0.1, decode_s=0.02,
+                       two_step_decode_s=0.1, memcpy_s=0.01)  # fmt: skip
+    assert row.reuse_speedup_vs_dense == pytest.approx(40.0) and row.targets_met
+    assert not replace(row, decode_s=0.021).targets_met
+    assert not replace(row, reuse_s=0.11).targets_met
 
 
 def test_bench_core_rejects_empty_lengths() -> None:
