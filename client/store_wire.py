@@ -21,6 +21,7 @@ from kvsplice.client.store_types import (
     SimilarCandidate,
     StoreStats,
 )
+from kvsplice.common.buffers import writable_buffer
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.segment import SegmentMeta
@@ -106,11 +107,16 @@ GET_SEGMENT = StreamMethod(
 
 
 class SegmentAssembler:
-    """Collects a GetSegment reply stream (header, then chunks) and verifies it."""
+    """Collects a GetSegment reply stream (header, then chunks) and verifies it.
+
+    Chunks are hashed as they arrive (while in cache) and copied into one buffer
+    allocated when the header announces the size (`common.buffers`).
+    """
 
     def __init__(self) -> None:
         self._meta: SegmentMeta | None = None
-        self._chunks: list[bytes | memoryview] = []
+        self._buffer: memoryview | None = None
+        self._hasher = xxhash.xxh3_64()
         self._nbytes = 0
 
     def feed(self, response: GetPart) -> None:
@@ -122,28 +128,30 @@ class SegmentAssembler:
             if self._meta is not None:
                 raise CorruptPayload("store sent a second segment header")
             self._meta = header_to_meta(response.header)
+            self._buffer = writable_buffer(self._meta.payload_nbytes)
             return
         else:
             chunk = response.chunk  # read once: every read copies the bytes out
-        if self._meta is None:
+        if self._meta is None or self._buffer is None:
             raise CorruptPayload("store sent payload bytes before the segment header")
-        self._nbytes += len(chunk)
-        if self._nbytes > self._meta.payload_nbytes:
+        end = self._nbytes + len(chunk)
+        if end > self._meta.payload_nbytes:
             raise CorruptPayload(f"store sent more than {self._meta.payload_nbytes} payload bytes")
-        self._chunks.append(chunk)
+        self._hasher.update(chunk)
+        self._buffer[self._nbytes : end] = chunk
+        self._nbytes = end
 
-    def finish(self) -> tuple[SegmentMeta, bytes]:
-        """The meta and the payload: one copy of the chunks, verified against the header."""
-        if self._meta is None:
+    def finish(self) -> tuple[SegmentMeta, memoryview]:
+        """The meta and the payload, verified against the header (length and xxh3-64)."""
+        if self._meta is None or self._buffer is None:
             raise CorruptPayload("store ended the reply without a segment header")
-        payload = b"".join(self._chunks)
-        if len(payload) != self._meta.payload_nbytes:
+        if self._nbytes != self._meta.payload_nbytes:
             raise CorruptPayload(
-                f"payload is {len(payload)} bytes, header says {self._meta.payload_nbytes}"
+                f"payload is {self._nbytes} bytes, header says {self._meta.payload_nbytes}"
             )
-        if xxhash.xxh3_64_intdigest(payload) != self._meta.checksum:
+        if self._hasher.intdigest() != self._meta.checksum:
             raise CorruptPayload(f"payload checksum mismatch for segment {self._meta.segment_id}")
-        return self._meta, payload
+        return self._meta, self._buffer
 
 
 def get_request(namespace: str, key: bytes, model_fingerprint: str | None) -> pb.GetSegmentRequest:

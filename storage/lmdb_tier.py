@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import lmdb
 
+from kvsplice.common.buffers import copied
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
@@ -96,14 +97,14 @@ class LMDBTier:
     def get(self, key: bytes) -> bytes | memoryview | None:
         self._check_open()
         corrupt: CorruptPayload | None = None
-        body: bytes | None = None
+        body: memoryview | None = None
         # NOTE: with buffers=True `raw` aliases the map and dies with the transaction,
         # so the body is verified in place and copied out before the `with` ends.
         with self._env.begin(db=self._db, buffers=True) as txn:
             raw = txn.get(key)
             if raw is not None:
                 try:
-                    body = bytes(open_record(raw))
+                    body = copied(open_record(raw))
                 except CorruptPayload as exc:
                     corrupt = exc
         if corrupt is not None:

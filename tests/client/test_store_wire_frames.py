@@ -52,7 +52,14 @@ def test_frames_and_messages_reassemble_to_the_same_bytes() -> None:
     via_frames = assemble(wire, parse_get_response)
     via_messages = assemble(wire, pb.GetSegmentResponse.FromString)
     assert via_frames == via_messages == (meta, payload)
-    assert type(via_frames[1]) is bytes
+    assert isinstance(via_frames[1], memoryview) and not via_frames[1].readonly
+
+
+def test_a_large_payload_lands_in_one_populated_buffer() -> None:
+    payload = make_payload(3 << 20)
+    meta = make_meta([1, 2], payload)
+    meta_back, received = assemble(make_reply(meta, payload, 1 << 20), parse_get_response)
+    assert meta_back == meta and received == payload and len(received) == len(payload)
 
 
 def test_frames_are_verified_like_messages() -> None:
