@@ -1,21 +1,27 @@
-"""Which host this process runs on, as the sidecar and its clients both compute it.
+"""Which host (and PID namespace) this process runs in, as the sidecar and its clients
+both compute it.
 
-Equal ids mean one machine (one kernel boot): a client may then try the sidecar's
-same-host data plane. Containers on one host share it; the file check that follows
-(`storage.lmdb_reader`) tells whether they also share the sidecar's files.
+Equal ids mean one kernel boot and one PID namespace: a client may then try the
+sidecar's same-host data plane. LMDB tracks its readers by pid, so processes in
+different PID namespaces (separate containers) must not share an environment and
+read over gRPC instead. The file check that follows (`storage.lmdb_reader`) tells
+whether the client also sees the sidecar's files.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_PID_NAMESPACE = "/proc/self/ns/pid"
 
 
 def host_id() -> str:
-    """The kernel's boot id where Linux exposes it, else the host name."""
+    """The kernel's boot id and PID namespace where Linux exposes them, else the host name."""
     try:
-        return "boot:" + _BOOT_ID.read_text().strip()
+        boot = _BOOT_ID.read_text().strip()
+        return f"boot:{boot}/{os.readlink(_PID_NAMESPACE)}"
     except OSError:
         return "name:" + socket.gethostname()
