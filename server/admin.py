@@ -27,6 +27,7 @@ from kvsplice.server.admin_models import (
     FlushOut,
     NamespaceStatsOut,
     SegmentPageOut,
+    SharedTierOut,
     StatsOut,
     StatusOut,
 )
@@ -91,12 +92,15 @@ def build_admin_app(
     *,
     token: str | None = None,
     version: str | None = None,
+    shared_status: Callable[[], SharedTierOut | None] = lambda: None,
 ) -> FastAPI:
     """The admin app. With `token`, `/metrics` and `/v1/*` need `Authorization: Bearer <token>`.
 
     `/healthz` and `/readyz` stay open: orchestrators probe them without credentials
-    and they reveal nothing about tenants. Handlers are `async` on purpose: they run
-    on the event loop, never concurrently with the gRPC servicer's synchronous parts.
+    and they reveal nothing about tenants. A degraded shared tier keeps `/readyz` at 200
+    (the sidecar serves from its local tiers) and shows in its `shared_tier`. Handlers
+    are `async` on purpose: they run on the event loop, never concurrently with the
+    gRPC servicer's synchronous parts.
     """
     if token is not None and not token.strip():
         raise ValueError("token must be None (no auth) or a non-blank string")
@@ -104,16 +108,17 @@ def build_admin_app(
     app.add_exception_handler(KvspliceError, _kvsplice_error_response)
     guarded = [Depends(_token_guard(token))]
 
-    @app.get("/healthz", response_model=StatusOut)
+    @app.get("/healthz", response_model=StatusOut, response_model_exclude_none=True)
     async def healthz() -> StatusOut:
         return StatusOut(status="ok")
 
-    @app.get("/readyz", response_model=StatusOut)
+    @app.get("/readyz", response_model=StatusOut, response_model_exclude_none=True)
     async def readyz(response: Response) -> StatusOut:
+        shared = shared_status()
         if source.is_ready():
-            return StatusOut(status="ready")
+            return StatusOut(status="ready", shared_tier=shared)
         response.status_code = 503
-        return StatusOut(status="not ready")
+        return StatusOut(status="not ready", shared_tier=shared)
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus_metrics() -> Response:

@@ -210,5 +210,18 @@ class FlushOut(BaseModel):
     num_blobs: int
 
 
+class SharedTierOut(BaseModel):
+    """The shared tier as `/readyz` shows it; `state` is "connected" or "degraded"."""
+
+    state: str
+    cluster: bool
+    since_s: float
+    last_error: str
+    num_trips: int
+    pending_writes: int
+    unshared_writes: int
+
+
 class StatusOut(BaseModel):
     status: str
+    shared_tier: SharedTierOut | None = None

@@ -73,6 +73,7 @@ class AnchorService:
         self._pool_config = pool_config
         self.config = config
         self._pools_by_namespace: dict[str, AnchorPools] = {}
+        store.add_blob_listener(self._on_blob_changed)
 
     def put(self, write: AnchorWrite) -> list[str]:
         """Pool the anchor, or add agents' offsets to it; return the ids the pool evicted.
@@ -281,6 +282,15 @@ class AnchorService:
             # A cache may forget: start empty (payload blobs are overwritten on reuse).
             logger.warning("anchor pools of %r unreadable (%s); starting empty", namespace, error)
             return AnchorPools(self._pool_config)
+
+    def _on_blob_changed(self, namespace: str, name: str) -> None:
+        """Another sidecar rewrote `namespace`'s pools: reload them on next use.
+
+        NOTE: pools are last-writer-wins across sidecars (each write is a whole pool,
+        never above capacity); a concurrent write may drop the other's new anchor.
+        """
+        if name == POOLS_BLOB:
+            self._pools_by_namespace.pop(namespace, None)
 
     def _save(self, namespace: str, pools: AnchorPools) -> None:
         self._store.put_blob(namespace, POOLS_BLOB, pools.to_bytes())

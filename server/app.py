@@ -18,7 +18,9 @@ from grpc_reflection.v1alpha import reflection
 
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
+from kvsplice.server import shared_follower
 from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
+from kvsplice.server.admin_models import SharedTierOut
 from kvsplice.server.admin_source import StoreAdminSource
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.config import ServerConfig
@@ -47,16 +49,28 @@ class StoreServer:
     address: str
     admin: AdminServer | None = None
     sweeper: asyncio.Task[None] | None = None
+    follower: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
+        num_segments += await shared_follower.catch_up(self.store)
         await self.server.start()
         self.sweeper = asyncio.create_task(self._sweep_expired(), name="kvsplice-ttl-sweeper")
+        if self.store.shared is not None:
+            self.follower = asyncio.create_task(
+                shared_follower.follow(self.store), name="kvsplice-shared-follower"
+            )
+        # NOTE: a degraded shared tier never changes health: local tiers keep serving.
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.config.admin_port is not None:
             source = StoreAdminSource(self.store, self.segments, self.anchors)
-            app = build_admin_app(source, self.metrics, token=self.config.auth_token)
+            app = build_admin_app(
+                source,
+                self.metrics,
+                token=self.config.auth_token,
+                shared_status=self._shared_status,
+            )
             try:
                 self.admin = await run_admin(app, self.config.admin_host, self.config.admin_port)
             except BaseException:  # e.g. the admin port is taken: leave nothing half-started
@@ -70,15 +84,26 @@ class StoreServer:
         logger.info("shutting down: draining RPCs for up to %.1f s", self.config.grace_period_s)
         await self.health.enter_graceful_shutdown()
         self.segments.mark_draining()
-        if self.sweeper is not None:
-            self.sweeper.cancel()
+        for task in (self.sweeper, self.follower):
+            if task is not None:
+                task.cancel()
         try:
             await self.server.stop(self.config.grace_period_s)
             if self.admin is not None:
                 await self.admin.stop()
+            shared = self.store.shared
+            if shared is not None and not shared.status().degraded:
+                # share what was acked but not yet published (a degraded tier takes nothing)
+                await asyncio.to_thread(shared.wait_published, self.config.grace_period_s)
         finally:
             self.store.close()
         logger.info("kvsplice store stopped")
+
+    def _shared_status(self) -> SharedTierOut | None:
+        status = self.store.shared_status()
+        if status is None:
+            return None
+        return shared_follower.status_out(status)
 
     async def _sweep_expired(self) -> None:
         """Reclaim expired segments now and then (reads also drop them lazily)."""
@@ -111,7 +136,8 @@ def _tier_summary(store: StoreConfig) -> list[str]:
         parts.append(f"lmdb {_mib(store.lmdb.map_size_bytes)} at {store.lmdb.path}")
     if store.redis is not None:
         budget = _mib(store.redis.max_bytes) if store.redis.max_bytes else "unbounded"
-        parts.append(f"redis {budget} at {redact_url(store.redis.url)}")
+        kind = "redis cluster" if store.redis.cluster else "redis"
+        parts.append(f"shared {kind} {budget} at {redact_url(store.redis.url)}")
     return parts
 
 

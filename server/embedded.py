@@ -64,6 +64,13 @@ class EmbeddedStore:
         admin = self._server.admin
         return None if admin is None else f"http://{admin.host}:{admin.port}"
 
+    @property
+    def server(self) -> StoreServer:
+        """The running server (its store, admin API, services)."""
+        if self._server is None:
+            raise RuntimeError("EmbeddedStore is not started")
+        return self._server
+
     def start(self) -> str:
         """Start serving; returns `target`. Raises what building or starting raised."""
         if self._thread is not None:

@@ -96,6 +96,7 @@ class SegmentService:
         self._segment_hits: Counter[tuple[str, bytes]] = Counter()
         self._ready = False
         store.add_removal_listener(self._on_removed)
+        store.add_arrival_listener(self._index)  # another sidecar's put (shared tier)
 
     # -- lifecycle --------------------------------------------------------------------
 

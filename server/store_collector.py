@@ -67,6 +67,24 @@ class _Families:
             f"{PREFIX}_stored_bytes", "Segment bytes stored (what quotas count)."
         )
     )
+    shared_degraded: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
+            f"{PREFIX}_shared_tier_degraded",
+            "1 while the shared tier (Redis/Valkey) is unreachable and local tiers serve alone.",
+        )
+    )
+    shared_pending: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
+            f"{PREFIX}_shared_tier_pending_writes",
+            "Writes acked locally and not yet published to the shared tier.",
+        )
+    )
+    shared_unshared: GaugeMetricFamily = field(
+        default_factory=lambda: GaugeMetricFamily(
+            f"{PREFIX}_shared_tier_unshared_writes",
+            "Writes dropped from sharing (pending queue full or failed): local only.",
+        )
+    )
 
     def all(self) -> list[Metric]:
         return [getattr(self, f.name) for f in fields(self)]
@@ -120,4 +138,11 @@ class StoreCollector(Collector):
                 families.capacity.add_metric([tier], usage.capacity_bytes)
         families.segments.add_metric([], stats.num_segments)
         families.stored.add_metric([], stats.stored_bytes)
-        yield from families.all()
+        metrics = families.all()
+        if stats.shared is not None:  # without a shared tier these series do not exist
+            families.shared_degraded.add_metric([], int(stats.shared.degraded))
+            families.shared_pending.add_metric([], stats.shared.num_pending)
+            families.shared_unshared.add_metric([], stats.shared.num_unshared)
+        else:
+            metrics = [f for f in metrics if not f.name.startswith(f"{PREFIX}_shared_tier_")]
+        yield from metrics

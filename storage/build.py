@@ -1,6 +1,7 @@
 """Construction of a `TieredStore` from a `StoreConfig`: the one place tiers are wired.
 
-Tiers stack fastest first (memory, Redis, LMDB); the last one configured is durable.
+Local tiers stack fastest first (memory, LMDB); the last one configured is durable.
+A Redis/Valkey tier is the shared tier behind them (`SharedTier`), never a local one.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.lmdb_tier import LMDBTier
 from kvsplice.storage.memory_tier import MemoryTier
-from kvsplice.storage.redis_tier import RedisTier
+from kvsplice.storage.shared_tier import SharedTier
 from kvsplice.storage.tier import EvictionRelay, StorageTier
 from kvsplice.storage.tiered_store import TieredStore
 
@@ -17,19 +18,20 @@ def build_tiered_store(config: StoreConfig) -> TieredStore:
     # Only a durable memory tier's evictions remove segments; the store is built
     # after its tiers, so that tier reports through a relay bound below.
     relay = EvictionRelay()
-    memory_is_durable = config.lmdb is None and config.redis is None
+    memory_is_durable = config.lmdb is None
     tiers: list[StorageTier] = []
     if config.memory is not None:
         tiers.append(MemoryTier(config.memory, on_evict=relay if memory_is_durable else None))
-    if config.redis is not None:
-        tiers.append(RedisTier(config.redis))
     if config.lmdb is not None:
         tiers.append(LMDBTier(config.lmdb))
+    shared = None if config.redis is None else SharedTier(config.redis)
     try:
-        store = TieredStore(config, tiers)
+        store = TieredStore(config, tiers, shared=shared)
     except BaseException:
         for tier in tiers:
             tier.close()
+        if shared is not None:
+            shared.close()
         raise
     relay.bind(store.forget_evicted)
     return store

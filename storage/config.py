@@ -55,30 +55,55 @@ class LMDBTierConfig:
             raise ValueError(f"map_size_bytes {self.map_size_bytes} is below 64 KiB")
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
+
+
 @dataclass(frozen=True)
 class RedisTierConfig:
-    """A Redis/Valkey tier: one key per record under `key_prefix`."""
+    """The shared Redis/Valkey tier (one server, or a Cluster reached through any seed node).
+
+    Records are one key each under `key_prefix`; put/delete/evict events travel on one
+    stream per namespace trimmed to about `stream_max_len` events. Every call has
+    `socket_timeout_s`; `failure_threshold` consecutive faults mark the tier degraded
+    until a probe every `probe_interval_s` succeeds. While degraded, at most
+    `max_pending_publish` written keys wait to be shared (the oldest are dropped).
+    """
 
     url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = False
+    read_from_replicas: bool = False
     key_prefix: str = "kvsplice:"
     compress: bool = False
     ttl_s: float | None = None
-    socket_timeout_s: float = 5.0
+    socket_timeout_s: float = 0.5
     max_bytes: int | None = None  # what `capacity_bytes()` reports; None = unbounded
+    failure_threshold: int = 2
+    probe_interval_s: float = 0.5
+    stream_max_len: int = 100_000
+    max_pending_publish: int = 100_000
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"url {self.url!r} is not a redis://, rediss:// or unix:// URL")
-        if not self.key_prefix:
-            raise ValueError(f"key_prefix {self.key_prefix!r} is empty")
+        if not self.url.startswith(REDIS_SCHEMES):
+            # the scheme only: a URL may carry a password
+            scheme = self.url.split("://", 1)[0] if "://" in self.url else self.url[:16]
+            raise ValueError(f"url scheme {scheme!r} is not one of {', '.join(REDIS_SCHEMES)}")
+        if self.cluster and self.url.startswith("unix://"):
+            raise ValueError("a Redis Cluster is reached over TCP, not a unix:// socket")
+        if not self.key_prefix or any(c in self.key_prefix for c in "{}"):
+            raise ValueError(f"key_prefix {self.key_prefix!r} is empty or holds a brace")
         _positive("ttl_s", self.ttl_s)
         _positive("socket_timeout_s", self.socket_timeout_s)
         _positive("max_bytes", self.max_bytes)
+        _positive("probe_interval_s", self.probe_interval_s)
+        for name in ("failure_threshold", "stream_max_len", "max_pending_publish"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} must be >= 1")
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The tiered store: which tiers (fastest first, LMDB durable), quotas per namespace.
+    """The tiered store: local tiers (memory over LMDB, the last durable), the optional
+    shared tier (`redis`: one server or a Cluster shared by every sidecar), quotas.
 
     A namespace's quota is `namespace_quota_bytes[ns]`, else `default_quota_bytes`
     (None: no quota). Quotas cap the bytes of segment records (meta + payload).
@@ -91,8 +116,8 @@ class StoreConfig:
     default_quota_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.memory is None and self.lmdb is None and self.redis is None:
-            raise ValueError("StoreConfig names no tier (memory, lmdb and redis are all None)")
+        if self.memory is None and self.lmdb is None:
+            raise ValueError("StoreConfig names no local tier (memory and lmdb are both None)")
         _positive("default_quota_bytes", self.default_quota_bytes)
         for namespace, quota in self.namespace_quota_bytes.items():
             validate_namespace(namespace)
@@ -106,7 +131,7 @@ class StoreConfig:
 
 
 def build_store(config: StoreConfig) -> TieredStore:
-    """Open the configured tiers (memory, then Redis, then LMDB) and the store over them."""
+    """Open the configured tiers (memory, then LMDB; Redis shared behind) and the store."""
     # NOTE: imported here because every tier module imports this one for its config.
     from kvsplice.storage.build import build_tiered_store
 

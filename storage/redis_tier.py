@@ -1,8 +1,9 @@
-"""The shared tier: one Redis/Valkey string per sealed record, under a key prefix.
+"""The shared tier's records: one Redis/Valkey string per sealed record, hash-tagged.
 
 Header and payload travel in ONE value (LMCache's two-key layout broke when the
-server evicted one key of a pair). Owns the redis-py client and error mapping:
-connection faults raise `StoreUnavailable`, Redis OOM raises `ResourceExhausted`.
+server evicted one key of a pair). Each key is `prefix{xxh3(key)}key`, so a Cluster
+places it by the tag alone. Calls go through `RedisConnection` (timeouts, breaker,
+fault mapping); the events that tell other sidecars about records are `segment_events`'.
 """
 
 from __future__ import annotations
@@ -11,17 +12,12 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
-import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import OutOfMemoryError
-from redis.retry import Retry
-
-from kvsplice.common.errors import CorruptPayload, ResourceExhausted, StoreUnavailable
+from kvsplice.common.errors import CorruptPayload, StoreUnavailable
 from kvsplice.storage.config import RedisTierConfig
 from kvsplice.storage.record import HEADER_NBYTES, body_prefix, open_record, read_header, seal
+from kvsplice.storage.redis_connection import TAG_NBYTES, Client, RedisConnection, hash_tagged
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
@@ -36,47 +32,54 @@ def escape_glob(raw: bytes) -> bytes:
 
 
 class RedisTier:
-    """`StorageTier` over redis-py; thread-safe through the client's connection pool.
+    """`StorageTier` over one Redis server or a Cluster; thread-safe (redis-py pools).
 
     `used_bytes` is a tracked counter: the bytes of this prefix's records, seeded
-    by SCAN + STRLEN at construction and moved by every put/delete made here.
-    Records that Redis itself expires (TTL) or evicts (maxmemory), or that other
-    processes write, are not tracked until the next construction. Redis never
-    tells us what it evicts, so `on_evict` is never called; such records read as
-    misses.
+    by SCAN + STRLEN when the tier is reachable at construction and moved by every
+    put/delete made here. Records that Redis itself expires (TTL) or evicts
+    (maxmemory), or that other processes write, are not tracked until the next
+    construction. Redis never tells us what it evicts, so `on_evict` is never
+    called; such records read as misses. While the breaker is open every call
+    raises `StoreUnavailable` at once.
     """
 
     def __init__(
         self,
         config: RedisTierConfig,
-        client: redis.Redis | None = None,
+        connection: RedisConnection | None = None,
         on_evict: EvictionCallback | None = None,
         name: str = "redis",
     ) -> None:
         self.name = name
         self._config = config
-        self._owns_client = client is None
-        self._client = client if client is not None else _connect(config)
+        self._owns_connection = connection is None
+        self.connection = connection if connection is not None else RedisConnection(config, name)
         self._prefix = config.key_prefix.encode()
         self._counters = TierCounters()
         self._lock = threading.Lock()
         self._closed = False
-        self._used_nbytes = self._measure_used_bytes()
+        try:
+            self._used_nbytes = self._measure_used_bytes()
+        except StoreUnavailable:
+            self._used_nbytes = 0  # degraded at start; counted from here on
 
     def put(self, key: bytes, value: bytes | memoryview) -> None:
         record = seal(value, compress=self._config.compress)
         ttl_ms = None if self._config.ttl_s is None else max(1, int(self._config.ttl_s * 1000))
-        with self._translated("put"):
-            pipe = self._client.pipeline(transaction=True)
-            pipe.strlen(self._full(key))
-            pipe.set(self._full(key), record, px=ttl_ms)
-            old_nbytes, _ = pipe.execute()
+        name = self._full(key)
+
+        def write(client: Client) -> Any:
+            pipe = client.pipeline(transaction=False)  # one key, one slot: one node
+            pipe.strlen(name)
+            pipe.set(name, record, px=ttl_ms)
+            return pipe.execute()
+
+        old_nbytes, _ = self.connection.call("put", write)
         self._adjust_used(len(record) - int(old_nbytes))
         self._counters.add(puts=1, bytes_in=len(value))
 
     def get(self, key: bytes) -> bytes | memoryview | None:
-        with self._translated("get"):
-            raw = self._client.get(self._full(key))
+        raw = self.connection.call("get", lambda client: client.get(self._full(key)))
         if raw is None:
             self._counters.add(misses=1)
             return None
@@ -90,40 +93,43 @@ class RedisTier:
         return body
 
     def get_prefix(self, key: bytes, max_nbytes: int) -> bytes | None:
-        with self._translated("get_prefix"):
-            raw = cast(
-                "bytes | None",
-                self._client.getrange(self._full(key), 0, HEADER_NBYTES + max_nbytes - 1),
-            )
-            try:
-                if raw and read_header(raw).compressed:
-                    # a zstd prefix needs only the frame's start, but GETRANGE cannot size it
-                    raw = cast("bytes | None", self._client.get(self._full(key)))
-                return body_prefix(raw, max_nbytes) if raw else None
-            except CorruptPayload as exc:
-                corrupt = exc
-        self._discard_corrupt(key, corrupt)
-        return None
+        name = self._full(key)
+        raw = cast(
+            "bytes | None",
+            self.connection.call(
+                "get_prefix", lambda c: c.getrange(name, 0, HEADER_NBYTES + max_nbytes - 1)
+            ),
+        )
+        try:
+            if raw and read_header(raw).compressed:
+                # a zstd prefix needs only the frame's start, but GETRANGE cannot size it
+                raw = cast("bytes | None", self.connection.call("get", lambda c: c.get(name)))
+            return body_prefix(raw, max_nbytes) if raw else None
+        except CorruptPayload as exc:
+            self._discard_corrupt(key, exc)
+            return None
 
     def delete(self, key: bytes) -> bool:
-        with self._translated("delete"):
-            pipe = self._client.pipeline(transaction=True)
-            pipe.strlen(self._full(key))
-            pipe.delete(self._full(key))
-            old_nbytes, num_deleted = pipe.execute()
+        name = self._full(key)
+
+        def remove(client: Client) -> Any:
+            pipe = client.pipeline(transaction=False)
+            pipe.strlen(name)
+            pipe.delete(name)
+            return pipe.execute()
+
+        old_nbytes, num_deleted = self.connection.call("delete", remove)
         self._adjust_used(-int(old_nbytes))
         return bool(num_deleted)
 
     def contains(self, key: bytes) -> bool:
-        with self._translated("contains"):
-            return bool(self._client.exists(self._full(key)))
+        return bool(self.connection.call("contains", lambda c: c.exists(self._full(key))))
 
     def keys(self, prefix: bytes = b"") -> Iterator[bytes]:
-        pattern = escape_glob(self._prefix + prefix) + b"*"
-        with self._translated("keys"):
-            found = list(self._client.scan_iter(match=pattern, count=_SCAN_COUNT))
-        # SCAN may return a key twice (rehashing); dedupe while stripping the prefix.
-        return iter(dict.fromkeys(key[len(self._prefix) :] for key in found))
+        found = self._scan()
+        # SCAN may return a key twice (rehashing); dedupe while stripping prefix and tag.
+        stripped = (name[len(self._prefix) + TAG_NBYTES :] for name in found)
+        return iter(dict.fromkeys(key for key in stripped if key.startswith(prefix)))
 
     def used_bytes(self) -> int:
         with self._lock:
@@ -137,24 +143,34 @@ class RedisTier:
             if self._closed:
                 return
             self._closed = True
-        if self._owns_client:
-            self._client.close()
+        if self._owns_connection:
+            self.connection.close()
 
     def stats(self) -> TierStats:
         return self._counters.snapshot()
 
     def _full(self, key: bytes) -> bytes:
-        return self._prefix + key
+        return hash_tagged(self._prefix, key, key)
+
+    def _scan(self) -> list[bytes]:
+        """Every record name under the prefix (all primaries of a Cluster)."""
+        pattern = escape_glob(self._prefix) + b"{*"
+        return self.connection.call(
+            "scan", lambda c: list(c.scan_iter(match=pattern, count=_SCAN_COUNT))
+        )
 
     def _measure_used_bytes(self) -> int:
-        with self._translated("scan"):
-            names = list(
-                self._client.scan_iter(match=escape_glob(self._prefix) + b"*", count=_SCAN_COUNT)
-            )
-            pipe = self._client.pipeline(transaction=False)
-            for name in dict.fromkeys(names):
+        names = list(dict.fromkeys(self._scan()))
+        if not names:
+            return 0
+
+        def measure(client: Client) -> Any:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
                 pipe.strlen(name)
-            return sum(int(n) for n in pipe.execute())
+            return pipe.execute()
+
+        return sum(int(n) for n in self.connection.call("scan", measure))
 
     def _adjust_used(self, delta: int) -> None:
         with self._lock:
@@ -166,25 +182,3 @@ class RedisTier:
         self.delete(key)
         self._counters.add(checksum_failures=1)
         logger.warning("%s: dropped corrupt record %s: %s", self.name, key.hex(), exc)
-
-    @contextmanager
-    def _translated(self, operation: str) -> Iterator[None]:
-        if self._closed:
-            raise StoreUnavailable(f"{self.name} tier is closed")
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(f"{self.name}: {operation} failed: {exc}") from exc
-        except OutOfMemoryError as exc:
-            raise ResourceExhausted(f"{self.name}: {operation} refused: {exc}") from exc
-
-
-def _connect(config: RedisTierConfig) -> redis.Redis:
-    # One quick retry: a dead server should surface as StoreUnavailable within
-    # the socket timeout, not after redis-py's default exponential backoff.
-    return redis.Redis.from_url(
-        config.url,
-        socket_timeout=config.socket_timeout_s,
-        socket_connect_timeout=config.socket_timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )

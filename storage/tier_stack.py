@@ -60,6 +60,14 @@ class TierStack:
             return body
         return None
 
+    def peek(self, key: bytes) -> Body | None:
+        """The body from the fastest tier holding it, promoting nothing (a background read)."""
+        for tier in self.tiers:
+            body = tier.get(key)
+            if body is not None:
+                return body
+        return None
+
     def drop_cached(self, key: bytes) -> None:
         for cache in self.caches:
             cache.delete(key)

@@ -19,7 +19,12 @@ from typing import NamedTuple
 
 import xxhash
 
-from kvsplice.common.errors import CorruptPayload, InvalidRequest, ResourceExhausted
+from kvsplice.common.errors import (
+    CorruptPayload,
+    InvalidRequest,
+    ResourceExhausted,
+    StoreUnavailable,
+)
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.blob_store import BlobStore
 from kvsplice.storage.catalog import CatalogEntry, NamespaceUsage
@@ -32,15 +37,26 @@ from kvsplice.storage.segment_codec import (
     payload_view,
     segment_payload,
 )
+from kvsplice.storage.segment_events import SharedEvent
+from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog
+from kvsplice.storage.shared_tier import SharedStatus, SharedTier
+from kvsplice.storage.store_listeners import (
+    ArrivalListener,
+    BlobListener,
+    RemovalListener,
+    StoreListeners,
+)
 from kvsplice.storage.tier import StorageTier, TierStats
 from kvsplice.storage.tier_stack import Body, TierStack
 
 logger = logging.getLogger(__name__)
 
-RemovalListener = Callable[[SegmentMeta], None]
 # delete: asked for; ttl: expired; quota/capacity: evicted for room;
-# lost: the durable tier no longer held it (failed verification, or evicted on its own).
-REMOVAL_REASONS = ("delete", "ttl", "quota", "capacity", "lost")
+# lost: the durable tier no longer held it (failed verification, or evicted on its own);
+# shared: another sidecar removed it (told by the shared tier's events).
+REMOVAL_REASONS = ("delete", "ttl", "quota", "capacity", "lost", "shared")
+# Removals the other sidecars are told about (a local loss or a remote removal is not one).
+_SHARED_REASONS = frozenset({"delete", "ttl", "quota", "capacity"})
 _NUM_STRIPES = 64
 
 
@@ -65,17 +81,15 @@ class StoreStats:
     num_segments: int
     stored_bytes: int  # segment bodies (meta + payload), what quotas count
     removals: Mapping[str, int]  # by REMOVAL_REASONS
-    usage: Mapping[str, TierUsage]  # by tier name, fastest first
-    durable_tier: str  # the last tier: segments live (and are removed) there
+    usage: Mapping[str, TierUsage]  # by tier name, fastest first (the shared tier last)
+    durable_tier: str  # the last local tier: segments live (and are removed) there
+    shared: SharedStatus | None = None  # the shared tier's state, when there is one
 
 
 class _Victim(NamedTuple):
     key: bytes
     entry: CatalogEntry
     stripe: threading.RLock
-
-
-Removed = list[tuple[SegmentMeta, str]]
 
 
 class TieredStore:
@@ -95,6 +109,12 @@ class TieredStore:
     eviction; an explicit `delete` is immediate (readers keep their bytes), and
     so are the budget evictions of a memory tier that is itself durable (it
     cannot see leases; its readers, too, keep their immutable bytes).
+
+    With a `shared` tier (Redis/Valkey, one per deployment) the catalog also holds
+    the segments other sidecars put (learned from `apply_shared`); a read the local
+    tiers miss falls through to the shared tier and caches what it finds locally.
+    Puts, blob writes and removals are published after they are durable locally
+    (`SharedTier` says when, and what a degraded tier does to them).
     """
 
     def __init__(
@@ -102,17 +122,22 @@ class TieredStore:
         config: StoreConfig,
         tiers: Sequence[StorageTier],
         clock: Callable[[], float] = time.time,
+        shared: SharedTier | None = None,
     ) -> None:
         self._config = config
         self._stack = TierStack(tiers)
+        self._shared = shared
         self._clock = clock
         self._lock = threading.Lock()
         self._stripes = tuple(threading.RLock() for _ in range(_NUM_STRIPES))
         self._catalog, num_dropped = load_catalog(self._stack)
-        self._listeners: list[RemovalListener] = []
+        self._shared_catalog = SharedCatalog(self._catalog, self._lock, self._stack)
+        self._listeners = StoreListeners()
         self._removals: Counter[str] = Counter(lost=num_dropped)
-        self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock)
+        self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
         self._closed = False
+        if shared is not None:
+            shared.bind(self._stack.peek)
 
     # -- segments -------------------------------------------------------------
 
@@ -135,6 +160,8 @@ class TieredStore:
                 self._put_locked(key, body, entry, removed)
         finally:
             self._notify(removed)
+        if self._shared is not None:
+            self._shared.publish_put(key)
 
     def get(self, namespace: str, context_key: bytes) -> StoredSegment | None:
         key = segment_key(namespace, context_key)
@@ -224,7 +251,9 @@ class TieredStore:
             return self._catalog.usage()
 
     def stats(self) -> StoreStats:
-        tiers = self._stack.tiers
+        tiers: list[StorageTier | SharedTier] = list(self._stack.tiers)
+        if self._shared is not None:
+            tiers.append(self._shared)
         tier_stats = {tier.name: tier.stats() for tier in tiers}
         usage = {tier.name: TierUsage(tier.used_bytes(), tier.capacity_bytes()) for tier in tiers}
         with self._lock:
@@ -236,15 +265,54 @@ class TieredStore:
                 removals={reason: self._removals[reason] for reason in REMOVAL_REASONS},
                 usage=usage,
                 durable_tier=self._stack.durable.name,
+                shared=None if self._shared is None else self._shared.status(),
             )
 
     def add_removal_listener(self, listener: RemovalListener) -> None:
-        with self._lock:
-            self._listeners.append(listener)
+        self._listeners.add_removal(listener)
+
+    def add_arrival_listener(self, listener: ArrivalListener) -> None:
+        """`listener(meta)` runs for each segment another sidecar put (see `apply_shared`)."""
+        self._listeners.add_arrival(listener)
+
+    def add_blob_listener(self, listener: BlobListener) -> None:
+        """`listener(namespace, name)` runs for each blob another sidecar wrote or removed."""
+        self._listeners.add_blob(listener)
+
+    # -- the shared tier ----------------------------------------------------------
+
+    @property
+    def shared(self) -> SharedTier | None:
+        return self._shared
+
+    def shared_status(self) -> SharedStatus | None:
+        return None if self._shared is None else self._shared.status()
+
+    def apply_shared(self, events: Sequence[SharedEvent]) -> None:
+        """Bring the catalog in step with other sidecars' `events` (in stream order).
+
+        A put catalogs the segment as held by the shared tier only (its local copies,
+        if any, are dropped as stale unless they are that very version); a removal
+        uncatalogs it and drops local copies; a blob event drops local copies, so the
+        next read fetches the shared version. Listeners run after, outside the locks.
+        """
+        applied = Applied()
+        try:
+            for event in events:
+                with self._stripe(event.key):
+                    self._shared_catalog.apply_locked(event, applied)
+        finally:
+            self._notify(applied.removed)
+            self._listeners.arrived(applied.arrived, applied.blobs)
 
     def forget_evicted(self, key: bytes) -> None:
-        """`on_evict` target of a self-evicting durable tier: `key` is gone from it."""
+        """`on_evict` target of a self-evicting durable tier: `key` is gone from it
+        (with a shared tier, only from here: it stays cataloged, read from the cluster)."""
         with self._lock:
+            if self._shared is not None:
+                if self._catalog.get(key) is not None:
+                    self._shared_catalog.mark_remote([key])
+                return
             entry = self._catalog.pop(key)
         if entry is not None:
             self._notify([(entry.meta, "capacity")])
@@ -253,6 +321,8 @@ class TieredStore:
         if self._closed:
             return
         self._closed = True
+        if self._shared is not None:
+            self._shared.close()
         self._stack.close()
 
     # -- internals: callers hold the key's stripe where the name says `_locked` --
@@ -301,7 +371,11 @@ class TieredStore:
         return victims
 
     def _write_durable(self, key: bytes, body: bytes, removed: Removed) -> None:
-        """Put into the durable tier, evicting LRU unleased segments while it is full."""
+        """Put into the durable tier, evicting LRU unleased segments while it is full.
+
+        With a shared tier the local tiers cache the cluster: a capacity victim is only
+        dropped here (still cataloged, read back from the cluster), not removed.
+        """
         durable = self._stack.durable
         capacity = durable.capacity_bytes()
         if capacity is not None and len(body) > capacity:
@@ -313,25 +387,49 @@ class TieredStore:
             except ResourceExhausted as exc:
                 with self._lock:
                     victims = self._claim(None, len(body), exclude=key)
-                    self._pop_claimed(victims)
+                    if self._shared is None:
+                        self._pop_claimed(victims)
+                    else:
+                        self._shared_catalog.mark_remote([victim.key for victim in victims])
                 if not victims:
                     raise ResourceExhausted(
                         f"{durable.name} is full and no unleased segment is left to evict"
                     ) from exc
-                self._evict(victims, "capacity", removed)
+                if self._shared is None:
+                    self._evict(victims, "capacity", removed)
+                else:
+                    self._drop_local(victims)
+
+    def _drop_local(self, victims: list[_Victim]) -> None:
+        """Delete claimed victims from the local tiers only (the shared tier keeps them)."""
+        try:
+            for victim in victims:
+                self._stack.delete(victim.key)
+        finally:
+            self._unclaim(victims)
 
     def _claim(self, namespace: str | None, nbytes: int, exclude: bytes) -> list[_Victim]:
         """LRU unleased segments worth >= `nbytes` whose stripes were free (caller holds `_lock`).
 
         Stripes are only tried, never waited for: see the class docstring.
         """
+        # NOTE: room in the durable tier is made only by segments it holds; a segment
+        # known from the shared tier alone frees nothing there (quotas count both).
+        try_claim = self._try_stripe if namespace is not None else self._try_local_stripe
         victims = []
-        for key, entry in self._catalog.lru_victims(namespace, nbytes, exclude, self._try_stripe):
+        for key, entry in self._catalog.lru_victims(namespace, nbytes, exclude, try_claim):
             victims.append(_Victim(key, entry, self._stripe(key)))
         return victims
 
     def _try_stripe(self, key: bytes) -> bool:
         return self._stripe(key).acquire(blocking=False)
+
+    def _try_local_stripe(self, key: bytes) -> bool:
+        if self._shared is not None and (
+            self._shared_catalog.is_remote(key) or self._shared.is_pending(key)
+        ):
+            return False  # frees nothing here, or not shared yet: the only copy
+        return self._try_stripe(key)
 
     def _pop_claimed(self, victims: list[_Victim]) -> None:
         for victim in victims:
@@ -370,6 +468,13 @@ class TieredStore:
         if entry is None:
             return None
         body = self._stack.get(key, is_current=lambda b: _digest_or_none(b) == entry.meta_digest)
+        if body is None and self._shared is not None:
+            fetched = self._fetch_shared(key, entry, removed)
+            if fetched is _UNREACHABLE:
+                return None  # a miss for now, not a loss: the segment stays cataloged
+            body = fetched
+            with self._lock:  # the fetch may have adopted another version of the key
+                entry = self._catalog.get(key) or entry
         if body is not None and _digest_or_none(body) != entry.meta_digest:
             logger.warning("durable tier holds a version of %s this store did not write", key.hex())
             return None
@@ -380,6 +485,34 @@ class TieredStore:
                 logger.warning("segment %s dropped: %s", key.hex(), exc)
         self._remove_locked(key, entry, "lost", removed)
         return None
+
+    def _fetch_shared(self, key: bytes, entry: CatalogEntry, removed: Removed) -> Body | object:
+        """The shared tier's copy of a locally missing segment, cached in the local tiers;
+        None if the shared tier lacks it, `_UNREACHABLE` while it is degraded (or its copy
+        fails verification)."""
+        assert self._shared is not None
+        try:
+            body = self._shared.get(key)
+        except StoreUnavailable as exc:
+            logger.debug("segment %s not fetched from the shared tier: %s", key.hex(), exc)
+            return _UNREACHABLE
+        if body is None:
+            # NOTE: a replica may not hold a record its primary just wrote: with replica
+            # reads, absence is a miss for now, never proof of loss.
+            return _UNREACHABLE if self._shared.config.read_from_replicas else None
+        if _digest_or_none(body) != entry.meta_digest:
+            adopted = self._shared_catalog.adopt(key, body)  # a twin put elsewhere
+            if adopted is None:
+                return _UNREACHABLE
+            entry = adopted
+        try:
+            self._write_durable(key, bytes(body), removed)
+            self._stack.fill_caches(key, body)
+        except ResourceExhausted as exc:
+            logger.info("segment %s read from the shared tier, not cached: %s", key.hex(), exc)
+        else:
+            self._shared_catalog.mark_local(key)
+        return body
 
     def _live_entry(self, key: bytes, removed: Removed) -> CatalogEntry | None:
         """The key's entry unless expired; an expired one is removed (or doomed if leased)."""
@@ -423,23 +556,19 @@ class TieredStore:
         return expires_at_s is not None and expires_at_s < self._clock()
 
     def _notify(self, removed: Removed) -> None:
-        """Count removals and tell every listener; a listener's error is re-raised after all ran."""
+        """Count removals, publish the shared ones, tell every listener (errors re-raised)."""
         if not removed:
             return
         with self._lock:
             self._removals.update(reason for _, reason in removed)
-            listeners = list(self._listeners)
-        errors = []
         for meta, reason in removed:
+            if self._shared is not None and reason in _SHARED_REASONS:
+                self._shared.publish_removal(segment_key(meta.namespace, meta.context_key), reason)
             logger.debug("segment %s/%s removed (%s)", meta.namespace, meta.segment_id, reason)
-            for listener in listeners:
-                try:
-                    listener(meta)
-                except Exception as exc:
-                    logger.exception("removal listener failed on %s", meta.segment_id)
-                    errors.append(exc)
-        if errors:
-            raise errors[0]
+        self._listeners.removed([meta for meta, _ in removed])
+
+
+_UNREACHABLE = object()
 
 
 def _digest_or_none(body: Body) -> int | None:

@@ -336,6 +336,9 @@ def make_contract_cli() -> Command:
         ] = "",
         lmdb_path: Annotated[str, typer.Option("--lmdb-path", envvar="KVSPLICE_LMDB_PATH")] = "",
         redis_url: Annotated[str, typer.Option("--redis-url", envvar="KVSPLICE_REDIS_URL")] = "",
+        redis_cluster: Annotated[
+            bool, typer.Option("--redis-cluster", envvar="KVSPLICE_REDIS_CLUSTER")
+        ] = False,
         auth_token: Annotated[str, typer.Option("--auth-token", envvar="KVSPLICE_AUTH_TOKEN")] = "",
     ) -> None: ...
 

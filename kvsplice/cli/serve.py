@@ -1,7 +1,8 @@
 """`kvsplice serve` and `kvsplice health`: the sidecar's flags, checked before anything is created.
 
-Every flag becomes a frozen config here; addresses, ports, the Redis URL and the LMDB
-directory are checked up front so a mistake is one line on stderr, not a half-started server.
+Every flag becomes a frozen config here; addresses, ports, the Redis URL's form and the
+LMDB directory are checked up front so a mistake is one line on stderr, not a half-started
+server. An unreachable Redis is not a mistake: the sidecar starts degraded (issue 15).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import typer
 from kvsplice.cli.common import LogLevel, LogLevelOpt, fail, setup_logging, split_host_port
 
 MIB = 1 << 20
-REDIS_CHECK_TIMEOUT_S = 3.0
 
 
 class MemoryPolicy(StrEnum):
@@ -100,9 +100,23 @@ def serve(
         str | None,
         typer.Option(
             envvar="KVSPLICE_REDIS_URL",
-            help="Shared Redis/Valkey tier, e.g. redis://valkey:6379/0 (checked at start).",
+            help="Shared Redis/Valkey tier: redis://, rediss://, valkey:// (a cluster takes "
+            "host:port,host:port seeds). Unreachable at start: serve degraded, connect later.",
         ),
     ] = None,
+    redis_cluster: Annotated[
+        bool,
+        typer.Option(
+            envvar="KVSPLICE_REDIS_CLUSTER",
+            help="--redis-url names seed nodes of a Redis/Valkey Cluster.",
+        ),
+    ] = False,
+    redis_read_replicas: Annotated[
+        bool,
+        typer.Option(
+            envvar="KVSPLICE_REDIS_READ_REPLICAS", help="Cluster reads may go to replicas."
+        ),
+    ] = False,
     quota_mib: Annotated[
         int | None,
         typer.Option(envvar="KVSPLICE_QUOTA_MIB", min=1, help="Per-namespace byte quota."),
@@ -185,7 +199,11 @@ def serve(
                 compress=compress,
                 sync=lmdb_sync,
             ),
-            redis=RedisTierConfig(url=redis_url) if redis_url else None,
+            redis=RedisTierConfig(
+                url=redis_url, cluster=redis_cluster, read_from_replicas=redis_read_replicas
+            )
+            if redis_url
+            else None,
             default_quota_bytes=quota_mib * MIB if quota_mib else None,
         )
         config = ServerConfig(
@@ -207,8 +225,6 @@ def serve(
     check_port_free(listen, "--listen")
     if admin is not None:
         check_port_free(admin_listen, "--admin-listen")
-    if redis_url:
-        check_redis(redis_url)
     make_lmdb_dir(lmdb_path)
     run_server(config)
 
@@ -239,21 +255,6 @@ def check_port_free(address: str, flag: str) -> None:
     except OSError as exc:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         fail(f"{flag} {address}: {reason}")
-
-
-def check_redis(url: str) -> None:
-    import redis
-
-    try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=REDIS_CHECK_TIMEOUT_S, socket_timeout=REDIS_CHECK_TIMEOUT_S
-        )
-        client.ping()
-        client.close()
-    except (redis.RedisError, ValueError) as exc:
-        from kvsplice.server.app import redact_url
-
-        fail(f"--redis-url {redact_url(url)}: cannot reach Redis: {exc}")
 
 
 def make_lmdb_dir(path: Path) -> None:

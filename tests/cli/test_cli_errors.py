@@ -104,14 +104,16 @@ def test_a_port_in_use(
     assert not lmdb.exists()  # nothing created before the flags were checked
 
 
-def test_unreachable_redis_before_anything_is_created(
+def test_a_malformed_redis_url_before_anything_is_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # An unreachable Redis is no error (the sidecar starts degraded: tests/cluster); a URL
+    # that cannot name one is, and its password never reaches the terminal.
     lmdb = tmp_path / "lmdb"
-    url = f"redis://user:secret@127.0.0.1:{closed_port()}/0"
+    url = "http://user:secret@127.0.0.1:6379/0"
     code, _, err = run_cli(["serve", "--redis-url", url, "--lmdb-path", str(lmdb)], capsys)
     line = one_error_line(err)
-    assert code == 1 and "cannot reach Redis" in line
+    assert code == 2 and "url scheme 'http'" in line
     assert "secret" not in line
     assert not lmdb.exists()
 

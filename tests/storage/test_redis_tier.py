@@ -88,9 +88,33 @@ def test_a_killed_server_raises_store_unavailable_never_garbage(start_redis) -> 
     tier.close()
 
 
-def test_an_unreachable_server_raises_at_construction() -> None:
+def test_an_unreachable_server_starts_degraded_and_connects_when_it_appears(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    with caplog.at_level("WARNING"):
+        tier = make_tier(port, probe_interval_s=0.05)
+    assert [r.message for r in caplog.records if "unreachable" in r.message] == [
+        caplog.records[0].message
+    ]  # one line, no traceback
+    assert tier.connection.breaker.is_open()
+    started = time.monotonic()
     with pytest.raises(StoreUnavailable):
-        make_tier(free_port())
+        tier.get(b"k")
+    assert time.monotonic() - started < 0.05  # fails fast while degraded
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    process = subprocess.Popen([*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        wait_until_up(port)
+        deadline = time.monotonic() + 5
+        while tier.connection.breaker.is_open() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tier.put(b"k", b"value")
+        assert bytes(tier.get(b"k")) == b"value"
+    finally:
+        tier.close()
+        process.kill()
+        process.wait(timeout=10)
 
 
 def test_a_full_server_raises_resource_exhausted(start_redis) -> None:
@@ -105,7 +129,7 @@ def test_a_full_server_raises_resource_exhausted(start_redis) -> None:
 def test_ttl_is_passed_through(redis_client: redis.Redis, redis_prefix: str) -> None:
     tier = RedisTier(RedisTierConfig(key_prefix=redis_prefix, ttl_s=30.0))
     tier.put(b"k", b"v")
-    assert 0 < redis_client.pttl(redis_prefix.encode() + b"k") <= 30_000
+    assert 0 < redis_client.pttl(tier._full(b"k")) <= 30_000
     tier.close()
 
 

@@ -24,10 +24,14 @@ from kvsplice.storage.keyspace import segment_key
         (lambda: MemoryTierConfig(max_bytes=10, policy="fifo"), "'fifo'"),
         (lambda: LMDBTierConfig(path=""), "path ''"),
         (lambda: LMDBTierConfig(path="/tmp/x", map_size_bytes=1000), "map_size_bytes 1000"),
-        (lambda: RedisTierConfig(url="http://localhost"), "'http://localhost'"),
+        (lambda: RedisTierConfig(url="http://localhost"), "url scheme 'http'"),
         (lambda: RedisTierConfig(ttl_s=-1.0), "ttl_s -1.0"),
         (lambda: RedisTierConfig(key_prefix=""), "key_prefix ''"),
-        (lambda: StoreConfig(), "names no tier"),
+        (lambda: RedisTierConfig(key_prefix="a{b}:"), "holds a brace"),
+        (lambda: RedisTierConfig(url="unix:///x.sock", cluster=True), "over TCP"),
+        (lambda: RedisTierConfig(failure_threshold=0), "failure_threshold 0"),
+        (lambda: RedisTierConfig(max_pending_publish=0), "max_pending_publish 0"),
+        (lambda: StoreConfig(), "names no local tier"),
         (
             lambda: StoreConfig(memory=MemoryTierConfig(10), default_quota_bytes=0),
             "default_quota_bytes 0",
@@ -71,7 +75,7 @@ def test_build_store_stacks_memory_over_lmdb(tmp_path: Path, make_segment) -> No
 
 
 @pytest.mark.redis
-def test_build_store_puts_redis_between_memory_and_lmdb(
+def test_build_store_puts_redis_behind_the_local_tiers_as_the_shared_tier(
     tmp_path: Path, make_segment, redis_client: redis.Redis, redis_prefix: str
 ) -> None:
     store = build_store(
@@ -83,11 +87,12 @@ def test_build_store_puts_redis_between_memory_and_lmdb(
     )
     meta, payload = make_segment()
     store.put(meta, payload)
-    assert list(store.stats().tiers) == ["memory", "redis", "lmdb"]
-    assert redis_client.exists(
-        redis_prefix.encode() + segment_key(meta.namespace, meta.context_key)
-    )
+    assert store.shared is not None and store.shared.wait_published(5.0)
+    assert list(store.stats().tiers) == ["memory", "lmdb", "redis"]
+    record_name = store.shared.records._full(segment_key(meta.namespace, meta.context_key))
+    assert redis_client.exists(record_name)
     assert bytes(store.get(meta.namespace, meta.context_key).payload) == payload
     store.delete(meta.namespace, meta.context_key)
-    assert list(redis_client.scan_iter(match=redis_prefix.encode() + b"*")) == []
+    assert store.shared.wait_published(5.0)
+    assert not redis_client.exists(record_name)
     store.close()

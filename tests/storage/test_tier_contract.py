@@ -55,7 +55,7 @@ def _redis(compress: bool, client: redis.Redis, prefix: str) -> TierUnderTest:
     tier = RedisTier(RedisTierConfig(key_prefix=prefix, compress=compress))
 
     def corrupt(key: bytes) -> None:
-        full = prefix.encode() + key
+        full = tier._full(key)
         client.set(full, _flipped_last(client.get(full)))
 
     return TierUnderTest(tier, corrupt)
