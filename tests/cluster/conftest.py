@@ -45,11 +45,16 @@ def start_sidecar(tmp_path: Path) -> Iterator[SidecarFactory]:
     started: list[EmbeddedStore] = []
 
     def start(
-        name: str, redis: RedisTierConfig, lmdb_map_bytes: int = 1 << 30, **overrides: object
+        name: str,
+        redis: RedisTierConfig,
+        lmdb_map_bytes: int = 1 << 30,
+        quota_bytes: int | None = None,
+        **overrides: object,
     ) -> EmbeddedStore:
         config = loopback_config(str(tmp_path / name), admin_port=0, **overrides)
         lmdb = LMDBTierConfig(str(tmp_path / name), map_size_bytes=lmdb_map_bytes, sync=False)
-        config = replace(config, store=replace(config.store, redis=redis, lmdb=lmdb))
+        store = replace(config.store, redis=redis, lmdb=lmdb, default_quota_bytes=quota_bytes)
+        config = replace(config, store=store)
         sidecar = EmbeddedStore(config)
         sidecar.start()
         started.append(sidecar)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from cluster_factories import (
@@ -158,3 +159,31 @@ def test_a_full_local_tier_drops_its_copies_only_the_cluster_keeps_serving_them(
     with make_client(b) as client_b:
         tokens = chain_tokens(chain)
         assert client_b.lookup_prefix(FINGERPRINT, tokens).num_matched_tokens == len(tokens)
+
+
+def test_quota_evictions_and_ttl_expiries_reach_the_other_sidecar(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    config = shared_config(cluster.url, key_prefix)
+    a = start_sidecar("a", config, quota_bytes=5 * (16 * 1024 + 600))  # ~5 segments
+    b = start_sidecar("b", config)
+    roots = [make_chain(1, seed=100 + i)[0] for i in range(8)]  # 8 independent segments
+
+    def found_on_b(client) -> list[bool]:
+        return [
+            client.lookup_prefix(FINGERPRINT, m.token_ids).num_matched_tokens > 0 for m, _ in roots
+        ]
+
+    with make_client(a) as client_a, make_client(b) as client_b:
+        for meta, payload in roots:
+            assert client_a.put_segment(meta, payload)
+        # A evicted its 3 oldest for the quota; B hears of it and stops finding them
+        wait_for(lambda: found_on_b(client_b), lambda found: found == [False] * 3 + [True] * 5, 2.0)
+        assert a.server.store.stats().removals["quota"] == 3
+
+        short, payload = make_chain(1, seed=200)[0]
+        assert client_a.put_segment(replace(short, ttl_s=0.5), payload)
+        wait_for(lambda: client_b.get_segment(short.context_key), lambda r: r is not None, 1.0)
+        time.sleep(0.6)
+        assert client_b.get_segment(short.context_key) is None  # expired on B too
+        assert client_b.lookup_prefix(FINGERPRINT, short.token_ids).num_matched_tokens == 0
