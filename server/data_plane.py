@@ -1,8 +1,8 @@
 """What the sidecar tells clients about reading its segments in place on its own host.
 
 Owns the description only (host, LMDB directory and data file, pid); the reading is
-`storage.lmdb_reader`'s and the choice of path the client's. Without an LMDB tier
-there is nothing to read in place and clients stay on gRPC.
+`storage.lmdb_reader`'s and the choice of path the client's. Without an LMDB tier, or
+with a shared tier behind it, there is nothing final to read in place: clients stay on gRPC.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ class DataPlane:
 
 def describe_data_plane(store: StoreConfig) -> DataPlane:
     """The data plane of a store built from `store` (call after its tiers are open)."""
-    if store.lmdb is None:
+    # NOTE: with a shared tier the LMDB holds only what this sidecar wrote or read: a
+    # miss there is no miss of the store, so clients read over gRPC (which falls through).
+    if store.lmdb is None or store.redis is not None:
         return DataPlane(host_id(), "", (0, 0), os.getpid())
     path = os.path.abspath(store.lmdb.path)
     return DataPlane(host_id(), path, data_file_id(path), os.getpid())
