@@ -50,8 +50,8 @@ def decode_into(
     _dequantize_into(_on(stored.values, device, staging), values_out)
 
 
-# NOTE: on CPU the work goes in blocks of about 1 MiB of float32 (a layer, or a run of its
-# tokens): the int8 -> float32 cast lands in a scratch block that stays in cache, and each
+# NOTE: on CPU the work goes in blocks of about 1 MiB of float32 per torch thread (layers,
+# or a run of a layer's tokens): the int8 -> float32 cast lands in a scratch block that stays in cache, and each
 # output block is written to memory once although it is updated in place three times.
 # Whole-tensor kernels measured ~2.5x slower per byte here (mixed int8 x float32 kernels
 # are not vectorized; every extra pass goes to memory). GPUs take each run whole.
@@ -138,13 +138,14 @@ def _blocks(
     if device.type != "cpu":
         return [(rows, heads, all_tokens)]
     per_layer = num_heads * num_tokens * head_dim
-    if per_layer <= CPU_BLOCK_ELEMENTS:
-        step = max(1, CPU_BLOCK_ELEMENTS // per_layer)
+    block_elements = CPU_BLOCK_ELEMENTS * torch.get_num_threads()  # ~1 MiB per thread
+    if per_layer <= block_elements:
+        step = max(1, block_elements // per_layer)
         return [
             (slice(a, min(a + step, rows.stop)), heads, all_tokens)
             for a in range(rows.start, rows.stop, step)
         ]
-    tokens_per_block = max(1, CPU_BLOCK_ELEMENTS // (num_heads * head_dim))
+    tokens_per_block = max(1, block_elements // (num_heads * head_dim))
     return [
         (slice(layer, layer + 1), heads, slice(t, min(t + tokens_per_block, num_tokens)))
         for layer in range(rows.start, rows.stop)
