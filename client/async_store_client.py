@@ -95,8 +95,10 @@ class AsyncStoreClient:
                     found = local.get_segment(key, model_fingerprint)
                     self.counters.num_same_host_reads += 1
                     return found
-                except StoreUnavailable as error:  # this read goes over gRPC
+                except StoreUnavailable as error:  # this read goes over gRPC; ask again next
                     self._warning.warn("get_segment (same host)", str(error))
+                    local.close()
+                    self._same_host = _UNASKED
             return await self._get_over_grpc(key, model_fingerprint)
         except CorruptPayload as error:
             self.counters.num_corrupt_payloads += 1

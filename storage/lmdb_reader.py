@@ -139,6 +139,7 @@ class LMDBReader:
         when no read transaction can start (closed, reader table full).
         """
         key = segment_key(namespace, context_key)
+        self._check_same_file()
         txn = self._begin()
         pinned = False
         try:
@@ -157,6 +158,16 @@ class LMDBReader:
             idle = self._num_pinned == 0
         if idle:
             self._env.close()
+
+    def _check_same_file(self) -> None:
+        """`StoreUnavailable` once the directory holds another environment (a sidecar that
+        started over at the same path): this map would only ever show the old one."""
+        try:
+            same = data_file_id(self.path) == self._file_id
+        except OSError:
+            same = False
+        if not same:
+            raise StoreUnavailable(f"the environment at {self.path} was replaced or removed")
 
     def _begin(self) -> lmdb.Transaction:
         with self._lock:

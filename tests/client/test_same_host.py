@@ -6,6 +6,7 @@ twice); the test process is the worker. No torch needed.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -114,3 +115,25 @@ def test_an_in_process_store_is_read_over_grpc(tmp_path: Path) -> None:
         found = client.get_segment(meta.segment_id)
         assert found is not None and bytes(found[1]) == payload
         assert client.counters.num_same_host_reads == 0
+
+
+def test_a_sidecar_started_over_at_the_same_path_is_never_read_through_the_old_map(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "lmdb")
+    payload = make_payload(4096, seed=6)
+    meta = make_meta([61, 62], payload)
+    with SidecarProcess(SidecarSpec(path, map_size_bytes=8 << 20)) as first:
+        client = StoreClient(first.target, NAMESPACE, config=replace(PATIENT, get_timeout_s=1.0))
+        assert client.put_segment(meta, payload)
+        assert client.get_segment(meta.segment_id) is not None
+        first.stop()
+        shutil.rmtree(path)
+        with SidecarProcess(SidecarSpec(path, map_size_bytes=8 << 20)) as second:
+            # The old map still holds the segment; the client must notice the new files.
+            assert client.get_segment(meta.segment_id) is None
+            assert client.counters.num_same_host_reads == 1
+            client.close()
+            with StoreClient(second.target, NAMESPACE, config=PATIENT) as fresh:
+                assert fresh.get_segment(meta.segment_id) is None
+                assert fresh.counters.num_same_host_reads == 1
