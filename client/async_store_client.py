@@ -12,12 +12,12 @@ from types import TracebackType
 from typing import TypeVar
 
 import grpc
-from grpc import aio
 
 from kvsplice.client import store_wire as wire
 from kvsplice.client.same_host import SameHostPath
+from kvsplice.client.store_channel import open_aio_channel
 from kvsplice.client.store_client import bearer_metadata, checked_namespace
-from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store_config import ClientTls, StoreClientConfig
 from kvsplice.client.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
     DegradedWarning,
@@ -49,11 +49,12 @@ class AsyncStoreClient:
         namespace: str,
         token: str | None = None,
         config: StoreClientConfig | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.namespace = checked_namespace(namespace)
         self.config = config or StoreClientConfig()
         self.counters = ClientCounters()
-        self._channel = aio.insecure_channel(target, options=self.config.channel_options())
+        self._channel = open_aio_channel(target, self.config.channel_options(), tls)
         self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
         self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)

@@ -16,7 +16,8 @@ import grpc.experimental
 
 from kvsplice.client import store_wire as wire
 from kvsplice.client.same_host import SameHostPath
-from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store_channel import open_channel
+from kvsplice.client.store_config import ClientTls, StoreClientConfig
 from kvsplice.client.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
     DegradedWarning,
@@ -69,12 +70,13 @@ class StoreClient:
         namespace: str,
         token: str | None = None,
         config: StoreClientConfig | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.namespace = checked_namespace(namespace)
         self.config = config or StoreClientConfig()
         self.counters = ClientCounters()
         options = [*self.config.channel_options(), SINGLE_THREADED_STREAMS]
-        self._channel = grpc.insecure_channel(target, options=options)
+        self._channel = open_channel(target, options, tls)
         self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
         self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)

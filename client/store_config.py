@@ -75,3 +75,22 @@ class StoreClientConfig:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS toward the store: `ca_path` verifies its certificate (None: the system CAs);
+    `cert_path` and `key_path` present a client certificate (mTLS); `server_name`
+    overrides the name checked against the certificate (None: the target's host)."""
+
+    ca_path: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_path is None) != (self.key_path is None):
+            raise ValueError("cert_path and key_path go together (mTLS needs both)")
+        for name in ("ca_path", "cert_path", "key_path", "server_name"):
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} must be None or non-empty")

@@ -23,11 +23,13 @@ from tenacity import (
 
 from kvsplice.client.store_config import StoreClientConfig
 from kvsplice.common.errors import (
+    AlreadyExists,
     CorruptPayload,
     FingerprintMismatch,
     InvalidRequest,
     KvspliceError,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     StoreUnavailable,
     Unauthenticated,
@@ -42,6 +44,8 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[KvspliceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.FAILED_PRECONDITION: FingerprintMismatch,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.DATA_LOSS: CorruptPayload,

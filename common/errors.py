@@ -52,6 +52,24 @@ class Unauthenticated(KvspliceError):
     status_name = "UNAUTHENTICATED"
 
 
+class PermissionDenied(KvspliceError):
+    """A known credential that may not do this (another tenant's namespace, a reader writing)."""
+
+    status_name = "PERMISSION_DENIED"
+
+
+class AlreadyExists(KvspliceError):
+    """A put names a key that already holds other bytes (keys are immutable once written)."""
+
+    status_name = "ALREADY_EXISTS"
+
+
+class StreamStalled(KvspliceError):
+    """A client stream sent nothing for longer than the server's idle timeout."""
+
+    status_name = "DEADLINE_EXCEEDED"
+
+
 class NotFound(KvspliceError):
     """An operation (not a lookup) names something that does not exist."""
 

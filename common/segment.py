@@ -6,20 +6,22 @@ format belongs to `kvsplice.kvmath.payload`. Namespaces scope every key.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from kvsplice.common.fingerprint import is_fingerprint
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID
 
-NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# fullmatch, never `$`: `$` also matches before a trailing newline ("ns\n").
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_SEGMENT_TOKENS = 1 << 20
 MAX_LEFT_TAIL = 1024
 
 
 def validate_namespace(namespace: str) -> str:
     """Return `namespace` or raise `ValueError` naming it."""
-    if not NAMESPACE_PATTERN.match(namespace or ""):
+    if not isinstance(namespace, str) or not NAMESPACE_PATTERN.fullmatch(namespace):
         raise ValueError(f"namespace {namespace!r} must match {NAMESPACE_PATTERN.pattern}")
     return namespace
 
@@ -86,8 +88,8 @@ class SegmentMeta:
             )
         if self.payload_nbytes < 0:
             raise ValueError(f"payload_nbytes {self.payload_nbytes} < 0")
-        if self.ttl_s is not None and self.ttl_s <= 0:
-            raise ValueError(f"ttl_s {self.ttl_s} must be positive or None")
+        if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
+            raise ValueError(f"ttl_s {self.ttl_s} must be a positive finite number or None")
 
     @property
     def segment_id(self) -> str:

@@ -1,25 +1,26 @@
 """The admin HTTP API (health, readiness, metrics, per-namespace stats, segments, delete, flush).
 
-Owns the FastAPI app, its bearer-token guard and an embedded uvicorn runner that
-shares the gRPC server's event loop. It reads the store only through `AdminSource`;
-choosing host, port and token (default 127.0.0.1, no token) is the entry point's job.
+Owns the FastAPI app, its tenant guard (`tenant_guard`, a dependency other pages reuse)
+and an embedded uvicorn runner (TLS/mTLS when configured) that shares the gRPC server's
+event loop. It reads the store only through `AdminSource`; choosing host, port and
+credentials (default 127.0.0.1, no auth) is the entry point's job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from kvsplice.common.errors import KvspliceError
+from kvsplice.common.errors import KvspliceError, PermissionDenied
 from kvsplice.common.segment import validate_namespace
 from kvsplice.server.admin_models import (
     AdminSource,
@@ -31,10 +32,14 @@ from kvsplice.server.admin_models import (
     StatsOut,
     StatusOut,
 )
+from kvsplice.server.config import TlsConfig
 from kvsplice.server.dashboard import add_dashboard
+from kvsplice.server.log_limits import RateLimitedLog
 from kvsplice.server.metrics import StoreMetrics, package_version
+from kvsplice.server.tenants import Authenticator, Tenant
 
 logger = logging.getLogger(__name__)
+_refusals_log = RateLimitedLog(logger, interval_s=10.0)
 
 DEFAULT_PAGE_LIMIT = 100
 MAX_PAGE_LIMIT = 1000
@@ -44,29 +49,42 @@ GRACEFUL_SHUTDOWN_S = 5
 HTTP_STATUS_OF = {
     "INVALID_ARGUMENT": 400,
     "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
     "FAILED_PRECONDITION": 409,
     "RESOURCE_EXHAUSTED": 429,
     "UNAVAILABLE": 503,
 }
 
 
-def _token_guard(token: str | None) -> Callable[[str | None], None]:
-    expected = token.encode() if token is not None else None
+def tenant_guard(authenticator: Authenticator) -> Callable[..., Tenant]:
+    """A FastAPI dependency: the caller's tenant, or HTTP 401 (no or unknown bearer token).
 
-    def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
-        if expected is None:
-            return
-        scheme, _, presented = (authorization or "").partition(" ")
-        # compare_digest: the time taken must not reveal how much of the token matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            presented.strip().encode(), expected
-        ):
+    Pages that show a namespace then call `Authenticator.authorize` (403 when refused).
+    """
+
+    def require_tenant(authorization: Annotated[str | None, Header()] = None) -> Tenant:
+        try:
+            return authenticator.authenticate(authorization)
+        except KvspliceError as exc:
             raise HTTPException(
-                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-            )
+                401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"}
+            ) from exc
 
-    return require_token
+    return require_tenant
+
+
+def admin_guard(authenticator: Authenticator) -> Callable[..., Tenant]:
+    """`tenant_guard`, then 403 unless the tenant is an admin (pages about every namespace)."""
+    caller = Depends(tenant_guard(authenticator))
+
+    def require_admin(tenant: Tenant = caller) -> Tenant:
+        if not tenant.is_admin:
+            raise PermissionDenied(f"tenant {tenant.name!r} is a {tenant.role}: admin only")
+        return tenant
+
+    return require_admin
 
 
 def _checked_namespace(namespace: str) -> str:
@@ -81,8 +99,10 @@ async def _kvsplice_error_response(request: Request, exc: Exception) -> JSONResp
     status = HTTP_STATUS_OF.get(exc.status_name, 500)
     if status >= 500:
         logger.error("admin %s failed", request.url.path, exc_info=exc)
-    else:
-        logger.info("admin %s refused: %s", request.url.path, exc)
+    else:  # the caller's fault: at most one line per path and status every 10 s
+        _refusals_log.log(
+            (request.url.path, status), logging.INFO, "admin %s refused: %s", request.url.path, exc
+        )
     return JSONResponse({"detail": str(exc), "code": exc.status_name}, status_code=status)
 
 
@@ -90,11 +110,15 @@ def build_admin_app(
     source: AdminSource,
     metrics: StoreMetrics,
     *,
+    authenticator: Authenticator | None = None,
     token: str | None = None,
     version: str | None = None,
     shared_status: Callable[[], SharedTierOut | None] = lambda: None,
 ) -> FastAPI:
-    """The admin app. With `token`, `/metrics` and `/v1/*` need `Authorization: Bearer <token>`.
+    """The admin app. With credentials (`authenticator`, or one admin `token`), everything
+    but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`: `/v1/*` serves a
+    tenant only its namespaces (403 for others; deletes need a writer), `/metrics` and
+    `/dashboard` are admin only (they show every namespace), `/openapi.json` any tenant.
 
     `/healthz` and `/readyz` stay open: orchestrators probe them without credentials
     and they reveal nothing about tenants. A degraded shared tier keeps `/readyz` at 200
@@ -104,9 +128,18 @@ def build_admin_app(
     """
     if token is not None and not token.strip():
         raise ValueError("token must be None (no auth) or a non-blank string")
-    app = FastAPI(title="kvsplice admin", docs_url=None, redoc_url=None)
+    if authenticator is None:
+        authenticator = Authenticator(admin_token=token)
+    app = FastAPI(title="kvsplice admin", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(KvspliceError, _kvsplice_error_response)
-    guarded = [Depends(_token_guard(token))]
+    # NOTE: a default, not `Annotated`: with postponed annotations FastAPI resolves
+    # annotations in module globals, where this app's guard does not live.
+    caller = Depends(tenant_guard(authenticator))
+    admin_only = [Depends(admin_guard(authenticator))]
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(tenant: Tenant = caller) -> dict[str, Any]:
+        return app.openapi()
 
     @app.get("/healthz", response_model=StatusOut, response_model_exclude_none=True)
     async def healthz() -> StatusOut:
@@ -120,24 +153,28 @@ def build_admin_app(
         response.status_code = 503
         return StatusOut(status="not ready", shared_tier=shared)
 
-    @app.get("/metrics", dependencies=guarded)
+    @app.get("/metrics", dependencies=admin_only)
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.render()
         return Response(content=body, media_type=content_type)
 
-    @app.get("/v1/stats", dependencies=guarded, response_model=StatsOut)
-    async def stats(namespace: str | None = None) -> StatsOut:
+    @app.get("/v1/stats", response_model=StatsOut)
+    async def stats(namespace: str | None = None, tenant: Tenant = caller) -> StatsOut:
         checked = None if namespace is None else _checked_namespace(namespace)
-        rows = source.namespace_stats(checked)
+        if checked is not None:
+            authenticator.authorize(tenant, checked)
+        rows = [row for row in source.namespace_stats(checked) if tenant.may_use(row.namespace)]
         return StatsOut(namespaces=[NamespaceStatsOut.of(row) for row in rows])
 
-    @app.get("/v1/segments", dependencies=guarded, response_model=SegmentPageOut)
+    @app.get("/v1/segments", response_model=SegmentPageOut)
     async def segments(
         namespace: str,
         offset: Annotated[int, Query(ge=0, le=MAX_PAGE_OFFSET)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LIMIT)] = DEFAULT_PAGE_LIMIT,
+        tenant: Tenant = caller,
     ) -> SegmentPageOut:
-        page = source.list_segments(_checked_namespace(namespace), offset, limit)
+        authenticator.authorize(tenant, _checked_namespace(namespace))
+        page = source.list_segments(namespace, offset, limit)
         if len(page) > limit:
             raise RuntimeError(f"AdminSource.list_segments returned {len(page)} > {limit} rows")
         next_offset = offset + len(page) if len(page) == limit else None
@@ -145,20 +182,24 @@ def build_admin_app(
             namespace=namespace, offset=offset, limit=limit, next_offset=next_offset, segments=page
         )
 
-    @app.delete("/v1/segments/{segment_id}", dependencies=guarded, response_model=DeletedOut)
-    async def delete_segment(segment_id: str, namespace: str) -> DeletedOut:
-        deleted = source.delete_segment(_checked_namespace(namespace), segment_id)
+    @app.delete("/v1/segments/{segment_id}", response_model=DeletedOut)
+    async def delete_segment(
+        segment_id: str, namespace: str, tenant: Tenant = caller
+    ) -> DeletedOut:
+        authenticator.authorize(tenant, _checked_namespace(namespace), write=True)
+        deleted = source.delete_segment(namespace, segment_id)
         return DeletedOut(namespace=namespace, segment_id=segment_id, deleted=deleted)
 
-    @app.delete("/v1/namespaces/{namespace}", dependencies=guarded, response_model=FlushOut)
-    async def flush_namespace(namespace: str) -> FlushOut:
-        result = source.flush_namespace(_checked_namespace(namespace))
+    @app.delete("/v1/namespaces/{namespace}", response_model=FlushOut)
+    async def flush_namespace(namespace: str, tenant: Tenant = caller) -> FlushOut:
+        authenticator.authorize(tenant, _checked_namespace(namespace), write=True)
+        result = source.flush_namespace(namespace)
         return FlushOut(
             namespace=result.namespace, num_segments=result.num_segments,
             freed_bytes=result.freed_bytes, num_blobs=result.num_blobs,
         )  # fmt: skip
 
-    add_dashboard(app, source, guarded, version or package_version())
+    add_dashboard(app, source, admin_only, version or package_version())
 
     return app
 
@@ -199,11 +240,22 @@ class AdminServer:
         await self._task
 
 
-async def run_admin(app: FastAPI, host: str = "127.0.0.1", port: int = 8081) -> AdminServer:
+def _tls_options(tls: TlsConfig | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    options: dict[str, Any] = {"ssl_certfile": tls.cert_path, "ssl_keyfile": tls.key_path}
+    if tls.client_ca_path:
+        options.update(ssl_ca_certs=tls.client_ca_path, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
+async def run_admin(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 8081, *, tls: TlsConfig | None = None
+) -> AdminServer:
     """Start `app` on the running event loop and return once it accepts connections.
 
-    `port=0` picks a free port (see `AdminServer.port`). Raises `OSError` if the
-    address cannot be bound.
+    `port=0` picks a free port (see `AdminServer.port`); `tls` serves HTTPS (mTLS when it
+    names a client CA). Raises `OSError` if the address cannot be bound.
     """
     sock = _bind(host, port)
     config = uvicorn.Config(
@@ -212,6 +264,7 @@ async def run_admin(app: FastAPI, host: str = "127.0.0.1", port: int = 8081) -> 
         access_log=False,  # a scrape every few seconds would drown the log
         lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        **_tls_options(tls),
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="kvsplice-admin")
@@ -222,5 +275,6 @@ async def run_admin(app: FastAPI, host: str = "127.0.0.1", port: int = 8081) -> 
             raise RuntimeError("admin server exited before it started")
         await asyncio.sleep(0.005)
     bound_port = sock.getsockname()[1]
-    logger.info("admin API listening on http://%s:%d", host, bound_port)
+    scheme = "http" if tls is None else "https"
+    logger.info("admin API listening on %s://%s:%d", scheme, host, bound_port)
     return AdminServer(host, bound_port, server, task)

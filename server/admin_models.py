@@ -28,11 +28,14 @@ class NamespaceStats:
     num_misses: int
     num_requested_tokens: int = 0  # tokens the lookups asked for
     num_hit_tokens: int = 0  # ... of which stored segments covered
+    num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
+    num_refused_puts: int = 0  # refused for lack of room (quota, full tier)
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
         for name in ("num_segments", "stored_bytes", "num_hits", "num_misses",
-                     "num_requested_tokens", "num_hit_tokens"):  # fmt: skip
+                     "num_requested_tokens", "num_hit_tokens", "num_evictions",
+                     "num_refused_puts"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} < 0")
         if self.num_hit_tokens > self.num_requested_tokens:
@@ -170,6 +173,8 @@ class NamespaceStatsOut(BaseModel):
     num_requested_tokens: int
     num_hit_tokens: int
     hit_rate: float | None  # token hit rate: num_hit_tokens / num_requested_tokens
+    num_evictions: int
+    num_refused_puts: int
 
     @classmethod
     def of(cls, stats: NamespaceStats) -> NamespaceStatsOut:
@@ -182,6 +187,8 @@ class NamespaceStatsOut(BaseModel):
             num_requested_tokens=stats.num_requested_tokens,
             num_hit_tokens=stats.num_hit_tokens,
             hit_rate=stats.hit_rate,
+            num_evictions=stats.num_evictions,
+            num_refused_puts=stats.num_refused_puts,
         )
 
 

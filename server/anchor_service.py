@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 POOLS_BLOB = "anchors/pools"
 # No "/" in ids: they are path components of blob names (at most 256 bytes in all).
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")  # fullmatch: no "id\n"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class AnchorRecord:
 
 
 def check_id(name: str, value: str) -> str:
-    if not ID_PATTERN.match(value):
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise InvalidRequest(f"{name} {value[:80]!r} must match {ID_PATTERN.pattern}")
     return value
 

@@ -1,7 +1,8 @@
 """Wiring of the store sidecar: `build(config)` constructs everything, `serve(config)` runs it.
 
 SIGTERM → `StoreServer.stop()`: health NOT_SERVING, in-flight RPCs drain for
-`grace_period_s`, the store (LMDB) closes. Call `build` inside the loop that serves.
+`grace_period_s`, the store (LMDB) closes; SIGHUP re-reads the tenants file. Call
+`build` inside the loop that serves.
 """
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from kvsplice.common.errors import StoreUnavailable
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server import shared_follower
@@ -23,12 +28,15 @@ from kvsplice.server.admin import AdminServer, build_admin_app, run_admin
 from kvsplice.server.admin_models import SharedTierOut
 from kvsplice.server.admin_source import StoreAdminSource
 from kvsplice.server.anchor_service import AnchorService
-from kvsplice.server.config import ServerConfig
+from kvsplice.server.capacity_metrics import NamespacePressureCollector
+from kvsplice.server.config import ServerConfig, TlsConfig
 from kvsplice.server.data_plane import describe_data_plane
-from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
+from kvsplice.server.interceptors import FaultInterceptor, TenantAuthInterceptor
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer, add_to_server
+from kvsplice.server.tenants import Authenticator
+from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.config import StoreConfig, build_store
 from kvsplice.storage.tiered_store import TieredStore
 
@@ -47,6 +55,8 @@ class StoreServer:
     anchors: AnchorService
     metrics: StoreMetrics
     address: str
+    authenticator: Authenticator
+    uploads: UploadBudget
     admin: AdminServer | None = None
     sweeper: asyncio.Task[None] | None = None
     follower: asyncio.Task[None] | None = None
@@ -68,11 +78,13 @@ class StoreServer:
             app = build_admin_app(
                 source,
                 self.metrics,
-                token=self.config.auth_token,
+                authenticator=self.authenticator,
                 shared_status=self._shared_status,
             )
             try:
-                self.admin = await run_admin(app, self.config.admin_host, self.config.admin_port)
+                self.admin = await run_admin(
+                    app, self.config.admin_host, self.config.admin_port, tls=self.config.tls
+                )
             except BaseException:  # e.g. the admin port is taken: leave nothing half-started
                 await self.server.stop(0)
                 self.store.close()
@@ -124,7 +136,9 @@ def startup_line(app: StoreServer) -> str:
         f"admin+dashboard http://{app.admin.host}:{app.admin.port}" if app.admin else "admin off"
     )
     tiers = " -> ".join(_tier_summary(app.config.store))
-    auth = "on" if app.config.auth_token else "off"
+    auth = "tenants" if app.config.tenants_path else "on" if app.config.auth_token else "off"
+    if app.config.tls is not None:
+        auth += ", mtls" if app.config.tls.client_ca_path else ", tls"
     return f"kvsplice serving: grpc {app.address}, {admin}; tiers {tiers}; auth {auth}"
 
 
@@ -155,16 +169,64 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user + ':' if user else ''}***@{host}"
 
 
-def _bind(server: aio.Server, listen_address: str) -> str:
-    port = server.add_insecure_port(listen_address)
+def _bind(server: aio.Server, listen_address: str, tls: TlsConfig | None) -> str:
+    """Listen on `listen_address` (TLS when configured); StoreUnavailable if it is taken."""
+    try:
+        if tls is None:
+            port = server.add_insecure_port(listen_address)
+        else:
+            port = server.add_secure_port(listen_address, _server_credentials(tls))
+    except RuntimeError as error:  # grpc: "Failed to bind to address ..."
+        port = 0
+        cause: Exception | None = error
+    else:
+        cause = None
+    if port == 0 and not listen_address.startswith("unix:"):
+        raise StoreUnavailable(
+            f"cannot listen on {listen_address}: the address is in use (another kvsplice serve?)"
+        ) from cause
     if listen_address.startswith("unix:"):
         return listen_address
     host = listen_address.rsplit(":", 1)[0]
     return f"{host}:{port}"
 
 
+def _check_port_free(listen_address: str) -> None:
+    """StoreUnavailable if a TCP `listen_address` is taken (gRPC would say so in a C-core
+    log line first; this says it alone). Port 0 and unix sockets need no check."""
+    if listen_address.startswith("unix:"):
+        return
+    host, _, port = listen_address.rpartition(":")
+    if int(port) == 0:
+        return
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise StoreUnavailable(
+                f"cannot listen on {listen_address}: {error.strerror} (another kvsplice serve?)"
+            ) from error
+
+
+def _server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    client_ca = Path(tls.client_ca_path).read_bytes() if tls.client_ca_path else None
+    return grpc.ssl_server_credentials(
+        [(Path(tls.key_path).read_bytes(), Path(tls.cert_path).read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
 def build(config: ServerConfig) -> StoreServer:
     """Construct the store, indexes, services, gRPC server and interceptors (not started)."""
+    authenticator = Authenticator(
+        Path(config.tenants_path) if config.tenants_path else None, config.auth_token
+    )
+    _check_port_free(config.listen_address)  # before the store opens: one clear line
     store = build_store(config.store)
     try:
         exact, similar = ExactIndex(config.exact_index), SimilarityIndex(config.similarity)
@@ -172,30 +234,46 @@ def build(config: ServerConfig) -> StoreServer:
         anchors = AnchorService(store, config.anchor_pool, config.service)
         metrics = StoreMetrics(RPC_METHODS)
         metrics.bind_store(store.stats)
+        metrics.registry.register(NamespacePressureCollector(store.namespace_pressure))
+        uploads = UploadBudget(config.max_inflight_upload_nbytes, config.stream_idle_timeout_s)
         servicer = SegmentStoreServicer(
-            segments, anchors, metrics, config.chunk_nbytes, describe_data_plane(config.store)
+            segments,
+            anchors,
+            metrics,
+            config.chunk_nbytes,
+            describe_data_plane(config.store),
+            authenticator,
+            uploads,
         )
-        server, health = _grpc_server(config, servicer, metrics)
-        address = _bind(server, config.listen_address)
+        server, health = _grpc_server(config, servicer, metrics, authenticator)
+        address = _bind(server, config.listen_address, config.tls)
     except BaseException:
         store.close()
         raise
-    return StoreServer(config, server, health, store, segments, anchors, metrics, address)
+    return StoreServer(
+        config, server, health, store, segments, anchors, metrics, address, authenticator, uploads
+    )
 
 
 def _grpc_server(
-    config: ServerConfig, servicer: SegmentStoreServicer, metrics: StoreMetrics
+    config: ServerConfig,
+    servicer: SegmentStoreServicer,
+    metrics: StoreMetrics,
+    authenticator: Authenticator,
 ) -> tuple[aio.Server, health_aio.HealthServicer]:
     """The aio server with its interceptors (faults outermost, then auth) and services."""
     interceptors: list[aio.ServerInterceptor] = [FaultInterceptor(metrics)]
-    if config.auth_token is not None:
-        interceptors.append(BearerAuthInterceptor(config.auth_token))
+    if authenticator.enabled:
+        interceptors.append(TenantAuthInterceptor(authenticator))
     limit = config.max_message_nbytes
     server = aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # NOTE: gRPC sets SO_REUSEPORT by default, so a second sidecar would bind the
+            # same port and take half the connections to a store of its own.
+            ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
@@ -218,6 +296,7 @@ async def run_until_signalled(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
+    loop.add_signal_handler(signal.SIGHUP, app.authenticator.reload)
     try:
         await stop_requested.wait()
     finally:

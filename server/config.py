@@ -32,7 +32,9 @@ def _require(ok: bool, message: str) -> None:
 class SegmentServiceConfig:
     """What the service accepts: sizes, token counts, result limits, the default TTL."""
 
-    max_payload_nbytes: int = 256 * MIB
+    # 64 MiB: a 512-token segment of an 8B GQA model in fp16 (32 layers x 8 KV heads x 128
+    # x K,V x 2 B = 128 KiB/token), 1,400 tokens of SmolLM2-135M in fp32 (45 KiB/token).
+    max_payload_nbytes: int = 64 * MIB
     max_segment_tokens: int = 65_536
     max_query_tokens: int = 262_144
     max_index_text_chars: int = 262_144
@@ -67,6 +69,21 @@ class SegmentServiceConfig:
         )
 
 
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS for gRPC and the admin API: PEM files; `client_ca_path` set means mTLS (a client
+    certificate signed by that CA is required)."""
+
+    cert_path: str
+    key_path: str
+    client_ca_path: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert_path", "key_path", "client_ca_path"):
+            value = getattr(self, name)
+            _require(value is None or bool(value), f"{name} must be a path, got {value!r}")
+
+
 def _default_store() -> StoreConfig:
     return StoreConfig(memory=MemoryTierConfig(max_bytes=1 << 30))
 
@@ -76,10 +93,13 @@ class ServerConfig:
     """The gRPC sidecar: where it listens, what it stores, who may call it.
 
     `listen_address` is `host:port` (port 0 picks a free one) or `unix:/path`.
-    `auth_token`, when set, is required as `authorization: Bearer <token>`.
+    `auth_token`, when set, is one admin credential (`authorization: Bearer <token>`);
+    `tenants_path` names a tenants file (`server.tenants`); with neither, no auth.
     `grace_period_s` bounds how long shutdown waits for in-flight RPCs.
     The admin HTTP API (health, metrics, stats) runs on the same event loop when
-    `admin_port` is set, guarded by the same token.
+    `admin_port` is set, guarded by the same credentials and TLS.
+    An upload silent for `stream_idle_timeout_s` is cut; uploads in flight may declare
+    at most `max_inflight_upload_nbytes` payload bytes together.
     """
 
     listen_address: str = "127.0.0.1:50051"
@@ -89,6 +109,10 @@ class ServerConfig:
     anchor_pool: AnchorPoolConfig = field(default_factory=AnchorPoolConfig)
     service: SegmentServiceConfig = field(default_factory=SegmentServiceConfig)
     auth_token: str | None = None
+    tenants_path: str | None = None
+    tls: TlsConfig | None = None
+    stream_idle_timeout_s: float = 10.0
+    max_inflight_upload_nbytes: int = 256 * MIB
     chunk_nbytes: int = 4 * MIB
     grace_period_s: float = 10.0
     sweep_interval_s: float = 60.0
@@ -107,6 +131,19 @@ class ServerConfig:
         _require(
             self.auth_token is None or (bool(self.auth_token) and self.auth_token.isprintable()),
             "auth_token must be None or a non-empty printable string",
+        )
+        _require(
+            self.tenants_path is None or bool(self.tenants_path),
+            f"tenants_path must be None or a path, got {self.tenants_path!r}",
+        )
+        _require(
+            0 < self.stream_idle_timeout_s < math.inf,
+            f"stream_idle_timeout_s must be > 0 and finite, got {self.stream_idle_timeout_s}",
+        )
+        _require(
+            self.max_inflight_upload_nbytes >= self.service.max_payload_nbytes,
+            f"max_inflight_upload_nbytes {self.max_inflight_upload_nbytes} < "
+            f"service.max_payload_nbytes {self.service.max_payload_nbytes}",
         )
         _require(
             64 * 1024 <= self.chunk_nbytes <= 64 * MIB,

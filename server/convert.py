@@ -7,10 +7,11 @@ also travel as `proto.chunk_frames` (`parse_put_request`, `segment_frames`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Iterator, Sequence
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeAlias
 
-from kvsplice.common.errors import CorruptPayload, InvalidRequest
+from kvsplice.common.errors import CorruptPayload, InvalidRequest, StreamStalled
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
@@ -41,19 +42,40 @@ def parse_put_request(message: bytes) -> PutPart:
     return pb.PutSegmentRequest.FromString(message) if chunk is None else chunk
 
 
+async def _parts(
+    requests: AsyncIterable[PutPart], idle_timeout_s: float | None
+) -> AsyncIterator[PutPart]:
+    """`requests`, but StreamStalled when the next message takes over `idle_timeout_s`."""
+    iterator = aiter(requests)
+    while True:
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                request = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError as error:
+            raise StreamStalled(
+                f"PutSegment stream sent nothing for {idle_timeout_s} s; cut by the server"
+            ) from error
+        yield request
+
+
 async def receive_segment(
-    requests: AsyncIterable[PutPart], check_header: HeaderCheck
+    requests: AsyncIterable[PutPart],
+    check_header: HeaderCheck,
+    idle_timeout_s: float | None = None,
 ) -> tuple[SegmentMeta, memoryview]:
     """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes.
 
     `check_header` validates the header before any payload byte is buffered, so
     an oversize or malformed put is refused without reading its payload. Chunks are
     kept as they came and joined once at the end (one copy, no zero-filled buffer).
+    A stream silent for `idle_timeout_s` between messages raises `StreamStalled`.
     """
     meta: SegmentMeta | None = None
     chunks: list[bytes | memoryview] = []
     num_received = 0
-    async for request in requests:
+    async for request in _parts(requests, idle_timeout_s):
         part = _put_part(request)
         if isinstance(part, pb.SegmentHeader):
             if meta is not None:

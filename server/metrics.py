@@ -4,8 +4,9 @@ Owns what is exported and validates every label value; it does not decide when
 something is counted. RPCs and lookups are pushed by the servicer and interceptor;
 what the tiers count themselves (requests, evictions, checksum failures, bytes held) is
 read from the store at each scrape (`store_collector`), so the two can never disagree.
-There is deliberately no `namespace` label: per-tenant hit rates leak what other
-tenants asked (timing/hit-rate side channels), so they go through `/v1/stats` only.
+There is deliberately no `namespace` label here: per-tenant hit rates leak what other
+tenants asked (timing/hit-rate side channels), so they go through `/v1/stats` only. The
+per-namespace eviction counts (`capacity_metrics`) sit behind admin-only `/metrics`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
 """The store's domain layer: validate, store, index, look up, count. No gRPC here.
 
-Owns the request rules (sizes, token ranges, chained keys, fingerprints) and keeps
-the indexes in step with the store. Not thread-safe: event loop only, like the indexes.
+Owns the request rules (sizes, token ranges, chained keys, fingerprints, immutable keys)
+and keeps the indexes in step with the store. Event loop only, like the indexes, except
+`write` and `get` (store I/O, thread-safe): removals seen on other threads are handed
+to the loop before the indexes hear of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -14,20 +19,33 @@ from dataclasses import dataclass, replace
 
 import xxhash
 
-from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, InvalidRequest
+from kvsplice.common.errors import (
+    AlreadyExists,
+    CorruptPayload,
+    FingerprintMismatch,
+    InvalidRequest,
+)
 from kvsplice.common.fingerprint import is_fingerprint
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta, validate_namespace
+from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
 from kvsplice.server.admin_models import NamespaceStats, SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.storage.catalog import NamespaceUsage
-from kvsplice.storage.tiered_store import StoredSegment, TieredStore
+from kvsplice.storage.tiered_store import NamespacePressure, StoredSegment, TieredStore
 
 logger = logging.getLogger(__name__)
 
 _NO_USAGE = NamespaceUsage(segments=0, bytes=0, hits=0, misses=0)
+MAX_POSITION = MAX_TOKEN_ID  # a segment ends at or before this position
+MAX_TTL_S = 10 * 365 * 86400.0
+MAX_LABEL_CHARS = 256
+# What makes two puts of one key the same segment (created_at_s and ttl_s may differ).
+_IDENTITY_FIELDS = (
+    "model_fingerprint", "parent_key", "content_key", "token_ids", "start_position",
+    "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,13 @@ def check_fingerprint(fingerprint: str) -> str:
     if not is_fingerprint(fingerprint):
         raise InvalidRequest(f"model_fingerprint {fingerprint[:64]!r} is not kvfp1-<32 hex>")
     return fingerprint
+
+
+def check_ttl(ttl_s: float) -> float | None:
+    """A wire TTL (0: the server's default) as the meta's `ttl_s`; NaN, inf, < 0 are refused."""
+    if not (math.isfinite(ttl_s) and 0 <= ttl_s <= MAX_TTL_S):
+        raise InvalidRequest(f"ttl_s {ttl_s!r} must be finite and in [0, {MAX_TTL_S:.0f}]")
+    return ttl_s or None
 
 
 def check_key(name: str, key: bytes) -> bytes:
@@ -95,13 +120,20 @@ class SegmentService:
         # count goes with it, so this never outgrows the store.
         self._segment_hits: Counter[tuple[str, bytes]] = Counter()
         self._ready = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         store.add_removal_listener(self._on_removed)
         store.add_arrival_listener(self._index)  # another sidecar's put (shared tier)
 
     # -- lifecycle --------------------------------------------------------------------
 
     def rebuild_indexes(self) -> int:
-        """Index every stored segment (called once at start); returns how many."""
+        """Index every stored segment (called once at start, on the serving loop)."""
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+        except RuntimeError:  # no loop: every call comes from this thread
+            self._loop = None
         num_indexed = 0
         for meta in self._store.iter_meta():
             self._index(meta)
@@ -123,6 +155,20 @@ class SegmentService:
         """Validate a put's header before its payload arrives; returns it as it will be stored."""
         limits = self.config
         check_token_ids("token_ids", meta.token_ids, limits.max_segment_tokens)
+        check_token_ids("left_tail_ids", meta.left_tail_ids, MAX_LEFT_TAIL)
+        if meta.end_position > MAX_POSITION:
+            raise InvalidRequest(
+                f"start_position {meta.start_position} + {meta.num_tokens} tokens > {MAX_POSITION}"
+            )
+        if meta.ttl_s is not None:
+            check_ttl(meta.ttl_s)
+        if any(
+            not (0 < len(k) <= MAX_LABEL_CHARS and len(v) <= MAX_LABEL_CHARS)
+            for k, v in meta.labels
+        ):
+            raise InvalidRequest(
+                f"labels: keys must hold 1..{MAX_LABEL_CHARS} chars, values <= that"
+            )
         if not 0 < meta.payload_nbytes <= limits.max_payload_nbytes:
             raise InvalidRequest(
                 f"payload_nbytes {meta.payload_nbytes} not in [1, {limits.max_payload_nbytes}]"
@@ -142,8 +188,17 @@ class SegmentService:
         return replace(meta, ttl_s=ttl_s, created_at_s=time.time())
 
     def put(self, meta: SegmentMeta, payload: bytes) -> SegmentMeta:
-        """Verify `payload` against `meta`, store it, then index it (readers never see
-        an indexed segment the store lacks)."""
+        """`write` then `index`: on the event loop, for callers without a thread to spare."""
+        stored = self.write(meta, payload)
+        self.index(stored)
+        return stored
+
+    def write(self, meta: SegmentMeta, payload: bytes | memoryview) -> SegmentMeta:
+        """Verify `payload` against `meta` and store it (thread-safe); returns the stored meta.
+
+        Keys are immutable: a key that holds another segment raises AlreadyExists; the
+        same segment again is a no-op returning the stored meta. Index it with `index`.
+        """
         meta = self.check_header(meta)
         if len(payload) != meta.payload_nbytes:
             raise CorruptPayload(
@@ -151,12 +206,34 @@ class SegmentService:
             )
         if xxhash.xxh3_64_intdigest(payload) != meta.checksum:
             raise CorruptPayload(f"payload checksum mismatch for segment {meta.segment_id}")
-        self._store.put(meta, payload)
+        existing = self._store.put_if_absent(meta, payload)
+        if existing is None:
+            return meta
+        if any(getattr(existing, f) != getattr(meta, f) for f in _IDENTITY_FIELDS):
+            raise AlreadyExists(
+                f"segment {meta.segment_id} in {meta.namespace!r} already holds other bytes "
+                "or another model's; keys are immutable"
+            )
+        return existing
+
+    def index(self, meta: SegmentMeta) -> None:
+        """Make a written segment findable (readers never see an indexed segment the store
+        lacks: write first). Event loop only."""
         self._index(meta)
-        return meta
 
     def get(self, namespace: str, key: bytes, model_fingerprint: str = "") -> StoredSegment | None:
-        """The stored segment or None; FingerprintMismatch if it belongs to another model."""
+        """`fetch`, counted as a read of the segment (event loop only)."""
+        stored = self.fetch(namespace, key, model_fingerprint)
+        self.count_read(stored)
+        return stored
+
+    def fetch(
+        self, namespace: str, key: bytes, model_fingerprint: str = ""
+    ) -> StoredSegment | None:
+        """The stored segment or None; FingerprintMismatch if it belongs to another model.
+
+        Thread-safe (store I/O only): a reader counts it with `count_read` on the loop.
+        """
         check_namespace(namespace)
         check_key("context_key", key)
         if model_fingerprint:
@@ -170,9 +247,12 @@ class SegmentService:
             raise FingerprintMismatch(
                 f"segment {key.hex()} belongs to {stored.meta.model_fingerprint}, not {model_fingerprint}"
             )
-        if stored is not None:
-            self._segment_hits[namespace, stored.meta.context_key] += 1
         return stored
+
+    def count_read(self, stored: StoredSegment | None) -> None:
+        """Count one read of a fetched segment (the dashboard's most-read list). Loop only."""
+        if stored is not None:
+            self._segment_hits[stored.meta.namespace, stored.meta.context_key] += 1
 
     def delete(self, namespace: str, key: bytes) -> bool:
         check_namespace(namespace)
@@ -224,12 +304,13 @@ class SegmentService:
     def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
         """Stats of `namespace`, or of every namespace known to the store or counters."""
         usage = self._store.namespace_usage()
+        pressure = self._store.namespace_pressure()
         names = (
             [check_namespace(namespace)]
             if namespace is not None
-            else sorted(set(usage) | set(self._hits) | set(self._misses))
+            else sorted(set(usage) | set(self._hits) | set(self._misses) | set(pressure))
         )
-        return [self._stats_of(name, usage) for name in names]
+        return [self._stats_of(name, usage, pressure.get(name)) for name in names]
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
         check_namespace(namespace)
@@ -249,9 +330,15 @@ class SegmentService:
 
     # -- internals --------------------------------------------------------------------
 
-    def _stats_of(self, namespace: str, usage: dict[str, NamespaceUsage]) -> NamespaceStats:
-        # The store counts segment reads; the service counts index lookups.
+    def _stats_of(
+        self,
+        namespace: str,
+        usage: dict[str, NamespaceUsage],
+        pressure: NamespacePressure | None,
+    ) -> NamespaceStats:
+        # The store counts segment reads and capacity pressure; the service, index lookups.
         ns_usage = usage.get(namespace, _NO_USAGE)
+        pressure = pressure or NamespacePressure()
         return NamespaceStats(
             namespace=namespace,
             num_segments=ns_usage.segments,
@@ -260,6 +347,8 @@ class SegmentService:
             num_misses=ns_usage.misses + self._misses.get(namespace, 0),
             num_requested_tokens=self._requested_tokens.get(namespace, 0),
             num_hit_tokens=self._hit_tokens.get(namespace, 0),
+            num_evictions=sum(pressure.removals.values()),
+            num_refused_puts=sum(pressure.refusals.values()),
         )
 
     def _count(self, namespace: str, hit: bool, requested_tokens: int, hit_tokens: int) -> None:
@@ -276,8 +365,21 @@ class SegmentService:
         self._similar.remove(namespace, key)
 
     def _on_removed(self, meta: SegmentMeta) -> None:
-        self._unindex(meta.namespace, meta.context_key)
-        self._segment_hits.pop((meta.namespace, meta.context_key), None)
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._forget(meta.namespace, meta.context_key)
+            return
+        # NOTE: on a worker thread (a put evicting, a read dropping an expired segment):
+        # the loop forgets it later, unless the key was stored again meanwhile.
+        loop.call_soon_threadsafe(self._forget_if_gone, meta.namespace, meta.context_key)
+
+    def _forget(self, namespace: str, key: bytes) -> None:
+        self._unindex(namespace, key)
+        self._segment_hits.pop((namespace, key), None)
+
+    def _forget_if_gone(self, namespace: str, key: bytes) -> None:
+        if self._store.get_meta(namespace, key) is None:
+            self._forget(namespace, key)
 
     def _still_stored(self, meta: SegmentMeta) -> bool:
         """Defensive: an index entry whose segment the store lost is dropped, not served."""

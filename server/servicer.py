@@ -1,12 +1,15 @@
 """The grpc.aio servicer of `kvsplice.v1.SegmentStore`: decode, call the domain, encode.
 
-Methods raise domain errors (`interceptors.FaultInterceptor` maps them); a GetSegment
-miss ends with NOT_FOUND, which clients read as a miss. Records byte and lookup metrics.
+Methods check the caller's tenant against the request's namespace first, then raise
+domain errors (`interceptors.FaultInterceptor` maps them); a GetSegment miss ends with
+NOT_FOUND, which clients read as a miss. Payload reads and writes run on worker threads
+(the event loop keeps answering health checks). Records byte and lookup metrics.
 `add_to_server` registers it with payload chunks kept out of protobuf objects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -14,14 +17,18 @@ import grpc
 from google.protobuf.descriptor import MethodDescriptor
 from grpc import aio
 
-from kvsplice.common.errors import NotFound
+from kvsplice.common.errors import NotFound, StreamStalled
+from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.data_plane import DataPlane
+from kvsplice.server.interceptors import bearer_of
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService, check_namespace, similar_hit_tokens
+from kvsplice.server.tenants import Authenticator
+from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.tiered_store import StoredSegment
 
 logger = logging.getLogger(__name__)
@@ -46,18 +53,37 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         metrics: StoreMetrics,
         chunk_nbytes: int,
         data_plane: DataPlane | None = None,
+        authenticator: Authenticator | None = None,
+        uploads: UploadBudget | None = None,
     ) -> None:
         self._segments = segments
         self._data_plane = data_plane
         self._anchors = anchors
         self._metrics = metrics
         self._chunk_nbytes = chunk_nbytes
+        self._auth = authenticator or Authenticator()
+        self._uploads = uploads or UploadBudget()
+
+    def _allow(self, context: aio.ServicerContext, namespace: str, write: bool = False) -> str:
+        """`namespace`, checked, if the caller's tenant may use it (PERMISSION_DENIED if not)."""
+        tenant = self._auth.authenticate(bearer_of(context.invocation_metadata()))
+        self._auth.authorize(tenant, check_namespace(namespace), write=write)
+        return namespace
 
     async def PutSegment(
         self, request_iterator: AsyncIterator[convert.PutPart], context: aio.ServicerContext
     ) -> pb.PutSegmentResponse:
-        meta, payload = await convert.receive_segment(request_iterator, self._segments.check_header)
-        stored = self._segments.put(meta, payload)
+        with self._uploads.slot() as slot:
+
+            def admit(meta: SegmentMeta) -> SegmentMeta:
+                self._allow(context, meta.namespace, write=True)
+                return slot.reserve(self._segments.check_header(meta))
+
+            meta, payload = await convert.receive_segment(
+                request_iterator, admit, self._uploads.idle_timeout_s
+            )
+            stored = await asyncio.to_thread(self._segments.write, meta, payload)
+        self._segments.index(stored)
         self._metrics.add_bytes("in", stored.payload_nbytes)
         self._metrics.observe_segment_size(stored.payload_nbytes)
         return pb.PutSegmentResponse(context_key=stored.context_key)
@@ -65,33 +91,48 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def GetSegment(
         self, request: pb.GetSegmentRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GetSegmentResponse]:
-        stored = self._found(request)
+        stored = await self._found(request, context)
         for response in convert.segment_responses(stored, self._chunk_nbytes):
             yield response
         self._metrics.add_bytes("out", stored.meta.payload_nbytes)
 
     async def get_segment_frames(
         self, request: pb.GetSegmentRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        """GetSegment with its replies already serialized (registered by `add_to_server`)."""
-        stored = self._found(request)
+    ) -> None:
+        """GetSegment with its replies already serialized (registered by `add_to_server`).
+
+        A reader that takes no frame for the idle timeout is cut (StreamStalled), so a
+        stalled reader cannot pin a payload in memory for as long as it likes.
+        """
+        stored = await self._found(request, context)
+        idle_timeout_s = self._uploads.idle_timeout_s
         for frame in convert.segment_frames(stored, self._chunk_nbytes):
-            yield frame
+            try:
+                async with asyncio.timeout(idle_timeout_s):
+                    await context.write(frame)
+            except TimeoutError as error:
+                raise StreamStalled(
+                    f"GetSegment reader took nothing for {idle_timeout_s} s; cut by the server"
+                ) from error
         self._metrics.add_bytes("out", stored.meta.payload_nbytes)
 
-    def _found(self, request: pb.GetSegmentRequest) -> StoredSegment:
-        stored = self._segments.get(
-            request.namespace, request.context_key, request.model_fingerprint
+    async def _found(
+        self, request: pb.GetSegmentRequest, context: aio.ServicerContext
+    ) -> StoredSegment:
+        namespace = self._allow(context, request.namespace)
+        stored = await asyncio.to_thread(
+            self._segments.fetch, namespace, request.context_key, request.model_fingerprint
         )
+        self._segments.count_read(stored)
         if stored is None:
-            raise NotFound(f"no segment {request.context_key.hex()} in {request.namespace!r}")
+            raise NotFound(f"no segment {request.context_key.hex()} in {namespace!r}")
         return stored
 
     async def LookupPrefix(
         self, request: pb.LookupPrefixRequest, context: aio.ServicerContext
     ) -> pb.LookupPrefixResponse:
         match = self._segments.lookup_prefix(
-            request.namespace, request.model_fingerprint, request.token_ids
+            self._allow(context, request.namespace), request.model_fingerprint, request.token_ids
         )
         num_queried = len(request.token_ids)
         self._metrics.record_lookup(
@@ -102,6 +143,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def FindSimilar(
         self, request: pb.FindSimilarRequest, context: aio.ServicerContext
     ) -> pb.FindSimilarResponse:
+        self._allow(context, request.namespace)
         matches = self._segments.find_similar(convert.similar_query(request))
         num_queried = len(request.token_ids)
         self._metrics.record_lookup(
@@ -112,9 +154,11 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def PutAnchor(
         self, request_iterator: AsyncIterator[pb.PutAnchorRequest], context: aio.ServicerContext
     ) -> pb.PutAnchorResponse:
+        # The stream is bounded by max_anchor_nbytes; its namespace is known once it is read.
         write = await convert.receive_anchor(
             request_iterator, self._anchors.config.max_anchor_nbytes
         )
+        self._allow(context, write.namespace, write=True)
         evicted = self._anchors.put(write)
         return pb.PutAnchorResponse(evicted_anchor_ids=evicted)
 
@@ -122,7 +166,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self, request: pb.GetAnchorsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GetAnchorsResponse]:
         records = self._anchors.get(
-            request.namespace,
+            self._allow(context, request.namespace),
             request.model_fingerprint,
             request.placeholder_id,
             request.include_payloads,
@@ -135,29 +179,35 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def TouchAnchors(
         self, request: pb.TouchAnchorsRequest, context: aio.ServicerContext
     ) -> pb.TouchAnchorsResponse:
+        # A reader's worker counts the activations of anchors it used: touching is a read.
         num_touched = self._anchors.touch(
-            request.namespace, request.model_fingerprint, request.placeholder_id, request.anchor_ids
+            self._allow(context, request.namespace),
+            request.model_fingerprint,
+            request.placeholder_id,
+            request.anchor_ids,
         )
         return pb.TouchAnchorsResponse(num_touched=num_touched)
 
     async def Delete(
         self, request: pb.DeleteRequest, context: aio.ServicerContext
     ) -> pb.DeleteResponse:
-        return pb.DeleteResponse(
-            deleted=self._segments.delete(request.namespace, request.context_key)
-        )
+        namespace = self._allow(context, request.namespace, write=True)
+        return pb.DeleteResponse(deleted=self._segments.delete(namespace, request.context_key))
 
     async def Stats(
         self, request: pb.StatsRequest, context: aio.ServicerContext
     ) -> pb.StatsResponse:
-        (stats,) = self._segments.namespace_stats(check_namespace(request.namespace))
+        (stats,) = self._segments.namespace_stats(self._allow(context, request.namespace))
         return convert.stats_response(stats)
 
     async def DescribeDataPlane(
         self, request: pb.DescribeDataPlaneRequest, context: aio.ServicerContext
     ) -> pb.DescribeDataPlaneResponse:
-        check_namespace(request.namespace)
-        if self._data_plane is None:
+        self._allow(context, request.namespace)
+        tenant = self._auth.authenticate(bearer_of(context.invocation_metadata()))
+        # NOTE: the LMDB file holds every tenant's bytes and in-place reads skip these
+        # checks, so only an admin credential (or no auth at all) is told where it is.
+        if self._data_plane is None or not tenant.is_admin:
             return pb.DescribeDataPlaneResponse()
         return self._data_plane.to_response()
 

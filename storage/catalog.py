@@ -142,6 +142,41 @@ class Catalog:
             freed += entry.body_nbytes
         return victims
 
+    def fair_victims(
+        self,
+        writer: str | None,
+        nbytes: int,
+        exclude: bytes,
+        try_claim: Callable[[bytes], bool],
+    ) -> list[tuple[bytes, CatalogEntry]]:
+        """Unleased segments worth >= `nbytes` (fewer if there are none), each the LRU one
+        of the namespace holding the most bytes at that point, `writer` counted with the
+        `nbytes` it is writing (ties go to the writer).
+
+        NOTE: every namespace has an equal share of the tier, so the one holding the most
+        is the one furthest over its share: a writer under its share takes room from the
+        largest namespace until both are even, then pays with its own oldest segments.
+        """
+        usage = Counter(self._namespace_bytes)
+        if writer is not None:
+            usage[writer] += nbytes
+        candidates = {ns: iter(order) for ns, order in self._namespace_order.items()}
+        victims: list[tuple[bytes, CatalogEntry]] = []
+        freed = 0
+        while freed < nbytes and candidates:
+            namespace = max(candidates, key=lambda ns: (usage[ns], ns == writer))
+            key = next(candidates[namespace], None)
+            if key is None:
+                del candidates[namespace]
+                continue
+            if key == exclude or self.is_leased(key) or not try_claim(key):
+                continue
+            entry = self._entries[key]
+            victims.append((key, entry))
+            freed += entry.body_nbytes
+            usage[namespace] -= entry.body_nbytes
+        return victims
+
     def due_keys(self, now_s: float) -> list[bytes]:
         """Pop the keys whose TTL deadline passed (entries replaced since are skipped)."""
         due = []

@@ -2,11 +2,13 @@
 
 Owns transactions (none leaks out: every read is copied out of its transaction
 before it ends) and map-full handling; it never evicts on its own: when the map
-is full it raises `ResourceExhausted` and the store decides what to evict.
+is full it raises `ResourceExhausted` and the store decides what to evict. Owns the
+directory, too: an exclusive lock file keeps a second writer (another sidecar) out.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 logger = logging.getLogger(__name__)
 
 DB_NAME = b"records"
+LOCK_FILE = "kvsplice.lock"
 # Reader slots in the lock table (the sidecar creates it): same-host clients hold one per
 # read in flight (`lmdb_reader`), so the default of 126 would be tight.
 MAX_READERS = 1024
@@ -61,7 +64,17 @@ class LMDBTier:
         self._counters = TierCounters()
         self._closed = False
         os.makedirs(config.path, exist_ok=True)
-        self._env = lmdb.open(
+        self._lock_fd = _lock_directory(config.path)
+        try:
+            self._env = self._open_env(config)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._db = self._env.open_db(DB_NAME)
+
+    @staticmethod
+    def _open_env(config: LMDBTierConfig) -> lmdb.Environment:
+        return lmdb.open(
             config.path,
             map_size=config.map_size_bytes + map_headroom_bytes(config.map_size_bytes),
             subdir=True,
@@ -72,7 +85,6 @@ class LMDBTier:
             lock=True,
             max_readers=MAX_READERS,
         )
-        self._db = self._env.open_db(DB_NAME)
 
     def put(self, key: bytes, value: bytes | memoryview) -> None:
         record = seal(value, compress=self._config.compress)
@@ -166,9 +178,12 @@ class LMDBTier:
         if self._closed:
             return
         self._closed = True
-        if not self._config.sync:
-            self._env.sync(True)
-        self._env.close()
+        try:
+            if not self._config.sync:
+                self._env.sync(True)
+            self._env.close()
+        finally:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
 
     def stats(self) -> TierStats:
         return self._counters.snapshot()
@@ -198,6 +213,25 @@ class LMDBTier:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable(f"{self.name} tier is closed")
+
+
+def _lock_directory(path: str) -> int:
+    """An exclusive, non-blocking lock on `path`/kvsplice.lock; StoreUnavailable if held.
+
+    NOTE: LMDB itself lets several processes write one environment; two sidecars on one
+    directory would each keep a catalog the other's writes invalidate. The lock is
+    released by the kernel when the process dies (SIGKILL included): no stale lock.
+    """
+    lock_path = os.path.join(path, LOCK_FILE)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise StoreUnavailable(
+            f"LMDB directory {path} is in use by another kvsplice process ({lock_path} is locked)"
+        ) from exc
+    return fd
 
 
 def _verifies(raw: bytes | memoryview) -> bool:

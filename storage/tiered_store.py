@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import NamedTuple
 
@@ -58,6 +58,8 @@ REMOVAL_REASONS = ("delete", "ttl", "quota", "capacity", "lost", "shared")
 # Removals the other sidecars are told about (a local loss or a remote removal is not one).
 _SHARED_REASONS = frozenset({"delete", "ttl", "quota", "capacity"})
 _NUM_STRIPES = 64
+# Removals that are no capacity pressure: asked for, or another sidecar's (counted there).
+_NOT_PRESSURE = frozenset({"delete", "shared"})
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,16 @@ class StoreStats:
     usage: Mapping[str, TierUsage]  # by tier name, fastest first (the shared tier last)
     durable_tier: str  # the last local tier: segments live (and are removed) there
     shared: SharedStatus | None = None  # the shared tier's state, when there is one
+
+
+@dataclass(frozen=True)
+class NamespacePressure:
+    """What capacity pressure did to one namespace: removals by reason (REMOVAL_REASONS
+    but "delete" and "shared") and puts refused by reason ("quota": its quota; "capacity": the
+    durable tier full with nothing evictable)."""
+
+    removals: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
 
 
 class _Victim(NamedTuple):
@@ -134,6 +146,8 @@ class TieredStore:
         self._shared_catalog = SharedCatalog(self._catalog, self._lock, self._stack)
         self._listeners = StoreListeners()
         self._removals: Counter[str] = Counter(lost=num_dropped)
+        self._namespace_removals: Counter[tuple[str, str]] = Counter()
+        self._namespace_refusals: Counter[tuple[str, str]] = Counter()
         self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
         self._closed = False
         if shared is not None:
@@ -162,6 +176,26 @@ class TieredStore:
             self._notify(removed)
         if self._shared is not None:
             self._shared.publish_put(key)
+
+    def put_if_absent(self, meta: SegmentMeta, payload: bytes | memoryview) -> SegmentMeta | None:
+        """`put`, unless the key holds a live segment: then nothing is written and its meta
+        is returned (the check and the write happen under the key's lock)."""
+        view = payload_view(meta, payload)
+        key = segment_key(meta.namespace, meta.context_key)
+        body = encode_segment(meta, view)
+        entry = CatalogEntry(meta, len(body), meta_digest(body))
+        removed: Removed = []
+        try:
+            with self._stripe(key):
+                existing = self._live_entry(key, removed)
+                if existing is not None:
+                    return existing.meta
+                self._put_locked(key, body, entry, removed)
+        finally:
+            self._notify(removed)
+        if self._shared is not None:
+            self._shared.publish_put(key)
+        return None
 
     def get(self, namespace: str, context_key: bytes) -> StoredSegment | None:
         key = segment_key(namespace, context_key)
@@ -268,6 +302,17 @@ class TieredStore:
                 shared=None if self._shared is None else self._shared.status(),
             )
 
+    def namespace_pressure(self) -> dict[str, NamespacePressure]:
+        """Per namespace: segments removed by reason and puts refused for room, since start."""
+        with self._lock:
+            removals, refusals = dict(self._namespace_removals), dict(self._namespace_refusals)
+        pressure: dict[str, NamespacePressure] = {}
+        for (namespace, reason), n in removals.items():
+            pressure.setdefault(namespace, NamespacePressure()).removals[reason] = n
+        for (namespace, reason), n in refusals.items():
+            pressure.setdefault(namespace, NamespacePressure()).refusals[reason] = n
+        return pressure
+
     def add_removal_listener(self, listener: RemovalListener) -> None:
         self._listeners.add_removal(listener)
 
@@ -341,7 +386,7 @@ class TieredStore:
         victims = self._reserve_quota(key, entry)
         try:
             self._evict(victims, "quota", removed)
-            self._write_durable(key, body, removed)
+            self._write_durable(key, body, removed, entry.meta.namespace)
             with self._lock:
                 self._catalog.insert(key, entry)
         finally:
@@ -362,6 +407,7 @@ class TieredStore:
                 victims = self._claim(namespace, excess, exclude=key) if nbytes <= quota else []
                 if nbytes > quota or sum(v.entry.body_nbytes for v in victims) < excess:
                     self._unclaim(victims)
+                    self._namespace_refusals[namespace, "quota"] += 1
                     raise ResourceExhausted(
                         f"namespace {namespace!r}: {nbytes} bytes do not fit its quota of "
                         f"{quota} bytes (segments being read cannot be evicted)"
@@ -370,8 +416,11 @@ class TieredStore:
             self._catalog.reserve(namespace, nbytes)
         return victims
 
-    def _write_durable(self, key: bytes, body: bytes, removed: Removed) -> None:
-        """Put into the durable tier, evicting LRU unleased segments while it is full.
+    def _write_durable(
+        self, key: bytes, body: bytes, removed: Removed, namespace: str | None = None
+    ) -> None:
+        """Put into the durable tier, evicting while it is full: fair share first (see
+        `Catalog.fair_victims`), so a writer never silently empties another namespace.
 
         With a shared tier the local tiers cache the cluster: a capacity victim is only
         dropped here (still cataloged, read back from the cluster), not removed.
@@ -386,11 +435,19 @@ class TieredStore:
                 return
             except ResourceExhausted as exc:
                 with self._lock:
-                    victims = self._claim(None, len(body), exclude=key)
+                    # NOTE: room in the durable tier is made only by segments it holds.
+                    victims = [
+                        _Victim(k, entry, self._stripe(k))
+                        for k, entry in self._catalog.fair_victims(
+                            namespace, len(body), key, self._try_local_stripe
+                        )
+                    ]
                     if self._shared is None:
                         self._pop_claimed(victims)
                     else:
                         self._shared_catalog.mark_remote([victim.key for victim in victims])
+                    if not victims and namespace is not None:
+                        self._namespace_refusals[namespace, "capacity"] += 1
                 if not victims:
                     raise ResourceExhausted(
                         f"{durable.name} is full and no unleased segment is left to evict"
@@ -561,6 +618,9 @@ class TieredStore:
             return
         with self._lock:
             self._removals.update(reason for _, reason in removed)
+            self._namespace_removals.update(
+                (meta.namespace, reason) for meta, reason in removed if reason not in _NOT_PRESSURE
+            )
         for meta, reason in removed:
             if self._shared is not None and reason in _SHARED_REASONS:
                 self._shared.publish_removal(segment_key(meta.namespace, meta.context_key), reason)

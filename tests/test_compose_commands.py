@@ -340,11 +340,31 @@ def make_contract_cli() -> Command:
             bool, typer.Option("--redis-cluster", envvar="KVSPLICE_REDIS_CLUSTER")
         ] = False,
         auth_token: Annotated[str, typer.Option("--auth-token", envvar="KVSPLICE_AUTH_TOKEN")] = "",
+        tenants: Annotated[str, typer.Option("--tenants", envvar="KVSPLICE_TENANTS")] = "",
+        tls_cert: Annotated[str, typer.Option("--tls-cert", envvar="KVSPLICE_TLS_CERT")] = "",
+        tls_key: Annotated[str, typer.Option("--tls-key", envvar="KVSPLICE_TLS_KEY")] = "",
+        tls_client_ca: Annotated[
+            str, typer.Option("--tls-client-ca", envvar="KVSPLICE_TLS_CLIENT_CA")
+        ] = "",
     ) -> None: ...
 
     @contract.command()
     def health(
         target: Annotated[str, typer.Option("--target", envvar="KVSPLICE_TARGET")] = "",
+        tls_ca: Annotated[str, typer.Option("--tls-ca", envvar="KVSPLICE_TLS_CA")] = "",
+        tls_cert: Annotated[str, typer.Option("--tls-cert", envvar="KVSPLICE_TLS_CERT")] = "",
+        tls_key: Annotated[str, typer.Option("--tls-key", envvar="KVSPLICE_TLS_KEY")] = "",
+    ) -> None: ...
+
+    tenants = typer.Typer()
+    contract.add_typer(tenants, name="tenants")
+
+    @tenants.command("add")
+    def tenants_add(
+        name: Annotated[str, typer.Argument()],
+        namespace: Annotated[list[str], typer.Option("--namespace")],
+        role: Annotated[str, typer.Option("--role")] = "writer",
+        file: Annotated[str, typer.Option("--file", envvar="KVSPLICE_TENANTS")] = "",
     ) -> None: ...
 
     @contract.command()

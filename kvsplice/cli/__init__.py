@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 import typer
 import typer.main
 
-from kvsplice.cli import inspect, serve, worker
+from kvsplice.cli import inspect, serve, tenants, worker
 from kvsplice.cli.common import CliError, debug_enabled
 
 EXIT_USAGE = 2
@@ -67,6 +67,7 @@ app.command()(inspect.flush)
 app.command()(worker.demo)
 app.command()(worker.calibrate)
 app.add_typer(worker.bench_app, name="bench")
+app.add_typer(tenants.tenants_app, name="tenants")
 
 
 def _die(prefix: str, message: str, exit_code: int) -> NoReturn:

@@ -69,6 +69,40 @@ AuthTokenOpt = Annotated[
 ]
 
 
+TlsCaOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca", envvar="KVSPLICE_TLS_CA", help="CA (PEM) that signed the sidecar's cert: TLS."
+    ),
+]
+TlsCertOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert", envvar="KVSPLICE_TLS_CERT", help="Client certificate (PEM), for mTLS."
+    ),
+]
+TlsKeyOpt = Annotated[
+    Path | None,
+    typer.Option("--tls-key", envvar="KVSPLICE_TLS_KEY", help="Client key (PEM), for mTLS."),
+]
+
+
+def client_tls(ca: Path | None, cert: Path | None, key: Path | None):  # type: ignore[no-untyped-def]
+    """The client side's TLS settings (`ClientTls`), or None for plaintext."""
+    from kvsplice.client.store_config import ClientTls
+
+    if ca is None and cert is None and key is None:
+        return None
+    try:
+        return ClientTls(
+            ca_path=str(ca) if ca else None,
+            cert_path=str(cert) if cert else None,
+            key_path=str(key) if key else None,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+
+
 def setup_logging(level: LogLevel) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level.value.upper())  # also when a host already set handlers

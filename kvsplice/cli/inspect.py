@@ -10,7 +10,16 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsplice.cli.common import AuthTokenOpt, console, fail, human_bytes
+from kvsplice.cli.common import (
+    AuthTokenOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    client_tls,
+    console,
+    fail,
+    human_bytes,
+)
 
 ADMIN_TIMEOUT_S = 5.0
 AdminUrlOpt = Annotated[
@@ -23,14 +32,30 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON inst
 
 
 def admin_call(
-    admin_url: str, method: str, path: str, params: dict[str, Any], token: str | None
+    admin_url: str,
+    method: str,
+    path: str,
+    params: dict[str, Any],
+    token: str | None,
+    tls: Any = None,
 ) -> dict[str, Any]:
+    """One admin API call; `tls` (`ClientTls`) verifies an https URL with its CA and
+    presents its client certificate (mTLS)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"{admin_url.rstrip('/')}{path}"
+    verify: Any = True
+    if tls is not None:
+        import ssl
+
+        verify = ssl.create_default_context(cafile=tls.ca_path)
+        if tls.cert_path:
+            verify.load_cert_chain(tls.cert_path, tls.key_path)
     try:
-        reply = httpx.request(method, url, params=params, headers=headers, timeout=ADMIN_TIMEOUT_S)
+        reply = httpx.request(
+            method, url, params=params, headers=headers, timeout=ADMIN_TIMEOUT_S, verify=verify
+        )
     except httpx.HTTPError as exc:
         fail(f"cannot reach the admin API at {admin_url}: {exc}", 2)
     if reply.status_code != 200:
@@ -56,13 +81,18 @@ def stats(
         str | None, typer.Option("--namespace", "-n", help="Only this namespace.")
     ] = None,
     auth_token: AuthTokenOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Per-namespace segments, bytes and token hit rate from a running sidecar."""
     from rich.table import Table
 
     params = {"namespace": namespace} if namespace else {}
-    body = admin_call(admin_url, "GET", "/v1/stats", params, auth_token)
+    body = admin_call(
+        admin_url, "GET", "/v1/stats", params, auth_token, client_tls(tls_ca, tls_cert, tls_key)
+    )
     if as_json:
         return _print_json(body)
     table = Table("namespace", "segments", "stored", "token hit rate", "tokens hit/requested")
@@ -81,13 +111,18 @@ def list_segments(
     offset: Annotated[int, typer.Option(min=0, help="First row of the page.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")] = 50,
     auth_token: AuthTokenOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List a namespace's segments, one page at a time."""
     from rich.table import Table
 
     params = {"namespace": namespace, "offset": offset, "limit": limit}
-    body = admin_call(admin_url, "GET", "/v1/segments", params, auth_token)
+    body = admin_call(
+        admin_url, "GET", "/v1/segments", params, auth_token, client_tls(tls_ca, tls_cert, tls_key)
+    )
     if as_json:
         return _print_json(body)
     table = Table("segment id", "tokens", "start", "layers", "size", "ttl")
@@ -108,10 +143,20 @@ def delete(
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="Its namespace.")],
     admin_url: AdminUrlOpt = "http://127.0.0.1:8081",
     auth_token: AuthTokenOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Delete one segment; exit 1 if it was not stored."""
     path = f"/v1/segments/{segment_id}"
-    body = admin_call(admin_url, "DELETE", path, {"namespace": namespace}, auth_token)
+    body = admin_call(
+        admin_url,
+        "DELETE",
+        path,
+        {"namespace": namespace},
+        auth_token,
+        client_tls(tls_ca, tls_cert, tls_key),
+    )
     if not body.get("deleted"):
         fail(f"segment {segment_id} is not stored in namespace {namespace!r}")
     typer.echo(f"deleted {segment_id}")
@@ -121,12 +166,22 @@ def flush(
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace to empty.")],
     admin_url: AdminUrlOpt = "http://127.0.0.1:8081",
     auth_token: AuthTokenOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete every segment and anchor of a namespace."""
     if not yes:
         typer.confirm(f"delete everything in namespace {namespace!r}?", abort=True)
-    body = admin_call(admin_url, "DELETE", f"/v1/namespaces/{namespace}", {}, auth_token)
+    body = admin_call(
+        admin_url,
+        "DELETE",
+        f"/v1/namespaces/{namespace}",
+        {},
+        auth_token,
+        client_tls(tls_ca, tls_cert, tls_key),
+    )
     typer.echo(
         f"flushed {namespace}: {body['num_segments']} segments, "
         f"{human_bytes(body['freed_bytes'])} freed"

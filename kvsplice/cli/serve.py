@@ -16,7 +16,17 @@ from typing import Annotated
 
 import typer
 
-from kvsplice.cli.common import LogLevel, LogLevelOpt, fail, setup_logging, split_host_port
+from kvsplice.cli.common import (
+    LogLevel,
+    LogLevelOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    client_tls,
+    fail,
+    setup_logging,
+    split_host_port,
+)
 
 MIB = 1 << 20
 
@@ -34,12 +44,17 @@ def health(
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", min=0.01, help="Seconds to wait for the answer.")
     ] = 3.0,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Exit 0 if the sidecar's grpc.health.v1 Check answers SERVING (Docker healthcheck)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    from kvsplice.client.store_channel import open_channel
+
+    with open_channel(target, [], client_tls(tls_ca, tls_cert, tls_key)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -129,8 +144,28 @@ def serve(
     ] = None,
     max_payload_mib: Annotated[
         int,
-        typer.Option(envvar="KVSPLICE_MAX_PAYLOAD_MIB", min=1, help="Largest accepted segment."),
+        typer.Option(
+            envvar="KVSPLICE_MAX_PAYLOAD_MIB",
+            min=1,
+            help="Largest accepted segment payload (64: a 512-token segment of an 8B model, fp16).",
+        ),
+    ] = 64,
+    max_inflight_upload_mib: Annotated[
+        int,
+        typer.Option(
+            envvar="KVSPLICE_MAX_INFLIGHT_UPLOAD_MIB",
+            min=1,
+            help="Payload MiB all uploads in progress may declare together.",
+        ),
     ] = 256,
+    stream_idle_timeout_s: Annotated[
+        float,
+        typer.Option(
+            envvar="KVSPLICE_STREAM_IDLE_TIMEOUT_S",
+            min=0.1,
+            help="Cut an upload (or a GetSegment reader) silent this long.",
+        ),
+    ] = 10.0,
     chunk_mib: Annotated[
         int,
         typer.Option(
@@ -139,7 +174,38 @@ def serve(
     ] = 4,
     auth_token: Annotated[
         str | None,
-        typer.Option(envvar="KVSPLICE_AUTH_TOKEN", help="Require 'Bearer <token>' on every call."),
+        typer.Option(
+            envvar="KVSPLICE_AUTH_TOKEN", help="One admin token ('Bearer <token>') on every call."
+        ),
+    ] = None,
+    tenants: Annotated[
+        Path | None,
+        typer.Option(
+            "--tenants",
+            envvar="KVSPLICE_TENANTS",
+            exists=True,
+            dir_okay=False,
+            help="Tenants file (kvsplice tenants add): namespaces and role per token hash; "
+            "re-read on SIGHUP.",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="KVSPLICE_TLS_CERT", exists=True, help="Server certificate (PEM): TLS."
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(envvar="KVSPLICE_TLS_KEY", exists=True, help="Its private key (PEM)."),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="KVSPLICE_TLS_CLIENT_CA",
+            exists=True,
+            help="Require client certificates signed by this CA (mTLS).",
+        ),
     ] = None,
     grace_period_s: Annotated[
         float,
@@ -174,10 +240,11 @@ def serve(
     log_level: LogLevelOpt = LogLevel.info,
 ) -> None:
     """Run the store sidecar (gRPC + admin HTTP API + dashboard) until SIGTERM."""
+    from kvsplice.common.errors import StoreUnavailable
     from kvsplice.index.anchor_pool import AnchorPoolConfig
     from kvsplice.index.similarity_index import SimilarityConfig
     from kvsplice.server.app import serve as run_server
-    from kvsplice.server.config import SegmentServiceConfig, ServerConfig
+    from kvsplice.server.config import SegmentServiceConfig, ServerConfig, TlsConfig
     from kvsplice.storage.config import (
         LMDBTierConfig,
         MemoryTierConfig,
@@ -187,6 +254,8 @@ def serve(
 
     setup_logging(log_level)
     check_listen(listen)
+    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):
+        fail("--tls-cert and --tls-key go together (--tls-client-ca needs them)", 2)
     admin = None if admin_listen == "off" else split_host_port(admin_listen, "--admin-listen")
     try:
         store = StoreConfig(
@@ -215,6 +284,14 @@ def serve(
                 default_ttl_s=default_ttl_s, max_payload_nbytes=max_payload_mib * MIB
             ),
             auth_token=auth_token or None,
+            tenants_path=str(tenants) if tenants else None,
+            tls=TlsConfig(
+                str(tls_cert), str(tls_key), str(tls_client_ca) if tls_client_ca else None
+            )
+            if tls_cert and tls_key
+            else None,
+            stream_idle_timeout_s=stream_idle_timeout_s,
+            max_inflight_upload_nbytes=max_inflight_upload_mib * MIB,
             chunk_nbytes=chunk_mib * MIB,
             grace_period_s=grace_period_s,
             admin_host=admin[0] if admin else "127.0.0.1",
@@ -226,7 +303,10 @@ def serve(
     if admin is not None:
         check_port_free(admin_listen, "--admin-listen")
     make_lmdb_dir(lmdb_path)
-    run_server(config)
+    try:
+        run_server(config)
+    except StoreUnavailable as exc:  # the port or the LMDB directory is another sidecar's
+        fail(str(exc))
 
 
 def check_listen(listen: str) -> None:

@@ -129,6 +129,8 @@ def test_stats_of_all_namespaces_and_of_one() -> None:
         "num_requested_tokens": 400,
         "num_hit_tokens": 300,
         "hit_rate": 0.75,  # the token hit rate
+        "num_evictions": 0,
+        "num_refused_puts": 0,
     }
 
 

@@ -11,8 +11,9 @@ import pytest
 from grpc import aio
 
 from kvsplice.common import errors
-from kvsplice.server.interceptors import BearerAuthInterceptor, FaultInterceptor
+from kvsplice.server.interceptors import FaultInterceptor, TenantAuthInterceptor
 from kvsplice.server.metrics import StoreMetrics
+from kvsplice.server.tenants import Authenticator
 
 FAULTS = [
     errors.InvalidRequest,
@@ -57,7 +58,7 @@ async def start_server(
     metrics = StoreMetrics(["Unary", "Stream"])
     interceptors: list[aio.ServerInterceptor] = [FaultInterceptor(metrics)]
     if token is not None:
-        interceptors.append(BearerAuthInterceptor(token))
+        interceptors.append(TenantAuthInterceptor(Authenticator(admin_token=token)))
     server = aio.server(interceptors=interceptors)
     server.add_generic_rpc_handlers((make_handler(fault),))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -149,4 +150,4 @@ async def test_bearer_token_is_required_when_configured(method: str) -> None:
 
 def test_an_empty_token_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="token"):
-        BearerAuthInterceptor("")
+        Authenticator(admin_token="")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from store_factories import (
@@ -16,10 +17,16 @@ from store_factories import (
     make_store,
 )
 
-from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, InvalidRequest
+from kvsplice.common.errors import (
+    CorruptPayload,
+    FingerprintMismatch,
+    InvalidRequest,
+    ResourceExhausted,
+)
 from kvsplice.common.keys import root_key
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.segment_service import SimilarQuery
+from kvsplice.storage.config import LMDBTierConfig, StoreConfig, build_store
 
 
 def test_put_then_get_returns_the_same_bytes_and_meta() -> None:
@@ -198,3 +205,25 @@ def test_stats_are_per_namespace_and_count_hits_and_misses() -> None:
     assert stats.stored_bytes >= 100
     (other,) = service.namespace_stats("tenant-b")
     assert (other.num_segments, other.num_hits, other.num_misses) == (0, 0, 1)
+
+
+def test_stats_count_each_namespaces_evictions_and_refused_puts(tmp_path: Path) -> None:
+    store = build_store(
+        StoreConfig(
+            lmdb=LMDBTierConfig(str(tmp_path / "db"), sync=False),
+            namespace_quota_bytes={NAMESPACE: 3000},
+        )
+    )
+    try:
+        service = make_service(store)
+        for i in range(4):
+            payload = make_payload(1000, seed=i)
+            service.put(make_meta([i + 1], payload), payload)
+        big = make_payload(5000)
+        with pytest.raises(ResourceExhausted):
+            service.put(make_meta([99], big), big)
+        (stats,) = service.namespace_stats(NAMESPACE)
+        assert stats.num_segments == 2 and stats.num_evictions == 2
+        assert stats.num_refused_puts == 1
+    finally:
+        store.close()
