@@ -43,7 +43,7 @@ from kvsplice.server.tenants import token_sha256
 
 FINGERPRINT = "kvfp1-" + "7" * 32
 TOKENS = {"team-a": "audit-token-a", "team-b": "audit-token-b"}
-KVSPLICE = [sys.executable, "-m", "kvsplice.cli"]
+KVSPLICE = [sys.executable, "-c", "from kvsplice.cli import main; main()"]
 # One 4 MiB chunk plus framing, as the real clients allow (`store_config.max_message_nbytes`).
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20)]
 
@@ -143,11 +143,12 @@ def cross_tenant_calls(stub: Any, victim: SegmentMeta) -> dict[str, Callable[[An
         "GetSegment": lambda md: list(stub.GetSegment(pb.GetSegmentRequest(namespace=ns, context_key=key), metadata=md)),
         "LookupPrefix": lambda md: stub.LookupPrefix(pb.LookupPrefixRequest(namespace=ns, model_fingerprint=fp, token_ids=victim.token_ids), metadata=md),
         "FindSimilar": lambda md: stub.FindSimilar(pb.FindSimilarRequest(namespace=ns, model_fingerprint=fp, token_ids=victim.token_ids), metadata=md),
-        "PutAnchor": lambda md: stub.PutAnchor(pb.PutAnchorRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_id="a", base_payload=b"x", num_tokens=1), metadata=md),
-        "GetAnchors": lambda md: stub.GetAnchors(pb.GetAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p"), metadata=md),
+        "PutAnchor": lambda md: stub.PutAnchor(iter([pb.PutAnchorRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_id="a", base_payload=b"x", num_tokens=1)]), metadata=md),
+        "GetAnchors": lambda md: list(stub.GetAnchors(pb.GetAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p"), metadata=md)),
         "TouchAnchors": lambda md: stub.TouchAnchors(pb.TouchAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_ids=["a"]), metadata=md),
         "Delete": lambda md: stub.Delete(pb.DeleteRequest(namespace=ns, context_key=key), metadata=md),
         "Stats": lambda md: stub.Stats(pb.StatsRequest(namespace=ns), metadata=md),
+        "DescribeDataPlane": lambda md: stub.DescribeDataPlane(pb.DescribeDataPlaneRequest(namespace=ns), metadata=md),
     }  # fmt: skip
 
 
@@ -224,6 +225,7 @@ def valid_messages(meta: SegmentMeta, payload: bytes) -> dict[str, list[bytes]]:
         "TouchAnchors": [pb.TouchAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_ids=["a"]).SerializeToString()],
         "Delete": [pb.DeleteRequest(namespace=ns, context_key=bytes(16)).SerializeToString()],
         "Stats": [pb.StatsRequest(namespace=ns).SerializeToString()],
+        "DescribeDataPlane": [pb.DescribeDataPlaneRequest(namespace=ns).SerializeToString()],
     }  # fmt: skip
 
 
@@ -267,10 +269,11 @@ def malformed(
 
 def send_raw(channel: grpc.Channel, method: str, frames: list[bytes], md: tuple) -> grpc.StatusCode:  # type: ignore[type-arg]
     path = f"/{SERVICE_NAME}/{method}"
+    rpc = pb.DESCRIPTOR.services_by_name["SegmentStore"].methods_by_name[method]
     try:
-        if method == "PutSegment":
+        if rpc.client_streaming:
             channel.stream_unary(path)(iter(frames), timeout=10, metadata=md)
-        elif method == "GetSegment":
+        elif rpc.server_streaming:
             list(channel.unary_stream(path)(frames[0], timeout=10, metadata=md))
         else:
             channel.unary_unary(path)(frames[0], timeout=10, metadata=md)

@@ -22,7 +22,7 @@ from kvsplice.client.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 
-KVSPLICE = [sys.executable, "-m", "kvsplice.cli"]
+KVSPLICE = [sys.executable, "-c", "from kvsplice.cli import main; main()"]
 
 
 def free_port() -> int:
@@ -102,7 +102,7 @@ def test_a_second_sidecar_on_the_same_port_or_directory_exits_with_one_line(
     try:
         wait_serving(f"127.0.0.1:{port}")
         for lmdb_dir, listen_port, reason in (
-            (tmp_path / "b", port, "cannot listen on"),
+            (tmp_path / "b", port, "address already in use"),
             (tmp_path / "a", free_port(), "is in use by another kvsplice process"),
         ):
             second = serve(lmdb_dir, listen_port)

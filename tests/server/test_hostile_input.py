@@ -113,10 +113,11 @@ def kept(channel: grpc.Channel) -> tuple[Any, bytes]:
 def send_raw(channel: grpc.Channel, method: str, frames: list[bytes]) -> grpc.StatusCode:
     """Send already-serialized messages to `method`; the status it ends with."""
     path = f"/{SERVICE_NAME}/{method}"
+    rpc = pb.DESCRIPTOR.services_by_name["SegmentStore"].methods_by_name[method]
     try:
-        if method == "PutSegment":
+        if rpc.client_streaming:
             channel.stream_unary(path)(iter(frames), timeout=10)
-        elif method == "GetSegment":
+        elif rpc.server_streaming:
             list(channel.unary_stream(path)(frames[0], timeout=10))
         else:
             channel.unary_unary(path)(frames[0], timeout=10)

@@ -144,19 +144,27 @@ def rpc_calls(
             metadata=md,
         ),
         "PutAnchor": lambda s, md: s.PutAnchor(
-            pb.PutAnchorRequest(
-                namespace=ns,
-                model_fingerprint=FINGERPRINT,
-                placeholder_id="p",
-                anchor_id="a",
-                base_payload=b"x",
-                num_tokens=1,
+            iter(
+                [
+                    pb.PutAnchorRequest(
+                        namespace=ns,
+                        model_fingerprint=FINGERPRINT,
+                        placeholder_id="p",
+                        anchor_id="a",
+                        base_payload=b"x",
+                        num_tokens=1,
+                    )
+                ]
             ),
             metadata=md,
         ),
-        "GetAnchors": lambda s, md: s.GetAnchors(
-            pb.GetAnchorsRequest(namespace=ns, model_fingerprint=FINGERPRINT, placeholder_id="p"),
-            metadata=md,
+        "GetAnchors": lambda s, md: list(
+            s.GetAnchors(
+                pb.GetAnchorsRequest(
+                    namespace=ns, model_fingerprint=FINGERPRINT, placeholder_id="p"
+                ),
+                metadata=md,
+            )
         ),
         "TouchAnchors": lambda s, md: s.TouchAnchors(
             pb.TouchAnchorsRequest(
@@ -168,6 +176,9 @@ def rpc_calls(
             pb.DeleteRequest(namespace=ns, context_key=key), metadata=md
         ),
         "Stats": lambda s, md: s.Stats(pb.StatsRequest(namespace=ns), metadata=md),
+        "DescribeDataPlane": lambda s, md: s.DescribeDataPlane(
+            pb.DescribeDataPlaneRequest(namespace=ns), metadata=md
+        ),
     }
 
 
