@@ -87,7 +87,8 @@ class StoreClient:
         )
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
-        """Store `payload` under `meta`; False if the store could not be reached in time."""
+        """Store `payload` under `meta`; False if the store could not be reached in time, or
+        if its key already holds other bytes (keys are immutable: the first segment stays)."""
         if meta.namespace != self.namespace:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
@@ -97,7 +98,12 @@ class StoreClient:
         )
 
         def send(timeout_s: float) -> bool:
-            self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+            try:
+                self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
+                    raise
+                return False
             return True
 
         return self._once("put_segment", send, self.config.put_timeout_s, False)
