@@ -11,6 +11,9 @@ import pytest
 
 from kvsplice.cli import main
 
+# Port 0 is never "in use": the checks below must not depend on what else this host runs.
+FREE_PORTS = ("--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exited:
@@ -86,7 +89,8 @@ def test_usage_mistakes_are_one_line(
 def test_unusable_lmdb_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = run_cli(["serve", "--lmdb-path", str(blocker / "lmdb")], capsys)
+    argv = ["serve", *FREE_PORTS, "--lmdb-path", str(blocker / "lmdb")]
+    code, _, err = run_cli(argv, capsys)
     assert code == 1
     assert "--lmdb-path" in one_error_line(err) and "cannot create the directory" in err
 
@@ -97,7 +101,7 @@ def test_a_port_in_use(
 ) -> None:
     lmdb = tmp_path / "lmdb"
     code, _, err = run_cli(
-        ["serve", flag, f"127.0.0.1:{busy_port}", "--lmdb-path", str(lmdb)], capsys
+        ["serve", *FREE_PORTS, flag, f"127.0.0.1:{busy_port}", "--lmdb-path", str(lmdb)], capsys
     )
     assert code == 1
     assert one_error_line(err).endswith(f"{flag} 127.0.0.1:{busy_port}: address already in use")
