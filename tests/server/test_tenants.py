@@ -297,3 +297,12 @@ def test_tenants_add_prints_a_token_once_and_sighup_admits_it(tmp_path: Path) ->
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+def test_only_an_admin_is_told_where_the_lmdb_file_is(store: EmbeddedStore) -> None:
+    with grpc.insecure_channel(store.target) as channel:
+        stub = store_pb2_grpc.SegmentStoreStub(channel)
+        for name, namespace in (("alice", "team-a"), ("root", "team-a")):
+            request = pb.DescribeDataPlaneRequest(namespace=namespace)
+            reply = stub.DescribeDataPlane(request, metadata=metadata(name))
+            assert bool(reply.lmdb_path) is (name == "root"), name
