@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, StreamStalled
 from kvsplice.common.segment import SegmentMeta
@@ -42,9 +42,12 @@ def parse_put_request(message: bytes) -> PutPart:
     return pb.PutSegmentRequest.FromString(message) if chunk is None else chunk
 
 
-async def _parts(
-    requests: AsyncIterable[PutPart], idle_timeout_s: float | None
-) -> AsyncIterator[PutPart]:
+T = TypeVar("T")
+
+
+async def within_idle_timeout(
+    requests: AsyncIterable[T], idle_timeout_s: float | None, rpc: str
+) -> AsyncIterator[T]:
     """`requests`, but StreamStalled when the next message takes over `idle_timeout_s`."""
     iterator = aiter(requests)
     while True:
@@ -55,7 +58,7 @@ async def _parts(
             return
         except TimeoutError as error:
             raise StreamStalled(
-                f"PutSegment stream sent nothing for {idle_timeout_s} s; cut by the server"
+                f"{rpc} stream sent nothing for {idle_timeout_s} s; cut by the server"
             ) from error
         yield request
 
@@ -75,7 +78,7 @@ async def receive_segment(
     meta: SegmentMeta | None = None
     chunks: list[bytes | memoryview] = []
     num_received = 0
-    async for request in _parts(requests, idle_timeout_s):
+    async for request in within_idle_timeout(requests, idle_timeout_s, "PutSegment"):
         part = _put_part(request)
         if isinstance(part, pb.SegmentHeader):
             if meta is not None:

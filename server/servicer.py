@@ -156,7 +156,10 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     ) -> pb.PutAnchorResponse:
         # The stream is bounded by max_anchor_nbytes; its namespace is known once it is read.
         write = await convert.receive_anchor(
-            request_iterator, self._anchors.config.max_anchor_nbytes
+            convert.within_idle_timeout(
+                request_iterator, self._uploads.idle_timeout_s, "PutAnchor"
+            ),
+            self._anchors.config.max_anchor_nbytes,
         )
         self._allow(context, write.namespace, write=True)
         evicted = self._anchors.put(write)

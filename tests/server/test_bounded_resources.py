@@ -145,3 +145,24 @@ def test_a_reader_that_stops_reading_is_cut_by_the_server() -> None:
         with grpc.insecure_channel(store.target) as channel:
             replies = list(store_pb2_grpc.SegmentStoreStub(channel).GetSegment(request, timeout=30))
         assert b"".join(r.chunk for r in replies[1:]) == payload
+
+
+def test_a_stalled_anchor_upload_is_cut_by_the_server() -> None:
+    release = threading.Event()
+
+    def stalling_anchor() -> Iterator[pb.PutAnchorRequest]:
+        yield pb.PutAnchorRequest(
+            namespace="tenant-a", model_fingerprint="kvfp1-" + "0" * 32, placeholder_id="p",
+            anchor_id="a", base_payload=b"x" * 1024, num_tokens=4,
+        )  # fmt: skip
+        release.wait(30)
+
+    with EmbeddedStore(loopback_config(None, stream_idle_timeout_s=0.5)) as store:
+        with grpc.insecure_channel(store.target) as channel:
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                store_pb2_grpc.SegmentStoreStub(channel).PutAnchor(stalling_anchor(), timeout=30)
+            elapsed_s = time.monotonic() - started
+        release.set()
+    assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert elapsed_s < 5
