@@ -35,12 +35,6 @@ def busy_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_version_and_short_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["--version"], capsys)
     assert code == 0 and out.startswith("kvsplice 0.")

@@ -4,6 +4,7 @@ every primary is scanned, and a record never spans slots."""
 from __future__ import annotations
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from kvsplice.storage.config import RedisTierConfig
@@ -43,3 +44,24 @@ def test_cluster_seeds_parse_every_host() -> None:
     assert [(s.host, s.port) for s in seeds] == [("10.0.0.1", 7000), ("10.0.0.2", 7001)]
     with pytest.raises(ValueError, match="not host:port"):
         cluster_seeds("redis://10.0.0.1")
+
+
+def test_replica_reads_find_what_the_primaries_hold(cluster, key_prefix) -> None:
+    writer = RedisTier(RedisTierConfig(url=cluster.url, cluster=True, key_prefix=key_prefix))
+    config = RedisTierConfig(
+        url=cluster.url, cluster=True, key_prefix=key_prefix, read_from_replicas=True
+    )
+    reader = RedisTier(config)
+    try:
+        for i, key in enumerate(KEYS):
+            writer.put(key, b"value-%d" % i)
+        for port in cluster.masters():  # replicas acknowledge the writes so far
+            with redis.Redis(port=port) as primary:
+                primary.wait(1, 2000)
+        for _ in range(2):  # round robin over the primary and replicas redis-py knows of
+            assert [bytes(reader.get(key)) for key in KEYS] == [
+                b"value-%d" % i for i in range(len(KEYS))
+            ]
+    finally:
+        writer.close()
+        reader.close()
