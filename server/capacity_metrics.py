@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from kvsplice.storage.tiered_store import NamespacePressure
+from kvsplice.storage.pressure import NamespacePressure
 
 PressureFn = Callable[[], Mapping[str, NamespacePressure]]
 

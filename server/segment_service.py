@@ -33,7 +33,8 @@ from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
 from kvsplice.server.admin_models import NamespaceStats, SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.storage.catalog import NamespaceUsage
-from kvsplice.storage.tiered_store import NamespacePressure, StoredSegment, TieredStore
+from kvsplice.storage.pressure import NamespacePressure
+from kvsplice.storage.tiered_store import StoredSegment, TieredStore
 
 logger = logging.getLogger(__name__)
 

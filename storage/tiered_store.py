@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from typing import NamedTuple
 
@@ -31,6 +31,7 @@ from kvsplice.storage.catalog import CatalogEntry, NamespaceUsage
 from kvsplice.storage.catalog_loader import load_catalog
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.keyspace import segment_key
+from kvsplice.storage.pressure import NamespacePressure, PressureCounters
 from kvsplice.storage.segment_codec import (
     encode_segment,
     meta_digest,
@@ -58,8 +59,6 @@ REMOVAL_REASONS = ("delete", "ttl", "quota", "capacity", "lost", "shared")
 # Removals the other sidecars are told about (a local loss or a remote removal is not one).
 _SHARED_REASONS = frozenset({"delete", "ttl", "quota", "capacity"})
 _NUM_STRIPES = 64
-# Removals that are no capacity pressure: asked for, or another sidecar's (counted there).
-_NOT_PRESSURE = frozenset({"delete", "shared"})
 
 
 @dataclass(frozen=True)
@@ -86,16 +85,6 @@ class StoreStats:
     usage: Mapping[str, TierUsage]  # by tier name, fastest first (the shared tier last)
     durable_tier: str  # the last local tier: segments live (and are removed) there
     shared: SharedStatus | None = None  # the shared tier's state, when there is one
-
-
-@dataclass(frozen=True)
-class NamespacePressure:
-    """What capacity pressure did to one namespace: removals by reason (REMOVAL_REASONS
-    but "delete" and "shared") and puts refused by reason ("quota": its quota; "capacity": the
-    durable tier full with nothing evictable)."""
-
-    removals: dict[str, int] = field(default_factory=dict)
-    refusals: dict[str, int] = field(default_factory=dict)
 
 
 class _Victim(NamedTuple):
@@ -146,8 +135,7 @@ class TieredStore:
         self._shared_catalog = SharedCatalog(self._catalog, self._lock, self._stack)
         self._listeners = StoreListeners()
         self._removals: Counter[str] = Counter(lost=num_dropped)
-        self._namespace_removals: Counter[tuple[str, str]] = Counter()
-        self._namespace_refusals: Counter[tuple[str, str]] = Counter()
+        self._pressure = PressureCounters()
         self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
         self._closed = False
         if shared is not None:
@@ -164,10 +152,7 @@ class TieredStore:
         unleased LRU segments) cannot fit it. Once the durable tier holds the
         record it is stored, even if a cache tier then raises `StoreUnavailable`.
         """
-        view = payload_view(meta, payload)
-        key = segment_key(meta.namespace, meta.context_key)
-        body = encode_segment(meta, view)
-        entry = CatalogEntry(meta, len(body), meta_digest(body))
+        key, body, entry = _record_of(meta, payload)
         removed: Removed = []
         try:
             with self._stripe(key):
@@ -180,10 +165,7 @@ class TieredStore:
     def put_if_absent(self, meta: SegmentMeta, payload: bytes | memoryview) -> SegmentMeta | None:
         """`put`, unless the key holds a live segment: then nothing is written and its meta
         is returned (the check and the write happen under the key's lock)."""
-        view = payload_view(meta, payload)
-        key = segment_key(meta.namespace, meta.context_key)
-        body = encode_segment(meta, view)
-        entry = CatalogEntry(meta, len(body), meta_digest(body))
+        key, body, entry = _record_of(meta, payload)
         removed: Removed = []
         try:
             with self._stripe(key):
@@ -305,13 +287,7 @@ class TieredStore:
     def namespace_pressure(self) -> dict[str, NamespacePressure]:
         """Per namespace: segments removed by reason and puts refused for room, since start."""
         with self._lock:
-            removals, refusals = dict(self._namespace_removals), dict(self._namespace_refusals)
-        pressure: dict[str, NamespacePressure] = {}
-        for (namespace, reason), n in removals.items():
-            pressure.setdefault(namespace, NamespacePressure()).removals[reason] = n
-        for (namespace, reason), n in refusals.items():
-            pressure.setdefault(namespace, NamespacePressure()).refusals[reason] = n
-        return pressure
+            return self._pressure.snapshot()
 
     def add_removal_listener(self, listener: RemovalListener) -> None:
         self._listeners.add_removal(listener)
@@ -407,7 +383,7 @@ class TieredStore:
                 victims = self._claim(namespace, excess, exclude=key) if nbytes <= quota else []
                 if nbytes > quota or sum(v.entry.body_nbytes for v in victims) < excess:
                     self._unclaim(victims)
-                    self._namespace_refusals[namespace, "quota"] += 1
+                    self._pressure.refused(namespace, "quota")
                     raise ResourceExhausted(
                         f"namespace {namespace!r}: {nbytes} bytes do not fit its quota of "
                         f"{quota} bytes (segments being read cannot be evicted)"
@@ -447,7 +423,7 @@ class TieredStore:
                     else:
                         self._shared_catalog.mark_remote([victim.key for victim in victims])
                     if not victims and namespace is not None:
-                        self._namespace_refusals[namespace, "capacity"] += 1
+                        self._pressure.refused(namespace, "capacity")
                 if not victims:
                     raise ResourceExhausted(
                         f"{durable.name} is full and no unleased segment is left to evict"
@@ -618,9 +594,7 @@ class TieredStore:
             return
         with self._lock:
             self._removals.update(reason for _, reason in removed)
-            self._namespace_removals.update(
-                (meta.namespace, reason) for meta, reason in removed if reason not in _NOT_PRESSURE
-            )
+            self._pressure.removed((meta.namespace, reason) for meta, reason in removed)
         for meta, reason in removed:
             if self._shared is not None and reason in _SHARED_REASONS:
                 self._shared.publish_removal(segment_key(meta.namespace, meta.context_key), reason)
@@ -629,6 +603,13 @@ class TieredStore:
 
 
 _UNREACHABLE = object()
+
+
+def _record_of(meta: SegmentMeta, payload: bytes | memoryview) -> tuple[bytes, bytes, CatalogEntry]:
+    """The tier key, the encoded body and the catalog entry of a segment to store."""
+    body = encode_segment(meta, payload_view(meta, payload))
+    key = segment_key(meta.namespace, meta.context_key)
+    return key, body, CatalogEntry(meta, len(body), meta_digest(body))
 
 
 def _digest_or_none(body: Body) -> int | None:
