@@ -244,3 +244,13 @@ def test_nan_ttl_is_refused_and_expiry_goes_on(tmp_path: Path) -> None:
         while store._server.store.stats().num_segments and time.monotonic() < deadline:
             time.sleep(0.1)
         assert store._server.store.stats().num_segments == 0
+
+
+def test_garbage_to_the_health_service_is_invalid_argument(
+    channel: grpc.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    with pytest.raises(grpc.RpcError) as caught:
+        check(b"\x0a\xff\xff\xff\xff\x0f garbage", timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert no_tracebacks(caplog) == []
