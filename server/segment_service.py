@@ -250,6 +250,13 @@ class SegmentService:
             )
         return stored
 
+    def stored_nbytes(self, namespace: str, key: bytes) -> int:
+        """The payload size stored under `key` (0 if none or malformed): what a read moves."""
+        if len(key) != KEY_NBYTES:
+            return 0
+        meta = self._store.get_meta(namespace, key)
+        return 0 if meta is None else meta.payload_nbytes
+
     def count_read(self, stored: StoredSegment | None) -> None:
         """Count one read of a fetched segment (the dashboard's most-read list). Loop only."""
         if stored is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor
@@ -32,7 +33,11 @@ from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.tiered_store import StoredSegment
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
+# Payloads this large are verified, written and read on a worker thread (the event loop
+# keeps answering health checks); smaller ones inline: a thread hop costs ~0.1 ms.
+OFFLOAD_NBYTES = 1 << 20
 _SERVICE = pb.DESCRIPTOR.services_by_name["SegmentStore"]
 SERVICE_NAME = _SERVICE.full_name
 RPC_METHODS = tuple(m.name for m in _SERVICE.methods)
@@ -82,7 +87,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
             meta, payload = await convert.receive_segment(
                 request_iterator, admit, self._uploads.idle_timeout_s
             )
-            stored = await asyncio.to_thread(self._segments.write, meta, payload)
+            stored = await _offloaded(meta.payload_nbytes, self._segments.write, meta, payload)
         self._segments.index(stored)
         self._metrics.add_bytes("in", stored.payload_nbytes)
         self._metrics.observe_segment_size(stored.payload_nbytes)
@@ -120,8 +125,9 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self, request: pb.GetSegmentRequest, context: aio.ServicerContext
     ) -> StoredSegment:
         namespace = self._allow(context, request.namespace)
-        stored = await asyncio.to_thread(
-            self._segments.fetch, namespace, request.context_key, request.model_fingerprint
+        nbytes = self._segments.stored_nbytes(namespace, request.context_key)
+        stored = await _offloaded(
+            nbytes, self._segments.fetch, namespace, request.context_key, request.model_fingerprint
         )
         self._segments.count_read(stored)
         if stored is None:
@@ -213,6 +219,13 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         if self._data_plane is None or not tenant.is_admin:
             return pb.DescribeDataPlaneResponse()
         return self._data_plane.to_response()
+
+
+async def _offloaded(nbytes: int, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)`, on a worker thread when it moves `nbytes` >= OFFLOAD_NBYTES."""
+    if nbytes >= OFFLOAD_NBYTES:
+        return await asyncio.to_thread(function, *args)
+    return function(*args)
 
 
 def add_to_server(servicer: SegmentStoreServicer, server: aio.Server) -> None:
