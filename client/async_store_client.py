@@ -6,6 +6,7 @@ No torch here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
@@ -39,6 +40,8 @@ T = TypeVar("T")
 _UNASKED = object()  # `_same_host` before the sidecar was asked where its data plane is
 Attempt = Callable[[float], Awaitable[T]]
 
+logger = logging.getLogger(__name__)
+
 
 class AsyncStoreClient:
     """Talks to one store over one aio channel, scoped to one namespace."""
@@ -65,8 +68,9 @@ class AsyncStoreClient:
         )
 
     async def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
-        """Store `payload` under `meta`; False if the store could not be reached in time, or
-        if its key already holds other bytes (keys are immutable: the first segment stays)."""
+        """Store `payload` under `meta`; True once the store holds a segment under its key
+        (this one, or an earlier one with other bytes: keys are immutable, the first
+        stays); False if the store could not be reached in time."""
         if meta.namespace != self.namespace:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
@@ -81,7 +85,9 @@ class AsyncStoreClient:
             except grpc.RpcError as error:
                 if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
                     raise
-                return False
+                # NOTE: the key is held: its segment is these tokens after this same left
+                # context (an earlier put, its bytes kept), so a key chain through it holds.
+                logger.debug("segment %s already stored; the first copy stays", meta.segment_id)
             return True
 
         return await self._once("put_segment", send, self.config.put_timeout_s, False)

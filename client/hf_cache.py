@@ -8,6 +8,7 @@ used. It knows nothing about segments, positions or RoPE.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -84,3 +85,22 @@ def install_layers(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor
             layer.keys, layer.values = layer_keys, layer_values
         else:
             cache.update(layer_keys, layer_values, layer_idx)
+
+
+def append_layer_runs(
+    cache: DynamicCache, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]
+) -> None:
+    """Append several runs of K/V, in order, to every layer of a batch-1 cache in one copy.
+
+    keys[i], values[i]: [L, H_kv, T_i, D] in the cache's dtype and device. Equal to
+    `append_layers` once per run, without concatenating the growing cache per run
+    (or the runs first and the cache again after).
+    """
+    for layer_idx in range(keys[0].shape[0]):
+        # A zero-length update creates (or reuses) the layer with `update`'s own rules.
+        empty_k = keys[0][layer_idx, :, :0].unsqueeze(0)
+        cache.update(empty_k, values[0][layer_idx, :, :0].unsqueeze(0), layer_idx)
+        layer = cache.layers[layer_idx]
+        old_k, old_v = layer_kv(cache, layer_idx)
+        layer.keys = torch.cat([old_k, *(k[layer_idx].unsqueeze(0) for k in keys)], dim=-2)
+        layer.values = torch.cat([old_v, *(v[layer_idx].unsqueeze(0) for v in values)], dim=-2)

@@ -7,6 +7,8 @@ the sidecar's index) and what it computed and is still putting (pending). It
 decides nothing about reuse, and it is never the authority: an entry the sidecar
 no longer lists (expired, deleted, evicted) is dropped by the caller
 (`policies.exact`), and an entry past its own TTL is dropped here.
+NOTE: what this worker computed is held as computed; with quantized payloads
+(int8) a local hit is closer to dense than the sidecar's copy of the same segment.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from kvsplice.client.call_timings import CallTimings, timed
-from kvsplice.client.hf_cache import append_layers, full_length_cache, read_layers
+from kvsplice.client.hf_cache import append_layer_runs, full_length_cache, read_layers
 from kvsplice.client.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
 from kvsplice.client.splice import check_segment_layout
 from kvsplice.common.layout import KVLayout
@@ -146,11 +146,9 @@ class SpanExecutor:
             keys.append(k.to(dtype))
             values.append(segment.values.to(device, dtype))
         with timed(timings, "splice_s"):
-            # NOTE: `cache.update` concatenates into fresh tensors, so the cache never
+            # NOTE: one concatenation per layer into fresh tensors, so the cache never
             # aliases a tier's tensors (the local tier hands out what it holds).
-            joined_keys = torch.cat(keys, dim=2) if len(keys) > 1 else keys[0]
-            joined_values = torch.cat(values, dim=2) if len(values) > 1 else values[0]
-            append_layers(cache, joined_keys, joined_values)
+            append_layer_runs(cache, keys, values)
 
     @staticmethod
     def _done(generated: list[int], config: GenerationConfig) -> bool:

@@ -6,6 +6,7 @@ for faults), so the worker falls back to dense; server faults raise our errors. 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -49,6 +50,8 @@ _UNASKED = object()
 # read its replies itself. Python-side option of the sync channel only.
 SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 
+logger = logging.getLogger(__name__)
+
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
@@ -87,8 +90,9 @@ class StoreClient:
         )
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
-        """Store `payload` under `meta`; False if the store could not be reached in time, or
-        if its key already holds other bytes (keys are immutable: the first segment stays)."""
+        """Store `payload` under `meta`; True once the store holds a segment under its key
+        (this one, or an earlier one with other bytes: keys are immutable, the first
+        stays); False if the store could not be reached in time."""
         if meta.namespace != self.namespace:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
@@ -103,7 +107,9 @@ class StoreClient:
             except grpc.RpcError as error:
                 if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
                     raise
-                return False
+                # NOTE: the key is held: its segment is these tokens after this same left
+                # context (an earlier put, its bytes kept), so a key chain through it holds.
+                logger.debug("segment %s already stored; the first copy stays", meta.segment_id)
             return True
 
         return self._once("put_segment", send, self.config.put_timeout_s, False)

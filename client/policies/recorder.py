@@ -15,7 +15,13 @@ from collections.abc import Iterator, Sequence
 
 from kvsplice.client.policies.base import CallContext, PromptSpan, SpannedPrompt
 from kvsplice.client.reuse_plan import PlannedSpan, Reuse, ReusePlan
-from kvsplice.client.segment_io import SpanRecord, left_tail, off_chain_parent, put_span
+from kvsplice.client.segment_io import (
+    SpanRecord,
+    left_tail,
+    off_chain_parent,
+    put_meta,
+    span_meta,
+)
 from kvsplice.client.span_executor import ExecutionState
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.keys import context_key, root_key
@@ -110,13 +116,19 @@ def put_records(ctx: CallContext, records: Sequence[SpanRecord]) -> int:
 
 
 def _put(ctx: CallContext, record: SpanRecord) -> bool:
-    """Put one record; False when the store is unreachable or full (the answer stands)."""
+    """Put one record (and keep it in the local tier once stored); False when the store
+    is unreachable or full (the answer stands).
+    """
     assert ctx.store is not None
+    meta = span_meta(ctx.store.namespace, record, fingerprint=ctx.fingerprint)
     try:
-        return put_span(ctx.store, record, fingerprint=ctx.fingerprint, quant=ctx.quant)
+        stored = put_meta(ctx.store, meta, record.kv, quant=ctx.quant)
     except ResourceExhausted as error:  # a full store costs later hits, never this call
         logger.warning("store is full, segment not stored: %s", error)
         return False
+    if stored and ctx.local is not None:
+        ctx.local.put(meta, record.kv)
+    return stored
 
 
 def _new_records(
