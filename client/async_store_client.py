@@ -32,6 +32,7 @@ from kvsplice.client.store_types import (
     SimilarCandidate,
     StoreStats,
 )
+from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, NotFound, StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2_grpc
@@ -63,6 +64,7 @@ class AsyncStoreClient:
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        self._buffers = BufferPool(self.config.receive_pool_bytes)
         self._same_host: SameHostPath | object | None = (
             _UNASKED if self.config.same_host_reads else None
         )
@@ -124,7 +126,7 @@ class AsyncStoreClient:
         request = wire.get_request(self.namespace, key, model_fingerprint)
 
         async def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
-            assembler = wire.SegmentAssembler()
+            assembler = wire.SegmentAssembler(self._buffers)
             async for response in self._get_segment(
                 request, timeout=timeout_s, metadata=self._metadata
             ):

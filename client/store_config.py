@@ -24,7 +24,9 @@ class StoreClientConfig:
     `lookup_timeout_s` covers LookupPrefix/FindSimilar/Stats/anchors, the calls a
     worker makes on its hot path; past it the worker falls back to dense prefill.
     `same_host_reads` lets gets read segments in place when the sidecar runs on this
-    host (`client.same_host`); False forces every get over gRPC.
+    host (`client.same_host`); False forces every get over gRPC. `receive_pool_bytes`
+    bounds the receive buffers gets over gRPC reuse once callers let go of them
+    (`common.buffers.BufferPool`; 0: a fresh buffer per get).
     """
 
     lookup_timeout_s: float = 0.5
@@ -39,6 +41,7 @@ class StoreClientConfig:
     reconnect_backoff_ms: int = 200
     max_reconnect_backoff_ms: int = 5000
     same_host_reads: bool = True
+    receive_pool_bytes: int = 256 * MIB
 
     def __post_init__(self) -> None:
         for name in ("lookup_timeout_s", "get_timeout_s", "put_timeout_s", "backoff_initial_s"):
@@ -54,6 +57,8 @@ class StoreClientConfig:
             raise ValueError(f"max_attempts must be in [1, 10], got {self.max_attempts}")
         if not 64 * 1024 <= self.chunk_nbytes <= 64 * MIB:
             raise ValueError(f"chunk_nbytes must be in [64 KiB, 64 MiB], got {self.chunk_nbytes}")
+        if self.receive_pool_bytes < 0:
+            raise ValueError(f"receive_pool_bytes must be >= 0, got {self.receive_pool_bytes}")
         if self.warn_interval_s < 0:
             raise ValueError(f"warn_interval_s must be >= 0, got {self.warn_interval_s}")
         if not 0 < self.reconnect_backoff_ms <= self.max_reconnect_backoff_ms:

@@ -21,7 +21,7 @@ from kvsplice.client.store_types import (
     SimilarCandidate,
     StoreStats,
 )
-from kvsplice.common.buffers import writable_buffer
+from kvsplice.common.buffers import BufferPool, writable_buffer
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.segment import SegmentMeta
@@ -109,14 +109,14 @@ GET_SEGMENT = StreamMethod(
 class SegmentAssembler:
     """Collects a GetSegment reply stream (header, then chunks) and verifies it.
 
-    Chunks are hashed as they arrive (while in cache) and copied into one buffer
-    allocated when the header announces the size (`common.buffers`).
+    Chunks are copied into one buffer taken when the header announces the size (from
+    `buffers`, a `common.buffers.BufferPool`, else fresh), then hashed in one pass.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: BufferPool | None = None) -> None:
         self._meta: SegmentMeta | None = None
         self._buffer: memoryview | None = None
-        self._hasher = xxhash.xxh3_64()
+        self._buffers = buffers
         self._nbytes = 0
 
     def feed(self, response: GetPart) -> None:
@@ -128,7 +128,8 @@ class SegmentAssembler:
             if self._meta is not None:
                 raise CorruptPayload("store sent a second segment header")
             self._meta = header_to_meta(response.header)
-            self._buffer = writable_buffer(self._meta.payload_nbytes)
+            nbytes = self._meta.payload_nbytes
+            self._buffer = self._buffers.take(nbytes) if self._buffers else writable_buffer(nbytes)
             return
         else:
             chunk = response.chunk  # read once: every read copies the bytes out
@@ -137,7 +138,6 @@ class SegmentAssembler:
         end = self._nbytes + len(chunk)
         if end > self._meta.payload_nbytes:
             raise CorruptPayload(f"store sent more than {self._meta.payload_nbytes} payload bytes")
-        self._hasher.update(chunk)
         self._buffer[self._nbytes : end] = chunk
         self._nbytes = end
 
@@ -149,7 +149,7 @@ class SegmentAssembler:
             raise CorruptPayload(
                 f"payload is {self._nbytes} bytes, header says {self._meta.payload_nbytes}"
             )
-        if self._hasher.intdigest() != self._meta.checksum:
+        if xxhash.xxh3_64_intdigest(self._buffer) != self._meta.checksum:
             raise CorruptPayload(f"payload checksum mismatch for segment {self._meta.segment_id}")
         return self._meta, self._buffer
 
