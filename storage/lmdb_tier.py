@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import lmdb
 
-from kvsplice.common.buffers import copied
+from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
@@ -33,6 +33,7 @@ LOCK_FILE = "kvsplice.lock"
 # Reader slots in the lock table (the sidecar creates it): same-host clients hold one per
 # read in flight (`lmdb_reader`), so the default of 126 would be tight.
 MAX_READERS = 1024
+READ_POOL_BYTES = 256 << 20
 
 
 # NOTE: the map is larger than the configured capacity by this much. Pages freed while
@@ -63,6 +64,8 @@ class LMDBTier:
         self._config = config
         self._counters = TierCounters()
         self._closed = False
+        # Bodies are copied out into buffers reused once no reader holds them any more.
+        self._buffers = BufferPool(READ_POOL_BYTES)
         os.makedirs(config.path, exist_ok=True)
         self._lock_fd = _lock_directory(config.path)
         try:
@@ -116,7 +119,9 @@ class LMDBTier:
             raw = txn.get(key)
             if raw is not None:
                 try:
-                    body = copied(open_record(raw))
+                    verified = open_record(raw)
+                    body = self._buffers.take(len(verified))
+                    body[:] = verified
                 except CorruptPayload as exc:
                     corrupt = exc
         if corrupt is not None:
