@@ -75,7 +75,12 @@ def bench_read_paths(
     if not sizes_mib:
         return []
     map_size = 2 * sum(sizes_mib) * MIB + 64 * MIB
-    spec = SidecarSpec(str(tmp_dir / "paths-lmdb"), map_size_bytes=map_size, lmdb_sync=lmdb_sync)
+    spec = SidecarSpec(
+        str(tmp_dir / "paths-lmdb"),
+        map_size_bytes=map_size,
+        lmdb_sync=lmdb_sync,
+        max_payload_nbytes=max(sizes_mib) * MIB,
+    )
     same_host = replace(client_config, same_host_reads=True)
     over_grpc = replace(client_config, same_host_reads=False)
     rows: list[PathRow] = []

@@ -8,7 +8,7 @@ start and stop only; the store is the ordinary `EmbeddedStore` with an LMDB tier
 from __future__ import annotations
 
 import multiprocessing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from types import TracebackType
 
@@ -25,6 +25,7 @@ class SidecarSpec:
     lmdb_sync: bool = False
     memory_bytes: int | None = None
     chunk_nbytes: int = 4 << 20
+    max_payload_nbytes: int | None = None  # None: the service's default
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -77,15 +78,19 @@ class SidecarProcess:
 
 
 def _serve(spec: SidecarSpec, conn: Connection) -> None:
-    from kvsplice.server.config import ServerConfig
+    from kvsplice.server.config import SegmentServiceConfig, ServerConfig
     from kvsplice.server.embedded import EmbeddedStore
     from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig
 
     lmdb = LMDBTierConfig(spec.lmdb_path, map_size_bytes=spec.map_size_bytes, sync=spec.lmdb_sync)
     memory = None if spec.memory_bytes is None else MemoryTierConfig(max_bytes=spec.memory_bytes)
+    service = SegmentServiceConfig()
+    if spec.max_payload_nbytes is not None:
+        service = replace(service, max_payload_nbytes=spec.max_payload_nbytes)
     config = ServerConfig(
         listen_address="127.0.0.1:0",
         store=StoreConfig(memory=memory, lmdb=lmdb),
+        service=service,
         grace_period_s=1.0,
         chunk_nbytes=spec.chunk_nbytes,
     )
