@@ -218,3 +218,18 @@ def test_partial_depth_or_foreign_geometry_is_a_layout_mismatch() -> None:
         splice(LLAMA, ids, [SplicedSegment(wide, full.token_ids)])
     with pytest.raises(LayoutMismatch, match="token ids"):
         SplicedSegment(full.kv, full.token_ids[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stored_segments_splice_on_cuda_through_pinned_staging() -> None:
+    """int8 bytes cross once (pinned, non-blocking), then dequantize + shift on the GPU."""
+    model = make_tiny_llama().cuda()
+    ids = make_prompt(24, seed=8)
+    moved = capture_segments(LLAMA, ids[:16], [(0, 16)], position_offset=64).segments[0]
+    payload = encode_payload(moved, model_fingerprint=FINGERPRINT, quant="int8")
+    tokens = tuple(ids[:16])
+    on_gpu = splice(model, ids, [SplicedSegment(decode_stored(payload), tokens)])
+    on_cpu = splice(LLAMA, ids, [SplicedSegment(decode_stored(payload), tokens)])
+    assert on_gpu.cache.layers[0].keys.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.logits_last.cpu(), on_cpu.logits_last, atol=1e-3, rtol=0)
