@@ -75,24 +75,25 @@ def shift_dequantize_into(
     more passes and a copy into the cache (the former path, ~6-15% of memcpy).
     """
     q, scale = quantized
-    blocks = [
-        (run, block)
-        for run in _coefficient_runs(rope, delta, layer_start, scale)
-        for block in _blocks(run.rows, q.shape, out.device)
-    ]
-    largest = max(q[block].numel() for _, block in blocks)
-    buffer = torch.empty(largest, dtype=torch.float32, device=out.device)
-    for run, block in blocks:
-        chunk = q[block]
-        scratch = buffer[: chunk.numel()].view(chunk.shape).copy_(chunk)  # the one int8 cast
-        target = out[block] if out.dtype == torch.float32 else torch.empty_like(scratch)
-        layers = slice(block[0].start - run.rows.start, block[0].stop - run.rows.start)
-        torch.mul(scratch, run.diagonal[layers], out=target)
-        for first, second, on_first, on_second in run.pairs:
-            target[..., first].addcmul_(scratch[..., second], on_first[layers])
-            target[..., second].addcmul_(scratch[..., first], on_second[layers])
-        if out.dtype != torch.float32:
-            out[block].copy_(target)
+    scratch = torch.empty(0, device=out.device)
+    for run in _coefficient_runs(rope, delta, layer_start, scale):
+        for rows, tokens in _blocks(run.rows, q.shape, out.device):
+            chunk, target = _block(q, rows, tokens), _block(out, rows, tokens)
+            if scratch.numel() < chunk.numel():
+                scratch = torch.empty(chunk.numel(), device=out.device)
+            work = scratch[: chunk.numel()].view(chunk.shape).copy_(chunk)  # the one int8 cast
+            result = target if out.dtype == torch.float32 else torch.empty_like(work)
+            layers = slice(rows.start - run.rows.start, rows.stop - run.rows.start)
+            torch.mul(work, run.diagonal[layers], out=result)
+            for first, second, on_first, on_second in run.pairs:
+                result[..., first].addcmul_(work[..., second], on_first[layers])
+                result[..., second].addcmul_(work[..., first], on_second[layers])
+            if result is not target:
+                target.copy_(result)
+
+
+def _block(x: torch.Tensor, rows: slice, tokens: slice | None) -> torch.Tensor:
+    return x[rows] if tokens is None else x[rows, :, tokens]
 
 
 class _Run:
@@ -131,23 +132,22 @@ def _coefficient_runs(
 
 def _blocks(
     rows: slice, shape: torch.Size, device: torch.device
-) -> list[tuple[slice, slice, slice]]:
-    """(layers, heads, tokens) index blocks covering layers `rows` of a [L, H, T, D] tensor."""
+) -> list[tuple[slice, slice | None]]:
+    """(layers, tokens) blocks covering layers `rows` of a [L, H, T, D] tensor (None: all
+    tokens): a few layers, or a run of one layer's tokens, of ~1 MiB per torch thread."""
     _, num_heads, num_tokens, head_dim = shape
-    heads, all_tokens = slice(0, num_heads), slice(0, num_tokens)
     if device.type != "cpu":
-        return [(rows, heads, all_tokens)]
+        return [(rows, None)]
     per_layer = num_heads * num_tokens * head_dim
-    block_elements = CPU_BLOCK_ELEMENTS * torch.get_num_threads()  # ~1 MiB per thread
+    block_elements = CPU_BLOCK_ELEMENTS * torch.get_num_threads()
     if per_layer <= block_elements:
         step = max(1, block_elements // per_layer)
         return [
-            (slice(a, min(a + step, rows.stop)), heads, all_tokens)
-            for a in range(rows.start, rows.stop, step)
+            (slice(a, min(a + step, rows.stop)), None) for a in range(rows.start, rows.stop, step)
         ]
     tokens_per_block = max(1, block_elements // (num_heads * head_dim))
     return [
-        (slice(layer, layer + 1), heads, slice(t, min(t + tokens_per_block, num_tokens)))
+        (slice(layer, layer + 1), slice(t, min(t + tokens_per_block, num_tokens)))
         for layer in range(rows.start, rows.stop)
         for t in range(0, num_tokens, tokens_per_block)
     ]
@@ -185,13 +185,13 @@ def _halves(layout: str, rotary_dim: int) -> tuple[slice, slice]:
 def _dequantize_into(quantized: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> None:
     """out = q · scale (per-token value scales), blockwise: cast in place, then scale in place."""
     q, scale = quantized
-    for block in _blocks(slice(0, int(q.shape[0])), q.shape, out.device):
-        target = out[block]
+    for rows, tokens in _blocks(slice(0, int(q.shape[0])), q.shape, out.device):
+        target, factor = _block(out, rows, tokens), _block(scale, rows, tokens)
         if out.dtype == torch.float32:
-            target.copy_(q[block])
-            target.mul_(scale[block])
+            target.copy_(_block(q, rows, tokens))
+            target.mul_(factor)
         else:
-            target.copy_(q[block].to(torch.float32).mul_(scale[block]))
+            target.copy_(_block(q, rows, tokens).to(torch.float32).mul_(factor))
 
 
 def _decode_then_copy(
