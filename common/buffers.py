@@ -23,13 +23,6 @@ def writable_buffer(nbytes: int) -> memoryview:
     return memoryview(_populated_map(nbytes))
 
 
-def copied(data: bytes | memoryview) -> memoryview:
-    """A private copy of `data` in a `writable_buffer`."""
-    buffer = writable_buffer(len(data))
-    buffer[:] = data
-    return buffer
-
-
 class BufferPool:
     """Receive buffers of up to `max_bytes` in all, handed out again once free.
 
