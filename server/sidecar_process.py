@@ -26,6 +26,7 @@ class SidecarSpec:
     memory_bytes: int | None = None
     chunk_nbytes: int = 4 << 20
     max_payload_nbytes: int | None = None  # None: the service's default
+    sweep_interval_s: float = 60.0  # how often expired segments are removed
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -93,6 +94,7 @@ def _serve(spec: SidecarSpec, conn: Connection) -> None:
         service=service,
         grace_period_s=1.0,
         chunk_nbytes=spec.chunk_nbytes,
+        sweep_interval_s=spec.sweep_interval_s,
     )
     try:
         store = EmbeddedStore(config)

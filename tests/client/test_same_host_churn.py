@@ -104,7 +104,8 @@ def check_unchanged(held: list[tuple[int, int, memoryview]]) -> None:
 
 @pytest.fixture()
 def sidecar(tmp_path: Path) -> Iterator[SidecarProcess]:
-    spec = SidecarSpec(str(tmp_path / "lmdb"), map_size_bytes=MAP_SIZE_BYTES)
+    # The sidecar sweeps expired segments away while the worker reads.
+    spec = SidecarSpec(str(tmp_path / "lmdb"), map_size_bytes=MAP_SIZE_BYTES, sweep_interval_s=0.1)
     with SidecarProcess(spec) as process:
         yield process
 
