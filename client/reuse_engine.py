@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -179,7 +180,8 @@ class ReuseEngine:
         """One call. `started_at_s`: `time.perf_counter()` when the inputs were ready."""
         start_s = time.perf_counter() if started_at_s is None else started_at_s
         ctx = self._context(CallTimings())
-        state = self._prefill(self.policy.plan(prompt, ctx), ctx)
+        with self._prefilling():
+            state = self._prefill(self.policy.plan(prompt, ctx), ctx)
         ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
         self.executor.generate(state, generation, ctx.timings)
         output = content_tokens(state.generated, generation)
@@ -253,6 +255,10 @@ class ReuseEngine:
         with timed(ctx.timings, "first_decode_s"):
             first = int(torch.argmax(result.logits_last))
         return ExecutionState(view, cache, result.logits_last, [first], view.num_tokens)
+
+    def _prefilling(self) -> AbstractContextManager[None]:
+        """Background puts hold off until the first token (they would slow the prefill)."""
+        return nullcontext() if self.writer is None else self.writer.paused()
 
     def _local_tier(self) -> LocalTier | None:
         if self.store is None or self.config.local_tier_bytes == 0:

@@ -8,6 +8,8 @@ Nothing is lost silently: every segment is counted as stored or failed, failures
 are logged, and a full queue blocks the submitting caller (back-pressure) rather
 than dropping work. With a `LocalTier`, each segment is held there as pending
 from submission, confirmed when its put is acked and dropped when it fails.
+While the engine prefills (`paused()`), the thread starts no new put: encoding
+and sending compete for the same cores, and the prefill is the call's TTFT.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvsplice.client.local_tier import LocalTier
@@ -55,6 +58,8 @@ class SegmentWriter:
         self._store, self._fingerprint, self._quant, self._local = store, fingerprint, quant, local
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued_batches)
         self.counters = WriterCounters()
+        self._may_put = threading.Event()
+        self._may_put.set()
         self._thread = threading.Thread(target=self._run, name="kvsplice-writer", daemon=True)
         self._thread.start()
 
@@ -72,6 +77,15 @@ class SegmentWriter:
             self.counters.num_batches += 1
             self._queue.put(list(zip(metas, records, strict=True)))
         return metas
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No new put starts inside the `with` (one already sending finishes)."""
+        self._may_put.clear()
+        try:
+            yield
+        finally:
+            self._may_put.set()
 
     def flush(self) -> None:
         """Return once every batch submitted so far has been put (or has failed)."""
@@ -95,6 +109,7 @@ class SegmentWriter:
 
     def _put_batch(self, batch: list[tuple[SegmentMeta, SpanRecord]]) -> None:
         for index, (meta, record) in enumerate(batch):
+            self._may_put.wait()
             if self._put(meta, record):
                 self.counters.num_stored += 1
                 if self._local is not None:

@@ -94,3 +94,15 @@ def test_close_puts_what_is_queued() -> None:
         writer.submit(make_records(2))
     writer.close()
     assert writer.counters.num_stored == 8 == len(store.metas)
+
+
+def test_no_put_starts_while_paused() -> None:
+    store = RecordingStore()
+    writer = writer_for(store)
+    with writer.paused():
+        writer.submit(make_records(2))
+        threading.Event().wait(0.1)  # ample time for the thread to have put them
+        assert store.metas == []
+    writer.flush()
+    assert len(store.metas) == 2
+    writer.close()
