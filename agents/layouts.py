@@ -72,13 +72,11 @@ def persona_template(
     chat: ChatFormat = CHATML,
 ) -> PromptTemplate:
     """System = persona; user = question, answers of `current`, answers of `history`, instruction."""
-    user = "Problem:\n{user_question}\n"
-    if current:
-        user += "\nAnswers from the other agents:\n" + _answers(current, agent_current)
-    if history:
-        user += "\nTheir answers in the previous round:\n" + _answers(history, _previous_round)
-    user += f"\n{persona.instruction}"
-    return chat_template(persona.system, user, chat)
+    sections = (
+        ("Answers from the other agents", current, agent_current),
+        ("Their answers in the previous round", history, _previous_round),
+    )
+    return chat_template(persona.system, _user_text(sections, persona.instruction), chat)
 
 
 def group_preamble(roster: Sequence[AgentRole]) -> str:
@@ -94,13 +92,22 @@ def _shared_first(
     roster: Sequence[AgentRole],
     chat: ChatFormat,
 ) -> PromptTemplate:
+    sections = (
+        ("Answers in the previous round", history, _previous_round),
+        ("Answers so far", current, agent_current),
+    )
+    return chat_template(group_preamble(roster), _user_text(sections, _turn_text(role)), chat)
+
+
+def _user_text(
+    sections: Sequence[tuple[str, Sequence[AgentRole], Callable[[str], str]]], closing: str
+) -> str:
+    """The question, then each non-empty section of answers under its heading, then `closing`."""
     user = "Problem:\n{user_question}\n"
-    if history:
-        user += "\nAnswers in the previous round:\n" + _answers(history, _previous_round)
-    if current:
-        user += "\nAnswers so far:\n" + _answers(current, agent_current)
-    user += f"\n{_turn_text(role)}"
-    return chat_template(group_preamble(roster), user, chat)
+    for heading, roles, placeholder_of in sections:
+        if roles:
+            user += f"\n{heading}:\n" + _answers(roles, placeholder_of)
+    return user + f"\n{closing}"
 
 
 def _transcript(
