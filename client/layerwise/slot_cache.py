@@ -41,13 +41,15 @@ class SlotWriteCache:
         key_states: torch.Tensor,
         value_states: torch.Tensor,
         layer_idx: int,
-        cache_kwargs: dict[str, Any] | None = None,
+        *args: Any,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """key_states, value_states: [1, H_kv, N, D] (keys post-RoPE) -> [1, H_kv, T, D] views.
 
         With a pending selection only the kept tokens' K/V are written; the
         dropped ones keep their old (provided) K/V, and `kept_local` says which
-        of the N tokens were kept.
+        of the N tokens were kept. Extra arguments (`cache_kwargs` before transformers
+        5.24, `kwargs=` since) carry RoPE details this cache does not need.
         """
         if self._slots is None:
             raise RuntimeError("update() before begin_layer(): the executor owns this cache")
