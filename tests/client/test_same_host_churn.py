@@ -124,6 +124,9 @@ def test_reads_under_churn_are_never_torn_stale_or_expired(sidecar: SidecarProce
             if attempt % 50 == 0:  # a held view pins its snapshot's pages: let go in time
                 check_unchanged(held)
                 held.clear()
+            # NOTE: the writer is a thread of this process: a read loop that never
+            # sleeps starves it of the GIL, and then nothing churns.
+            time.sleep(0.002)
             slot = rng.randrange(NUM_SLOTS)
             started_s = time.time()
             found = reader.get_segment(meta_of(slot, 0).segment_id)
