@@ -156,9 +156,13 @@ def test_a_full_local_tier_drops_its_copies_only_the_cluster_keeps_serving_them(
         for meta, payload in chain:  # dropped ones come back from the cluster
             read = client_a.get_segment(meta.context_key)
             assert read is not None and read[1] == payload
-    with make_client(b) as client_b:
+    with make_client(b) as client_b:  # B's index follows the cluster's (eventually, see above)
         tokens = chain_tokens(chain)
-        assert client_b.lookup_prefix(FINGERPRINT, tokens).num_matched_tokens == len(tokens)
+        wait_for(
+            lambda: client_b.lookup_prefix(FINGERPRINT, tokens).num_matched_tokens,
+            lambda n: n == len(tokens),
+            timeout_s=3.0,
+        )
 
 
 def test_quota_evictions_and_ttl_expiries_reach_the_other_sidecar(
