@@ -8,39 +8,32 @@ happens after it. It knows no agents or templates, only spanned prompts.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from cachetools import LRUCache
 
-from kvsplice.client.admission import AdmissionPolicy
-from kvsplice.client.call_timings import CallTimings, timed
-from kvsplice.client.chat_prompt import ChatMessage, chat_prompt
-from kvsplice.client.layerwise import LayerwiseExecutor
-from kvsplice.client.local_tier import LocalTier
-from kvsplice.client.models import LoadedModel
-from kvsplice.client.policies import (
-    CHAIN_ONLY_MODES,
-    CallContext,
-    LayerwiseCall,
-    ReusePolicy,
-    SpannedPrompt,
-    make_policy,
-)
-from kvsplice.client.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.segment_io import SegmentStore
-from kvsplice.client.segment_writer import SegmentWriter
-from kvsplice.client.span_executor import (
+from kvsplice.client.execute.call_executor import CallExecutor
+from kvsplice.client.execute.call_timings import CallTimings
+from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.execute.span_executor import (
     ExecutionState,
     GenerationConfig,
-    SpanExecutor,
     content_tokens,
 )
+from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
+from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
+from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt
+from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
+from kvsplice.client.store.local_tier import LocalTier
+from kvsplice.client.store.segment_io import SegmentStore
+from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 
 logger = logging.getLogger(__name__)
@@ -85,6 +78,7 @@ class ReusedSpan:
 
     num_layers: how many layers' K/V it reused (the model's all for span-level
     modes; fewer for multicut's lower layers, blend's unselected tokens).
+    start: its first prompt position.
     """
 
     name: str
@@ -93,6 +87,7 @@ class ReusedSpan:
     delta: int
     exact: bool
     num_layers: int = 0
+    start: int = 0
 
 
 @dataclass
@@ -142,10 +137,15 @@ class ReuseEngine:
         mode = policy if isinstance(policy, str) else policy.mode
         if admission is not None:
             admission.check(loaded.fingerprint, mode)
-        self.policy = make_policy(policy, admission) if isinstance(policy, str) else policy
+        if isinstance(policy, str):
+            # a routing mode (`gated`) without a policy routes over the safe default
+            policy = (admission or default_policy(loaded.fingerprint)).policy_of(policy)
+        self.policy = policy
         self.store = store
         self.config = config or EngineConfig()
-        self.executor = SpanExecutor(loaded.model, loaded.layout, loaded.rope)
+        self.executor = CallExecutor(loaded.model, loaded.layout, loaded.rope)
+        if next(loaded.model.parameters()).device.type == "cpu":
+            cpu_decode.warm_up()  # compiled once per process here, never inside a call's TTFT
         self.local = self._local_tier()
         self.writer = self._writer()
         self._answers: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=MAX_REMEMBERED_ANSWERS)
@@ -176,13 +176,20 @@ class ReuseEngine:
         generation: GenerationConfig,
         *,
         started_at_s: float | None = None,
+        on_prefill: Callable[[ExecutionState], None] | None = None,
     ) -> CallOutcome:
-        """One call. `started_at_s`: `time.perf_counter()` when the inputs were ready."""
+        """One call. `started_at_s`: `time.perf_counter()` when the inputs were ready.
+
+        `on_prefill` sees the prefilled state (its cache as the plan built it) after
+        the first token and before decoding, outside the TTFT (diagnostics).
+        """
         start_s = time.perf_counter() if started_at_s is None else started_at_s
         ctx = self._context(CallTimings())
         with self._prefilling():
-            state = self._prefill(self.policy.plan(prompt, ctx), ctx)
+            state = self.executor.prefill(self.policy.plan(prompt, ctx), ctx.timings)
         ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
+        if on_prefill is not None:
+            on_prefill(state)
         self.executor.generate(state, generation, ctx.timings)
         output = content_tokens(state.generated, generation)
         if self.config.store_segments:
@@ -237,25 +244,6 @@ class ReuseEngine:
             "dense", prompt, plan, state.generated, output, state.logits_first, ttft_s, timings
         )
 
-    @functools.cached_property
-    def layerwise(self) -> LayerwiseExecutor:
-        """The layerwise executor, built on first use (only the approximate modes need it)."""
-        return LayerwiseExecutor(self.loaded.model)
-
-    def _prefill(self, planned: ReusePlan | LayerwiseCall, ctx: CallContext) -> ExecutionState:
-        """Run the policy's plan; a `LayerwiseCall` continues in a v5 cache as its `view`."""
-        if isinstance(planned, ReusePlan):
-            return self.executor.prefill(planned, ctx.timings)
-        with timed(ctx.timings, "prefill_s"):
-            result = planned.result or self.layerwise.run(planned.plan)
-        ctx.layerwise_result = result
-        view = planned.view(result)
-        with timed(ctx.timings, "splice_s"):
-            cache = result.kv.to_dynamic_cache()
-        with timed(ctx.timings, "first_decode_s"):
-            first = int(torch.argmax(result.logits_last))
-        return ExecutionState(view, cache, result.logits_last, [first], view.num_tokens)
-
     def _prefilling(self) -> AbstractContextManager[None]:
         """Background puts hold off until the first token (they would slow the prefill)."""
         return nullcontext() if self.writer is None else self.writer.paused()
@@ -290,7 +278,6 @@ class ReuseEngine:
             encode_text=lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
             quant=self.config.quant,
             rope=self.loaded.rope,
-            layerwise_executor=lambda: self.layerwise,
             local=self.local,
             writer=self.writer,
         )
@@ -326,5 +313,5 @@ def _reused_span(prompt: SpannedPrompt, span) -> ReusedSpan:
     names = [s.name for s in prompt.spans if s.start < span.end and span.start < s.end]
     return ReusedSpan(
         "+".join(names), span.action.mode, span.num_tokens, span.delta, span.action.exact,
-        span.action.segment.num_layers,
+        span.action.segment.num_layers, span.start,
     )  # fmt: skip

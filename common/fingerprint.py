@@ -2,7 +2,7 @@
 
 It covers the architecture config, the RoPE parameters, a digest of the
 weights, the tokenizer vocabulary and the KV dtype. Computing the weight and
-vocabulary digests needs the model (see `kvsplice.client.models`); this module
+vocabulary digests needs the model (see `kvsplice.client.model.models`); this module
 only combines the parts, so the server can compare fingerprints without torch.
 """
 

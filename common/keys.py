@@ -1,8 +1,11 @@
-"""Segment keys: chained context keys (exact reuse) and content keys.
+"""The key space: chained context keys (exact reuse), off-chain and base parents, content keys.
 
 `context_key(parent, tokens)` identifies `tokens` *after exactly* the left
 context that `parent` identifies; the chain starts at `root_key(fingerprint)`,
-so chains of different models never meet. `content_key(tokens)` identifies the
+so chains of different models never meet. Two more kinds of parent never meet
+a chain: `off_chain_key(parent)` (K/V computed on top of approximate reuse
+after `parent`) and `sender_base_root(fingerprint)` (answers' K/V as their
+senders computed them, found by content). `content_key(tokens)` identifies the
 tokens alone, wherever they stand. blake2b (stdlib, 16-byte digests) keeps the
 keys identical in every process, independent of PYTHONHASHSEED.
 """
@@ -19,6 +22,8 @@ MAX_TOKEN_ID = 2**31 - 1
 _ROOT_TAG = b"kvsplice/root/v1"
 _CONTEXT_TAG = b"kvsplice/context/v1"
 _CONTENT_TAG = b"kvsplice/content/v1"
+_OFF_CHAIN_TAG = b"kvsplice/off-chain/v1"
+_SENDER_BASE_TAG = b"kvsplice/sender-base/v1"
 
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:
@@ -56,11 +61,17 @@ def content_key(token_ids: Sequence[int]) -> bytes:
     return _digest(_CONTENT_TAG, token_bytes(token_ids))
 
 
-def chain_keys(model_fingerprint: str, spans: Sequence[Sequence[int]]) -> list[bytes]:
-    """Context keys of consecutive spans laid from position 0, in order."""
-    keys: list[bytes] = []
-    parent = root_key(model_fingerprint)
-    for span in spans:
-        parent = context_key(parent, span)
-        keys.append(parent)
-    return keys
+def off_chain_key(parent_key: bytes) -> bytes:
+    """Parent of K/V that follows context `parent_key` but not exactly (approximate reuse).
+
+    No prompt's chain reaches it (a chain step always hashes tokens), so exact
+    lookups never return approximate K/V; its own descendants chain as usual.
+    """
+    if len(parent_key) != KEY_NBYTES:
+        raise ValueError(f"parent_key must be {KEY_NBYTES} bytes, got {len(parent_key)}")
+    return _digest(_OFF_CHAIN_TAG, parent_key)
+
+
+def sender_base_root(model_fingerprint: str) -> bytes:
+    """Parent of answers stored as their senders computed them (anchor's sender bases)."""
+    return _digest(_SENDER_BASE_TAG, model_fingerprint.encode())

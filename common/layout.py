@@ -23,7 +23,3 @@ class KVLayout:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.dtype not in KV_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {KV_DTYPES}")
-
-    def kv_nbytes_per_token(self, itemsize: int) -> int:
-        """Bytes of K and V for one token over all layers at `itemsize`."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from kvsplice.common.fingerprint import is_fingerprint
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID
@@ -17,6 +18,11 @@ from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_SEGMENT_TOKENS = 1 << 20
 MAX_LEFT_TAIL = 1024
+# What a segment holds: a prompt span, a generated response, a placeholder's base
+# (prefilled alone after a short lead), or an answer stored again as its sender's
+# K/V for anchor bases (under `keys.sender_base_root`).
+SegmentKind = Literal["prompt", "response", "base", "sender-base"]
+SEGMENT_KINDS: tuple[str, ...] = get_args(SegmentKind)
 
 
 def validate_namespace(namespace: str) -> str:
@@ -45,6 +51,9 @@ class SegmentMeta:
     `left_tail_ids` are up to `MAX_LEFT_TAIL` tokens right before the segment
     (the similarity index measures exact-match windows with them);
     `index_text` is the span's text, used only to build similarity signatures.
+    `kind`: what the segment holds (`SegmentKind`); `exact`: its K/V equal dense
+    prefill of its whole left context (False: computed on top of approximate
+    reuse). `labels` are free-form (key, value) pairs the store keeps and indexes never read.
     """
 
     namespace: str
@@ -64,6 +73,8 @@ class SegmentMeta:
     left_tail_ids: tuple[int, ...] = ()
     index_text: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    kind: SegmentKind = "prompt"
+    exact: bool = False
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
@@ -88,6 +99,10 @@ class SegmentMeta:
             )
         if self.payload_nbytes < 0:
             raise ValueError(f"payload_nbytes {self.payload_nbytes} < 0")
+        if self.kind not in SEGMENT_KINDS:
+            raise ValueError(f"kind {self.kind!r} not in {SEGMENT_KINDS}")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact {self.exact!r} is not a bool")
         if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
             raise ValueError(f"ttl_s {self.ttl_s} must be a positive finite number or None")
 

@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import torch
 
+from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.payload import StoredKV
 from kvsplice.kvmath.quant import StoredTensor, dequantize
 from kvsplice.kvmath.rope import RopeSpec
@@ -42,6 +43,9 @@ def decode_into(
         raise ValueError(f"outs {tuple(keys_out.shape)} must be the stored {stored.kv_shape}")
     if stored.keys.kind != "int8":
         _decode_then_copy(stored, rope, delta, keys_out, values_out)
+        return
+    if _compiled_path(stored, keys_out, values_out):
+        _decode_compiled(stored, rope, delta, keys_out, values_out)
         return
     device = keys_out.device
     shift_dequantize_into(
@@ -90,6 +94,53 @@ def shift_dequantize_into(
                 result[..., second].addcmul_(work[..., first], on_second[layers])
             if result is not target:
                 target.copy_(result)
+
+
+def _compiled_path(stored: StoredKV, keys_out: torch.Tensor, values_out: torch.Tensor) -> bool:
+    """The one-pass CPU kernels (`kvmath.cpu_decode`) apply: int8 K and V, float32 CPU outs."""
+    return (
+        cpu_decode.available()
+        and stored.values.kind == "int8"
+        and all(cpu_decode.writable_target(o, stored.kv_shape) for o in (keys_out, values_out))
+    )
+
+
+def _decode_compiled(
+    stored: StoredKV, rope: RopeSpec, delta: int, keys_out: torch.Tensor, values_out: torch.Tensor
+) -> None:
+    assert stored.keys.scale is not None and stored.values.scale is not None
+    diag, off, rotary_dims = _layer_coefficients(
+        rope, delta, stored.layer_start, torch.from_numpy(_writable(stored.keys.scale))
+    )
+    threads = torch.get_num_threads()
+    cpu_decode.shift_dequantize_keys(
+        stored.keys.data, diag, off, rotary_dims, rope.layout == "interleaved",
+        keys_out, threads,
+    )  # fmt: skip
+    cpu_decode.dequantize_values(stored.values.data, stored.values.scale, values_out, threads)
+
+
+def _layer_coefficients(
+    rope: RopeSpec, delta: int, layer_start: int, scale: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_coefficient_runs` flattened per layer for the compiled kernels: diag and off
+    [L, H, D] (off holds each channel's partner term) and rotary_dim [L] (0: no shift)."""
+    num_layers = int(scale.shape[0])
+    diag = np.empty((num_layers, scale.shape[1], scale.shape[3]), dtype=np.float32)
+    off = np.zeros_like(diag)
+    rotary_dims = np.zeros(num_layers, dtype=np.int64)
+    for run in _coefficient_runs(rope, delta, layer_start, scale):
+        rows = run.rows
+        diag[rows] = run.diagonal[:, :, 0].numpy()
+        for first, second, on_first, on_second in run.pairs:
+            off[rows][..., first] = on_first[:, :, 0].numpy()
+            off[rows][..., second] = on_second[:, :, 0].numpy()
+            rotary_dims[rows] = rope.rotary_dim(layer_start + rows.start)  # one per run
+    return diag, off, rotary_dims
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.writeable else array.copy()  # scales are tiny
 
 
 def _block(x: torch.Tensor, rows: slice, tokens: slice | None) -> torch.Tensor:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvsplice.kvmath import cpu_decode
+
 logger = logging.getLogger(__name__)
 
 QUANT_SCHEMES = ("none", "fp16", "int8")
@@ -134,6 +136,10 @@ def dequantize_int8(
     scale: float32, broadcastable to q. Returns a new CPU tensor of q's shape.
     bfloat16 output is computed in float32 and rounded once (one extra pass).
     """
+    if dtype == torch.float32 and cpu_decode.available():
+        compiled = _dequantize_compiled(q, scale)
+        if compiled is not None:
+            return compiled
     # NOTE: copying read-only scales is cheap: they are <= 1/64 of the data.
     scale_t = _tensor_view(scale) if isinstance(scale, np.ndarray) else scale
     work_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
@@ -141,6 +147,30 @@ def dequantize_int8(
     # NOTE: mul_ by a float32 scale computes in float32 and rounds once to out's dtype.
     out.mul_(scale_t)
     return out if work_dtype == dtype else out.to(dtype)
+
+
+def _dequantize_compiled(
+    q: torch.Tensor | np.ndarray, scale: torch.Tensor | np.ndarray
+) -> torch.Tensor | None:
+    """q · scale in one pass (`kvmath.cpu_decode`) for stored K or V [L, H, T, D] with
+    per-channel or per-token scales; None for any other shape (the torch path takes it).
+    One float32 multiply per element, so the result is bit-identical to the torch path."""
+    if not isinstance(q, np.ndarray) or not isinstance(scale, np.ndarray) or q.ndim != 4:
+        return None
+    if scale.dtype != np.float32:
+        return None
+    num_layers, num_heads, num_tokens, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=torch.float32)
+    if scale.shape == (num_layers, num_heads, 1, head_dim):  # keys: one scale per channel
+        cpu_decode.shift_dequantize_keys(
+            q, scale[:, :, 0, :], np.zeros(scale[:, :, 0, :].shape, dtype=np.float32),
+            np.zeros(num_layers, dtype=np.int64), False, out, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+    if scale.shape == (num_layers, num_heads, num_tokens, 1):  # values: one per token
+        cpu_decode.dequantize_values(q, scale, out, torch.get_num_threads())
+        return out
+    return None
 
 
 def quantize(x: torch.Tensor, scheme: str, group_dim: int) -> StoredTensor:

@@ -7,7 +7,9 @@ corrupt reply) by catching the `ValueError` raised here.
 
 from __future__ import annotations
 
-from kvsplice.common.segment import SegmentMeta
+from typing import cast
+
+from kvsplice.common.segment import SegmentKind, SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 
 
@@ -30,6 +32,8 @@ def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
         index_text=meta.index_text,
         created_at_s=meta.created_at_s,
         labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
+        kind=meta.kind,
+        exact=meta.exact,
     )
 
 
@@ -56,4 +60,6 @@ def header_to_meta(header: pb.SegmentHeader, *, keep_created_at: bool) -> Segmen
         left_tail_ids=tuple(header.left_tail_ids),
         index_text=header.index_text,
         labels=tuple((label.key, label.value) for label in header.labels),
+        kind=cast(SegmentKind, header.kind or "prompt"),
+        exact=header.exact,
     )

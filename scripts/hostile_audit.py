@@ -33,7 +33,7 @@ import httpx
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store_wire import meta_to_header, put_requests
+from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb

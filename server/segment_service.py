@@ -398,11 +398,17 @@ class SegmentService:
         return False
 
     def _stored_prefix(self, namespace: str, match: PrefixMatch) -> PrefixMatch:
-        """`match` cut at its first segment the store no longer holds."""
+        """`match` cut at its first segment the store no longer holds.
+
+        NOTE: each segment listed counts as used (eviction recency): a worker reads a listed
+        segment in place (same host) or from its own tier, never through `get`, so without
+        this the store's LRU would evict the hottest chains first.
+        """
         kept: list[SegmentMeta] = []
         for meta in match.segments:
             if not self._still_stored(meta):
                 break
+            self._store.touch(meta.namespace, meta.context_key)
             kept.append(meta)
         if len(kept) == len(match.segments):
             return match

@@ -2,11 +2,13 @@
 
 Segment body: meta_len u32 | xxh3_64(meta) u64 | meta | payload, so ONE value
 holds both and the meta can be read (and verified) without touching the payload.
-Meta: version u8 | json_len u32 | JSON | n u32 | token_ids int32[n] | m u32 | left_tail int32[m].
+Meta: version u8 | json_len u32 | JSON | n u32 | token_ids int32[n] | m u32 | left_tail int32[m];
+the JSON holds every other `SegmentMeta` field under its own name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -18,7 +20,8 @@ import xxhash
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta
 
-META_VERSION = 1
+# 2: kind and exact are fields (1 wrote them as labels; still read)
+META_VERSION = 2
 BLOB_VERSION = 1
 _BODY_HEADER = struct.Struct("<IQ")
 _META_HEADER = struct.Struct("<BI")
@@ -26,23 +29,15 @@ _COUNT = struct.Struct("<I")
 _BLOB_HEADER = struct.Struct("<Bdd")
 BODY_HEADER_NBYTES = _BODY_HEADER.size
 _KEY_FIELDS = ("context_key", "parent_key", "content_key")
+_PACKED_FIELDS = ("token_ids", "left_tail_ids")
 
 
 def encode_meta(meta: SegmentMeta) -> bytes:
+    """Every `SegmentMeta` field: the ids packed, the rest in JSON (keys as hex, tuples as lists)."""
     fields = {
-        "namespace": meta.namespace,
-        "model_fingerprint": meta.model_fingerprint,
-        **{name: getattr(meta, name).hex() for name in _KEY_FIELDS},
-        "start_position": meta.start_position,
-        "layer_start": meta.layer_start,
-        "layer_end": meta.layer_end,
-        "boundary_layers": list(meta.boundary_layers),
-        "payload_nbytes": meta.payload_nbytes,
-        "checksum": meta.checksum,
-        "ttl_s": meta.ttl_s,
-        "created_at_s": meta.created_at_s,
-        "index_text": meta.index_text,
-        "labels": [list(pair) for pair in meta.labels],
+        f.name: _jsonable(f.name, getattr(meta, f.name))
+        for f in dataclasses.fields(SegmentMeta)
+        if f.name not in _PACKED_FIELDS
     }
     text = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join(
@@ -59,7 +54,7 @@ def decode_meta(raw: bytes | memoryview) -> SegmentMeta:
     """Inverse of `encode_meta`; raises `CorruptPayload` on anything malformed."""
     try:
         version, text_nbytes = _META_HEADER.unpack_from(raw)
-        if version != META_VERSION:
+        if version not in (1, META_VERSION):
             raise CorruptPayload(f"unknown segment meta version {version}")
         offset = _META_HEADER.size + text_nbytes
         fields = json.loads(bytes(raw[_META_HEADER.size : offset]))
@@ -67,6 +62,8 @@ def decode_meta(raw: bytes | memoryview) -> SegmentMeta:
         left_tail_ids, offset = _unpack_ids(raw, offset)
         if offset != len(raw):
             raise CorruptPayload(f"segment meta has {len(raw) - offset} trailing bytes")
+        if version == 1:
+            fields = _upgrade_v1(fields)
         return _meta_from_fields(fields, token_ids, left_tail_ids)
     except (ValueError, KeyError, TypeError, struct.error) as exc:  # json/struct/validation
         raise CorruptPayload(f"segment meta does not decode: {exc}") from exc
@@ -164,6 +161,24 @@ def _unpack_ids(raw: bytes | memoryview, offset: int) -> tuple[tuple[int, ...], 
         raise CorruptPayload(f"segment meta truncated: {count} ids need {end} > {len(raw)} bytes")
     ids = np.frombuffer(raw, dtype="<i4", count=count, offset=start)
     return tuple(ids.tolist()), end
+
+
+def _jsonable(name: str, value: object) -> object:
+    if name in _KEY_FIELDS:
+        return value.hex()  # type: ignore[attr-defined]
+    if isinstance(value, tuple):
+        return [list(v) if isinstance(v, tuple) else v for v in value]
+    return value
+
+
+def _upgrade_v1(fields: dict) -> dict:
+    """Version 1 wrote a segment's kind and exactness as labels ("kind", "exact" "0"|"1")."""
+    labels = [(str(k), str(v)) for k, v in fields.pop("labels")]
+    typed = dict(labels)
+    fields["kind"] = typed.get("kind", "prompt")
+    fields["exact"] = typed.get("exact") == "1"
+    fields["labels"] = [(k, v) for k, v in labels if k not in ("kind", "exact")]
+    return fields
 
 
 def _meta_from_fields(

@@ -207,6 +207,14 @@ class TieredStore:
             self._notify(removed)
         return None if entry is None else entry.meta
 
+    def touch(self, namespace: str, context_key: bytes) -> None:
+        """Count a use the store did not serve (a lookup listed it; the worker reads it in
+        place or from its own tier): recency moves, as for a `get`. A key not held is ignored."""
+        key = segment_key(namespace, context_key)
+        with self._lock:
+            if self._catalog.get(key) is not None:
+                self._catalog.touch(key)
+
     def delete(self, namespace: str, context_key: bytes) -> bool:
         key = segment_key(namespace, context_key)
         removed: Removed = []

@@ -1,6 +1,11 @@
-"""CacheBlend-style selective recompute: the deviation selector and the blend plan.
+"""Mode `blend` (CacheBlend): naive's reused spans, with the r% most deviating tokens recomputed.
 
-Owns which reused tokens keep being computed after the check layer (the top
+Naive's plan decides what is reused (exact prefix, question base, upstream
+answers, same-token text); its approximate spans become `blend_plan` chunks
+(layers ≤ the check layer computed for every token, then only the selected
+ones), while the exact prefix is read at every layer. r = 1 is dense.
+
+Also owns which reused tokens keep being computed after the check layer (the top
 r% by K/V deviation) and the plan that asks the layerwise executor for it:
 reused chunks computed through layer 0 .. check layer for every token, then
 only the selected ones (plus every non-reused token) from there on.
@@ -23,8 +28,15 @@ from typing import Literal
 
 import torch
 
-from kvsplice.client.layerwise import KVPair, LayerwisePlan, SubsetRule, segment_span
-from kvsplice.client.modes.spans import tile_spans
+from kvsplice.client.execute.layerwise_call import LayerwiseCall, reuse_spans, whole_span_records
+from kvsplice.client.execute.layerwise_plan import KVPair, LayerwisePlan, SubsetRule, segment_span
+from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.spans import replace_spans, tile_spans
+from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
+from kvsplice.client.modes.naive import NaivePolicy
+from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.recorder import call_records, put_records
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -100,3 +112,57 @@ def blend_plan(
     ids = tuple(int(t) for t in token_ids)
     rule = SubsetRule(config.check_layer, DeviationSelector(config.ratio, config.deviation))
     return LayerwisePlan(ids, tile_spans(len(ids), spans), position_offset, subsets=(rule,))
+
+
+MODE = "blend"
+
+
+class BlendPolicy:
+    mode = MODE
+
+    def __init__(self, config: BlendConfig | None = None) -> None:
+        self.config = config or BlendConfig()
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+        naive = NaivePolicy().plan(prompt, ctx)
+        chunks = [
+            (s.start, s.action.segment)
+            for s in naive.reused_spans
+            if isinstance(s.action, Reuse) and not s.action.exact
+        ]
+        if not chunks:
+            return naive  # exact reuse or nothing: no token to blend
+        num_layers = ctx.executor.num_layers
+        spans, sources = reuse_spans(naive, ctx.rope, num_layers, approx_start_layer=0, mode=MODE)
+        blended = blend_plan(naive.token_ids, chunks, ctx.rope, self.config)
+        exact = [s for s in spans if s.keys is not None and s.start_layer == num_layers]
+        chunk_spans = [s for s in blended.spans if s.keys is not None]
+        plan = replace_spans(blended, tile_spans(naive.num_tokens, exact + chunk_spans))
+        return LayerwiseCall(plan, sources)
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        plan: ReusePlan,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        records = call_records(prompt, plan, state, ctx, response_ids)
+        put_records(ctx, whole_span_records(records, prompt.spans))
+
+
+@dataclass(frozen=True)
+class Params:
+    """blend's parameters (`blend:r=0.43`)."""
+
+    ratio: float = knob(
+        0.15, "r", "CacheBlend's ratio: the share of reused tokens recomputed above the check layer",
+        low=0, high=1, grid=(0.5, 0.3, 0.15),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+SPEC = ModeSpec(MODE, Params, lambda p: BlendPolicy(BlendConfig(ratio=p.ratio)))

@@ -1,18 +1,49 @@
-"""Halo recompute (EPIC's LegoLink, seed 004): recompute the first h tokens of each reused span.
+"""Mode `halo` (EPIC's LegoLink, seed 004): naive's reuse with each span's first h tokens computed.
 
-A span's K/V captured in another context carry that context's attention sink
-and boundary; recomputing its first h tokens against the true left context
-repairs the junction while the rest stays reused. Owns the plan transform
-only; the KL acceptance test lives in `halo_acceptance`.
+Naive's plan decides what is reused; every approximate span's first h tokens
+are computed against the true left context (`halo_plan`) and the rest is read
+at every layer. With an acceptance config, the boundary KL test runs before the
+first token (its runs are in the TTFT): accepted → its probed run is the call's
+prefill; rejected → the call is dense past the exact prefix.
+
+Why: a span's K/V captured in another context carry that context's attention
+sink and boundary; recomputing its first h tokens against the true left
+context repairs the junction while the rest stays reused.
+
+The boundary KL acceptance test (seed 004 §3.4, made precise). Probes: the last m tokens of every approximately reused span are computed
+(a trailing halo) and their next-token distributions taken, so they attend
+to the reused K/V before them in the span.
+- reuse side: the plan with probes (its run is the one to keep if accepted);
+- reference: the same tokens up to the last probe, with every approximate
+  span computed densely against the true left context (exact spans stay
+  reused), truncated after the last probe.
+Accept iff KL(reference ‖ reuse) ≤ ε nats for a strict majority of probes.
+Cost: the reference recomputes every approximate token up to the last probe,
+i.e. the compute the reuse saved on this call; its verdict is worth keeping
+per (segment, context) for later calls, or sampling (audits, calibration).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
 
-from kvsplice.client.layerwise import LayerwisePlan, LayerwiseSpan
-from kvsplice.client.modes.spans import computed_span, is_reused, replace_spans, slice_span
+import torch
+
+from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.layerwise_call import LayerwiseCall, reuse_spans, whole_span_records
+from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
+from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.execute.layerwise_plan import LayerwiseSpan as Span
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
+from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.spans import computed_span, is_reused, replace_spans, slice_span
+from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
+from kvsplice.client.modes.naive import NaivePolicy
+from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.recorder import call_records, put_records
 
 logger = logging.getLogger(__name__)
 
@@ -47,3 +78,195 @@ def halo_plan(
         repair = is_reused(span) and span.start > 0 and span.name not in exact_names
         spans.extend(halo_split(span, num_halo) if repair else (span,))
     return replace_spans(plan, spans)
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """num_probe m: trailing tokens probed per approximate span; epsilon_nats: KL bound."""
+
+    num_probe: int = 4
+    epsilon_nats: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.num_probe < 1:
+            raise ValueError(f"num_probe {self.num_probe} must be >= 1")
+        if not self.epsilon_nats >= 0:
+            raise ValueError(f"epsilon_nats {self.epsilon_nats} must be >= 0")
+
+
+@dataclass(frozen=True, eq=False)
+class AcceptanceResult:
+    """kl_nats[i] belongs to probe_slots[i]; reuse: the run of the probed plan.
+
+    reference_token_layers: tokens × layers the reference run computed (its cost).
+    """
+
+    accepted: bool
+    probe_slots: tuple[int, ...]
+    kl_nats: tuple[float, ...]
+    reuse: LayerwiseResult
+    reference_token_layers: int
+
+
+def check_acceptance(
+    executor: LayerwiseExecutor,
+    plan: LayerwisePlan,
+    config: AcceptanceConfig | None = None,
+    exact_names: Container[str] = frozenset(),
+) -> AcceptanceResult:
+    """Run `plan` with probes and the reference; accept when boundary KL stays under ε."""
+    config = config or AcceptanceConfig()
+    probed, probes = probed_plan(plan, config.num_probe, exact_names)
+    reuse = executor.run(probed)
+    if not probes:
+        return AcceptanceResult(True, (), (), reuse, 0)
+    reference = executor.run(reference_plan(probed, probes, exact_names))
+    rows = [probed.logits_slots.index(slot) for slot in probes]
+    kl = kl_nats(reference.logits, reuse.logits[rows])
+    within = sum(k <= config.epsilon_nats for k in kl)
+    accepted = within * 2 > len(kl)
+    logger.debug("acceptance %s: probes %s KL %s", accepted, probes, kl)
+    return AcceptanceResult(accepted, probes, kl, reuse, sum(reference.num_computed))
+
+
+def probed_plan(
+    plan: LayerwisePlan, num_probe: int, exact_names: Container[str] = frozenset()
+) -> tuple[LayerwisePlan, tuple[int, ...]]:
+    """`plan` with the last m tokens of each approximate span computed and their logits asked."""
+    spans: list[Span] = []
+    probes: list[int] = []
+    for span in plan.spans:
+        if not _approximate(span, exact_names):
+            spans.append(span)
+            continue
+        cut = max(span.start, span.end - num_probe)
+        if cut > span.start:
+            spans.append(slice_span(span, span.start, cut))
+        spans.append(computed_span(cut, span.end, f"{span.name}:probe"))
+        probes.extend(range(cut, span.end))
+    slots = (*plan.logits_slots, *probes)
+    return replace_spans(plan, spans, logits_slots=slots), tuple(probes)
+
+
+def reference_plan(
+    plan: LayerwisePlan, probes: Sequence[int], exact_names: Container[str] = frozenset()
+) -> LayerwisePlan:
+    """Tokens [0, last probe] with every approximate span computed; logits at `probes`."""
+    end = max(probes) + 1
+    spans = []
+    for span in plan.spans:
+        if span.start >= end:
+            break
+        cut = slice_span(span, span.start, min(span.end, end))
+        spans.append(
+            computed_span(cut.start, cut.end, cut.name) if _approximate(span, exact_names) else cut
+        )
+    ids = plan.token_ids[:end]
+    return LayerwisePlan(ids, tuple(spans), plan.position_offset, logits_slots=tuple(probes))
+
+
+def kl_nats(reference_logits: torch.Tensor, reuse_logits: torch.Tensor) -> tuple[float, ...]:
+    """Per row, KL(softmax(reference) ‖ softmax(reuse)) in nats; logits [N, V]."""
+    ref = torch.log_softmax(reference_logits.double(), dim=-1)
+    new = torch.log_softmax(reuse_logits.double(), dim=-1)
+    return tuple(float(k) for k in (ref.exp() * (ref - new)).sum(dim=-1))
+
+
+def _approximate(span: Span, exact_names: Container[str]) -> bool:
+    return is_reused(span) and span.start > 0 and span.name not in exact_names
+
+
+MODE = "halo"
+
+
+@dataclass(frozen=True)
+class HaloConfig:
+    """num_halo h: tokens recomputed at the start of each approximate span (EPIC: k ≤ 32).
+
+    acceptance: the boundary KL test (None: reuse without testing).
+    """
+
+    num_halo: int = 4
+    acceptance: AcceptanceConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_halo < 0:
+            raise ValueError(f"num_halo {self.num_halo} must be >= 0")
+
+
+class HaloPolicy:
+    mode = MODE
+
+    def __init__(self, config: HaloConfig | None = None) -> None:
+        self.config = config or HaloConfig()
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+        naive = NaivePolicy().plan(prompt, ctx)
+        if all(isinstance(s.action, Reuse) and s.action.exact for s in naive.reused_spans):
+            return naive  # exact reuse or nothing: no junction to repair
+        executor = ctx.executor.layerwise
+        spans, sources = reuse_spans(
+            naive, ctx.rope, executor.num_layers, approx_start_layer=executor.num_layers, mode=MODE
+        )  # fmt: skip
+        exact_names = {name for name, source in sources.items() if source.action.exact}
+        reused = LayerwisePlan(naive.token_ids, tuple(spans))
+        plan = halo_plan(reused, self.config.num_halo, exact_names)
+        acceptance = self.config.acceptance
+        if acceptance is None:
+            return LayerwiseCall(plan, sources)
+        with timed(ctx.timings, "prefill_s"):
+            verdict = check_acceptance(executor, plan, acceptance, exact_names)
+        ctx.decisions["halo_acceptance"] = "accepted" if verdict.accepted else "rejected"
+        if not verdict.accepted:
+            logger.debug(
+                "halo rejected: boundary KL %s > %s", verdict.kl_nats, acceptance.epsilon_nats
+            )
+            return exact_only(naive)
+        probed, _ = probed_plan(plan, acceptance.num_probe, exact_names)
+        return LayerwiseCall(probed, sources, result=verdict.reuse)
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        plan: ReusePlan,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        records = call_records(prompt, plan, state, ctx, response_ids)
+        put_records(ctx, whole_span_records(records, prompt.spans))
+
+
+def exact_only(plan: ReusePlan) -> ReusePlan:
+    """`plan` with every approximate reuse computed instead (the dense fallback)."""
+    spans = tuple(
+        PlannedSpan(s.start, s.end, Compute(), s.name)
+        if isinstance(s.action, Reuse) and not s.action.exact
+        else s
+        for s in plan.spans
+    )
+    return ReusePlan(plan.token_ids, spans)
+
+
+@dataclass(frozen=True)
+class Params:
+    """halo's parameters (`halo:h=4+eps=0.05`)."""
+
+    num_halo: int = knob(
+        4, "h", "tokens recomputed at the start of each approximate span", low=0, grid=(8, 4, 2)
+    )
+    epsilon_nats: float | None = knob(
+        None, "eps", "the boundary KL acceptance bound in nats, or none (no test)", low=0
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+    def config(self) -> HaloConfig:
+        eps = self.epsilon_nats
+        return HaloConfig(
+            self.num_halo, None if eps is None else AcceptanceConfig(epsilon_nats=eps)
+        )
+
+
+SPEC = ModeSpec(MODE, Params, lambda p: HaloPolicy(p.config()))

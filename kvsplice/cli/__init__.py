@@ -15,6 +15,7 @@ import typer
 import typer.main
 
 from kvsplice.cli import inspect, serve, tenants, worker
+from kvsplice.cli import judge as judge  # registers `bench judge` on worker.bench_app
 from kvsplice.cli.common import CliError, debug_enabled
 
 EXIT_USAGE = 2

@@ -89,7 +89,7 @@ TlsKeyOpt = Annotated[
 
 def client_tls(ca: Path | None, cert: Path | None, key: Path | None):  # type: ignore[no-untyped-def]
     """The client side's TLS settings (`ClientTls`), or None for plaintext."""
-    from kvsplice.client.store_config import ClientTls
+    from kvsplice.client.store.store_config import ClientTls
 
     if ca is None and cert is None and key is None:
         return None

@@ -52,7 +52,7 @@ def health(
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from kvsplice.client.store_channel import open_channel
+    from kvsplice.client.store.store_channel import open_channel
 
     with open_channel(target, [], client_tls(tls_ca, tls_cert, tls_key)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -29,7 +29,7 @@ from kvsplice.cli.common import (
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (ratios measured in one run).")
 
 
-# The library's own tuples (eval.bench_agents.WORKLOADS, eval.mode_runner.GRAPHS,
+# The library's own tuples (eval.bench.agents.WORKLOADS, eval.bench.mode_runner.GRAPHS,
 # kvmath.quant.QUANT_SCHEMES) import torch; tests check these stay equal to them.
 class Workload(StrEnum):
     synthetic = "synthetic"
@@ -77,11 +77,9 @@ StoreOpt = Annotated[
 MODES_HELP = (
     "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
     "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
-    "anchor:gamma=0.5+tau=0.1+metric=key+r=0.15, multicut:cut=16 (layers below the cut reused with "
-    "no exact window; deeper cuts need the whole left context). Parameters: blend r; halo h, "
-    "eps (a KL bound in nats, or none); anchor gamma, tau, metric, r (CacheBlend's ratio "
-    "on the corrected K/V, or none), cover (the share of a placeholder its anchors must "
-    "cover; 1: KVComm's length rule); multicut cut."
+    "anchor:gamma=0.5+tau=0.1+metric=key+r=0.15, multicut:cut=16. Each mode's parameters "
+    "(names, ranges, defaults) are its `Params` in kvsplice.client.modes; a parameter the "
+    "mode does not take is refused with that list."
 )
 
 
@@ -93,7 +91,7 @@ def check_model(model: str) -> None:
 
 
 def model_config(model: str, model_cache: Path):
-    from kvsplice.client.models import ModelConfig
+    from kvsplice.client.model.models import ModelConfig
 
     check_model(model)
     return ModelConfig(source=model, cache_dir=model_cache)
@@ -127,7 +125,9 @@ def demo(
             exists=True,
             dir_okay=False,
             help="Admission policy JSON (kvsplice calibrate): its admitted modes join the "
-            "default --modes. Without it only exact and dense are admitted.",
+            "default --modes, and 'gated' (the policy with the judge risk gate above it, in the "
+            "pipeline and in the closing judge stage) runs it. Default: the policy shipped "
+            "for the model (SmolLM2-135M), else only exact and dense.",
         ),
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent generates.")] = 32,
@@ -139,10 +139,11 @@ def demo(
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
-    """The 5-agent HumanEval pipeline in each mode against the store; prints TTFT and fidelity."""
+    """The 5-agent HumanEval pipeline in each mode against the store, then a judge over each
+    problem's answers with the risk gate at work; prints TTFT, fidelity, JCR and the gate's routes."""
     require_worker("demo")
-    from kvsplice.client.models import load_model
-    from kvsplice.eval.agents_demo import DemoConfig, demo_modes, render_demo, run_agents_demo
+    from kvsplice.client.model.models import load_model
+    from kvsplice.eval.bench.agents_demo import DemoConfig, demo_modes, render_demo, run_agents_demo
 
     setup_logging(log_level)
     model_settings = model_config(model, model_cache)
@@ -157,6 +158,7 @@ def demo(
             max_new_tokens=max_new_tokens,
             out_dir=out_dir,
             model=model_settings,
+            policy_path=policy,
         )
     except ValueError as error:
         fail(f"invalid settings: {error}", 2)
@@ -224,10 +226,10 @@ def bench_agents(
     from dataclasses import replace
 
     from kvsplice.agents.layouts import check_layout
-    from kvsplice.client.admission import load_policy
+    from kvsplice.client.modes.admission import load_policy
     from kvsplice.common.errors import FingerprintMismatch
-    from kvsplice.eval.bench_agents import BenchAgentsConfig, run_bench_agents, run_bench_layouts
-    from kvsplice.eval.report import render_bench_agents
+    from kvsplice.eval.bench.agents import BenchAgentsConfig, run_bench_agents, run_bench_layouts
+    from kvsplice.eval.report.results import render_bench_agents
 
     setup_logging(log_level)
     layouts = tuple(dict.fromkeys(layout.split(",")))
@@ -245,7 +247,7 @@ def bench_agents(
         fail(f"invalid settings: {error}", 2)
     out_console = console()
     out_console.print("[bold]kvsplice bench agents[/]: loading the model")
-    from kvsplice.client.models import load_model
+    from kvsplice.client.model.models import load_model
 
     loaded = load_model(config.model)
     if policy is not None:
@@ -284,19 +286,35 @@ def calibrate(
     min_agreement: Annotated[
         float, typer.Option(help="... and its first-token agreement with dense is at least this.")
     ] = 0.95,
+    judge_probes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Judge probes: examples of the shipped judge sample (x2 shuffled orders) on "
+            "which each judge mode's grid is tried; 0: none (no mode admitted for judges).",
+        ),
+    ] = 6,
+    min_jcr: Annotated[
+        float,
+        typer.Option(
+            help="Admit a mode for judges only if its guarded JCR on the probes is at least this."
+        ),
+    ] = 0.98,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
     """Measure each approximate mode's drift vs dense on this model and write the admission policy."""
     require_worker("calibrate")
-    from kvsplice.eval.calibrate import (
+    from kvsplice.eval.measure.calibrate import (
         CalibrationConfig,
         Thresholds,
         render_calibration,
+        render_judge_probes,
         run_calibration,
         write_policy,
     )
+    from kvsplice.eval.measure.judge_probes import JudgeThresholds
 
     setup_logging(log_level)
     try:
@@ -305,14 +323,21 @@ def calibrate(
             probes=probes,
             num_agents=agents,
             thresholds=Thresholds(max_mean_kl=max_kl, min_first_token_agreement=min_agreement),
+            judge_probes=judge_probes,
+            judge_thresholds=JudgeThresholds(min_jcr=min_jcr),
         )
     except ValueError as error:
         fail(f"invalid settings: {error}", 2)
     out_console = console()
     result = run_calibration(config, progress=lambda message: out_console.log(message))
     out_console.print(render_calibration(result))
+    if result.judge_probes:
+        out_console.print(render_judge_probes(result))
     write_policy(result, out)
-    out_console.print(f"admitted: {', '.join(result.policy.admitted_modes)} -> {out}")
+    judges = ", ".join(result.policy.judge_modes) or "none (judge-like calls run exact)"
+    out_console.print(
+        f"admitted: {', '.join(result.policy.admitted_modes)}; for judges: {judges} -> {out}"
+    )
 
 
 @bench_app.command("core")
@@ -334,8 +359,8 @@ def bench_core(
     check_model(model)
     prompt_lengths = int_tuple(lengths, "--lengths")
     thread_counts = int_tuple(threads, "--threads")
-    from kvsplice.client.models import load_model
-    from kvsplice.eval.bench_core import core_bench_to_json, render_core_bench, run_core_bench
+    from kvsplice.client.model.models import load_model
+    from kvsplice.eval.bench.core import core_bench_to_json, render_core_bench, run_core_bench
 
     setup_logging(log_level)
     loaded = load_model(model_config(model, model_cache))
@@ -383,8 +408,8 @@ def bench_store(
         tmp_dir=str(tmp_dir) if tmp_dir else None,
         include_grpc_lookups=grpc_lookups,
     )
-    from kvsplice.eval.bench_store import StoreBenchConfig, run_store_bench
-    from kvsplice.eval.bench_store_render import render_store_bench, store_bench_to_json
+    from kvsplice.eval.bench.store import StoreBenchConfig, run_store_bench
+    from kvsplice.eval.report.store_render import render_store_bench, store_bench_to_json
 
     setup_logging(log_level)
     try:

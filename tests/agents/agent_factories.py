@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvsplice.client.models import LoadedModel, bundle_model
+from kvsplice.client.model.models import LoadedModel, bundle_model
 
 MARKERS = ("<|im_start|>", "<|im_end|>")
 MARKER_BASE = 1000

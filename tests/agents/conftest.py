@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from kvsplice.client.models import (
+from kvsplice.client.model.models import (
     DEFAULT_CACHE_DIR,
     LoadedModel,
     ModelConfig,

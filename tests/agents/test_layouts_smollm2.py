@@ -11,9 +11,9 @@ from kvsplice.agents.graph import fully_connected
 from kvsplice.agents.layouts import LAYOUTS
 from kvsplice.agents.pipeline import AgentCall, run_pipeline
 from kvsplice.agents.roles import code_roles, with_layout
-from kvsplice.client.models import LoadedModel
+from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ from agent_factories import MARKER_BASE, make_tiny_loaded
 from kvsplice.agents.graph import chain, fully_connected
 from kvsplice.agents.pipeline import AgentCall, run_pipeline, stop_token_ids
 from kvsplice.agents.roles import math_roles
-from kvsplice.client.models import LoadedModel
+from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many?"

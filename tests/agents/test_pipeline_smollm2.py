@@ -11,10 +11,10 @@ import torch
 from kvsplice.agents.graph import chain
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
 from kvsplice.agents.roles import code_roles
-from kvsplice.client.models import LoadedModel
+from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store_client import StoreClient
-from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import pytest
 import xxhash
 
 from kvsplice.cli import main
-from kvsplice.client.store_client import StoreClient
-from kvsplice.client.store_types import PrefixLookup
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config

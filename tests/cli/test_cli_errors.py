@@ -153,8 +153,8 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     from kvsplice.agents.layouts import LAYOUTS
     from kvsplice.cli.serve import MemoryPolicy
     from kvsplice.cli.worker import Graph, Layout, Quant, Workload
-    from kvsplice.eval.bench_agents import WORKLOADS
-    from kvsplice.eval.mode_runner import GRAPHS
+    from kvsplice.eval.bench.agents import WORKLOADS
+    from kvsplice.eval.bench.mode_runner import GRAPHS
     from kvsplice.kvmath.quant import QUANT_SCHEMES
     from kvsplice.storage.config import EVICTION_POLICIES
 

@@ -6,9 +6,9 @@ import torch
 from client_factories import VOCAB, CharTokenizer, FakePrompt, make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvsplice.client.models import LoadedModel, bundle_model
+from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
-from kvsplice.client.span_executor import GenerationConfig
 
 NUM_LAYERS = 4
 GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvsplice.client.models import LoadedModel, bundle_model
+from kvsplice.client.model.models import LoadedModel, bundle_model
 
 VOCAB = 128
 SPECIALS = ("<|im_start|>", "<|im_end|>")

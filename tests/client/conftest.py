@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvsplice.client import store_faults
-from kvsplice.client.models import LoadedModel, ModelConfig, load_model_cached
+from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_cached
+from kvsplice.client.store import store_faults
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvsplice.client.capture import capture_segments
-from kvsplice.client.layerwise import LayerwisePlan, LayerwiseSpan
-from kvsplice.client.modes.anchor_types import AgentOffsets, Anchor, kv_offset
-from kvsplice.client.modes.spans import tile_spans
+from kvsplice.client.execute.capture import capture_segments
+from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.execute.spans import tile_spans
+from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 

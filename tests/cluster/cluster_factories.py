@@ -12,8 +12,8 @@ import httpx
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store_client import StoreClient
-from kvsplice.client.store_config import StoreClientConfig
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsplice.eval.local_cluster import LocalCluster, free_port_run
+from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig, RedisTierConfig
 

@@ -21,8 +21,8 @@ from cluster_factories import (
     wait_for,
 )
 
-from kvsplice.eval.local_cluster import LocalCluster, free_port_run
-from kvsplice.eval.shared_load import LoadRun, LoadSpec, read_back
+from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
+from kvsplice.eval.bench.shared_load import LoadRun, LoadSpec, read_back
 
 pytestmark = pytest.mark.redis
 

@@ -10,9 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvsplice.agents.personas import Persona
 from kvsplice.agents.roles import AgentRole, make_roles
-from kvsplice.client.models import LoadedModel, bundle_model
-from kvsplice.eval.metrics import CallRecord
-from kvsplice.eval.workload_types import Problem
+from kvsplice.client.model.models import LoadedModel, bundle_model
+from kvsplice.eval.measure.metrics import CallRecord
+from kvsplice.eval.workloads.workload import Problem
 
 MARKERS = ("<|im_start|>", "<|im_end|>")
 MARKER_BASE = 128

@@ -4,11 +4,16 @@ per-layer tables, any Δ and any destination slice; Δ = 0 is a bit-exact dequan
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.fused_decode import decode_into
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
 from kvsplice.kvmath.rope import RopeSpec
@@ -73,6 +78,85 @@ def test_fused_decode_equals_decode_then_shift(
     assert bool(
         (keys_buffer[:, :, :2] == 7).all() and (keys_buffer[:, :, 2 + num_tokens :] == 7).all()
     )
+
+
+@contextmanager
+def torch_path() -> Iterator[None]:
+    """decode_into without the compiled CPU kernels (the path CUDA and non-float32 take)."""
+    original = cpu_decode.available
+    cpu_decode.available = lambda: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cpu_decode.available = original  # type: ignore[assignment]
+
+
+@pytest.mark.skipif(not cpu_decode.available(), reason="numba is not installed")
+@settings(max_examples=30, deadline=None)
+@given(
+    layout=st.sampled_from(["rotate_half", "interleaved"]),
+    rotary_dim=st.sampled_from([HEAD_DIM, HEAD_DIM // 2]),
+    two_tables=st.booleans(),
+    delta=st.integers(-5000, 5000),
+    first_token=st.integers(0, 3),
+    num_threads=st.sampled_from([1, 2, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_compiled_kernels_equal_the_torch_path(
+    layout: str,
+    rotary_dim: int,
+    two_tables: bool,
+    delta: int,
+    first_token: int,
+    num_threads: int,
+    seed: int,
+) -> None:
+    num_layers, num_tokens = 4, 6
+    payload = encode_payload(
+        make_segment(num_layers, num_tokens, 300, seed), model_fingerprint=FINGERPRINT, quant="int8"
+    )
+    rope = make_rope(layout, rotary_dim, num_layers, two_tables)
+    outs = []
+    for compiled in (True, False):
+        buffer = torch.full((2, num_layers, NUM_HEADS, num_tokens + 4, HEAD_DIM), 7.0)
+        rows = slice(first_token, first_token + num_tokens)
+        keys, values = buffer[0, :, :, rows], buffer[1, :, :, rows]
+        assert cpu_decode.writable_target(keys, keys.shape)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(num_threads)
+        try:
+            with contextlib.nullcontext() if compiled else torch_path():
+                decode_into(decode_stored(payload), rope, delta, keys, values)
+        finally:
+            torch.set_num_threads(previous)
+        outs.append(buffer)
+    compiled_buffer, torch_buffer = outs
+    torch.testing.assert_close(compiled_buffer, torch_buffer, rtol=0, atol=2e-5)
+    assert torch.equal(compiled_buffer[1], torch_buffer[1])  # values: one rounding each way
+    untouched = torch.ones_like(compiled_buffer, dtype=torch.bool)
+    untouched[:, :, :, first_token : first_token + num_tokens] = False
+    assert bool((compiled_buffer[untouched] == 7).all())
+
+
+def test_the_kernels_write_only_token_ranges_of_contiguous_float32_blocks() -> None:
+    block = torch.zeros(3, 2, 10, HEAD_DIM)
+    shape = (3, 2, 4, HEAD_DIM)
+    assert cpu_decode.writable_target(block[:, :, 5:9], shape)
+    assert cpu_decode.writable_target(torch.zeros(shape), shape)
+    assert not cpu_decode.writable_target(block[:, :1, 5:9], (3, 1, 4, HEAD_DIM))  # head slice
+    assert not cpu_decode.writable_target(block[:, :, 5:9].to(torch.bfloat16), shape)
+    assert not cpu_decode.writable_target(
+        torch.zeros(3, 2, HEAD_DIM, 4).transpose(2, 3), shape
+    )  # channels not contiguous
+    # Outs the kernels cannot write still decode (the torch path).
+    payload = encode_payload(make_segment(3, 4, 50, 5), model_fingerprint=FINGERPRINT, quant="int8")
+    rope = make_rope("rotate_half", HEAD_DIM, 3, two_tables=False)
+    keys = torch.zeros(3, 2, HEAD_DIM, 4).transpose(2, 3)
+    values = torch.zeros(3, 2, HEAD_DIM, 4).transpose(2, 3)
+    decode_into(decode_stored(payload), rope, 11, keys, values)
+    expected_keys, expected_values = two_step(payload, rope, 11)
+    torch.testing.assert_close(keys, expected_keys, rtol=0, atol=2e-5)
+    assert torch.equal(values, expected_values)
 
 
 def test_zero_shift_is_a_bit_exact_dequantize() -> None:

@@ -170,3 +170,25 @@ def test_stored_tensor_rejects_inconsistent_parts() -> None:
         StoredTensor(np.zeros(3, np.float32), "int8", np.ones(1, np.float32))
     with pytest.raises(ValueError, match="scale"):
         StoredTensor(np.zeros(3, np.int8), "int8")
+
+
+@pytest.mark.parametrize("per", ["channel", "token"])
+def test_compiled_dequantize_is_bit_identical_to_the_torch_path(per: str) -> None:
+    from kvsplice.kvmath import cpu_decode
+
+    if not cpu_decode.available():
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(3)
+    q = rng.integers(-127, 128, (3, 2, 9, 16), dtype=np.int8)
+    shape = (3, 2, 1, 16) if per == "channel" else (3, 2, 9, 1)
+    scale = (rng.random(shape, dtype=np.float32) * 0.2 + 1e-3).astype(np.float32)
+    q.flags.writeable = False  # payload views are read-only
+    compiled = dequantize_int8(q, scale)
+    original = cpu_decode.available
+    cpu_decode.available = lambda: False  # type: ignore[assignment]
+    try:
+        reference = dequantize_int8(q, scale)
+    finally:
+        cpu_decode.available = original  # type: ignore[assignment]
+    assert torch.equal(compiled, reference)
+    assert torch.equal(reference, torch.from_numpy(q.astype(np.float32) * scale))

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store_factories import make_meta, make_payload
 
-from kvsplice.client.store_wire import put_requests
+from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.config import MIB, SegmentServiceConfig

@@ -30,6 +30,8 @@ def make_rich_meta() -> SegmentMeta:
         left_tail_ids=(1, 2, 3),
         index_text="the question",
         labels=(("agent", "critic"), ("round", "2")),
+        kind="response",
+        exact=True,
     )
 
 
@@ -37,6 +39,15 @@ def test_header_round_trip_is_the_identity_except_created_at() -> None:
     meta = replace(make_rich_meta(), created_at_s=123.5)
     back = header_to_meta(meta_to_header(meta))
     assert back == replace(meta, created_at_s=0.0)  # the server, not the caller, stamps it
+
+
+def test_a_header_without_a_kind_reads_as_a_prompt_and_a_bad_kind_is_refused() -> None:
+    header = meta_to_header(make_rich_meta())
+    header.kind = ""  # a writer older than the field
+    assert header_to_meta(header).kind == "prompt"
+    header.kind = "anchor"
+    with pytest.raises(InvalidRequest, match="kind"):
+        header_to_meta(header)
 
 
 def test_malformed_header_is_an_invalid_request() -> None:

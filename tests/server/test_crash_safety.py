@@ -18,7 +18,7 @@ import pytest
 from store_factories import make_meta, make_payload
 from test_serve_sigterm import wait_serving
 
-from kvsplice.client.store_wire import put_requests
+from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import xxhash
 
-from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.dashboard import human_bytes

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_factories import FINGERPRINT, NAMESPACE, make_meta, make_payload
 
-from kvsplice.client.store_wire import meta_to_header, put_requests
+from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.errors import AlreadyExists
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.proto import store_pb2 as pb

@@ -13,7 +13,7 @@ import pytest
 import xxhash
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvsplice.client.store_client import StoreClient
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config

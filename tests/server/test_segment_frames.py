@@ -3,6 +3,7 @@ generated registration, so protobuf clients and the frame-speaking clients both 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -12,10 +13,11 @@ import pytest
 from grpc import aio
 from store_factories import NAMESPACE, make_meta, make_payload, make_service, make_store
 
-from kvsplice.client.async_store_client import AsyncStoreClient
-from kvsplice.client.store_config import StoreClientConfig
-from kvsplice.client.store_wire import put_frames, put_requests
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.client.store.store_wire import put_frames, put_requests
 from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
@@ -95,15 +97,18 @@ async def test_protobuf_clients_round_trip_through_the_frame_path() -> None:
 async def test_frame_clients_round_trip_and_miss_through_the_frame_path() -> None:
     payload = make_payload(3 * CHUNK_NBYTES + 5, seed=1)
     meta = make_meta(range(50), payload)
-    async with (
-        frames_server() as target,
-        AsyncStoreClient(target, NAMESPACE, config=CLIENT_CONFIG) as client,
-    ):
-        assert await client.put_segment(meta, payload)
-        got = await client.get_segment(meta.context_key)
-        missing = await client.get_segment(b"\x00" * 16)
+    async with frames_server() as target:
+        # the sync client on a thread: the server runs on this test's event loop
+        stored, got, missing = await asyncio.to_thread(_put_get_miss, target, meta, payload)
+    assert stored
     assert got is not None and got[1] == payload and got[0].context_key == meta.context_key
     assert missing is None
+
+
+def _put_get_miss(target: str, meta: SegmentMeta, payload: bytes) -> tuple:
+    with StoreClient(target, NAMESPACE, config=CLIENT_CONFIG) as client:
+        stored = client.put_segment(meta, payload)
+        return stored, client.get_segment(meta.context_key), client.get_segment(b"\x00" * 16)
 
 
 async def test_a_bad_checksum_is_still_data_loss_on_the_frame_path() -> None:

@@ -227,3 +227,33 @@ def test_stats_count_each_namespaces_evictions_and_refused_puts(tmp_path: Path) 
         assert stats.num_refused_puts == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_segment_a_lookup_listed_counts_as_used_for_eviction(
+    tmp_path: Path, listed: bool
+) -> None:
+    # Workers read listed segments in place or from their own tier, never through `get`:
+    # the listing itself must keep the segment warm, or the hottest chains go first.
+    store = build_store(
+        StoreConfig(
+            lmdb=LMDBTierConfig(str(tmp_path / "db"), sync=False),
+            namespace_quota_bytes={NAMESPACE: 3000},
+        )
+    )
+    try:
+        service = make_service(store)
+        older, newer, third = ([7, i] for i in range(3))
+        metas = []
+        for i, tokens in enumerate((older, newer)):
+            payload = make_payload(1000, seed=i)
+            metas.append(make_meta(tokens, payload))
+            service.put(metas[-1], payload)
+        if listed:
+            assert service.lookup_prefix(NAMESPACE, FINGERPRINT, older).num_matched_tokens == 2
+        payload = make_payload(1000, seed=9)
+        service.put(make_meta(third, payload), payload)  # evicts one of the two
+        survivors = {m.token_ids for m in metas if store.get_meta(NAMESPACE, m.context_key)}
+        assert survivors == ({tuple(older)} if listed else {tuple(newer)})
+    finally:
+        store.close()

@@ -22,7 +22,7 @@ from store_factories import (
     make_payload,
 )
 
-from kvsplice.client.store_wire import meta_to_header, put_requests
+from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from store_factories import FINGERPRINT, make_meta, make_payload
 
-from kvsplice.client.store_wire import put_requests
+from kvsplice.client.store.store_wire import put_requests
 from kvsplice.common.errors import PermissionDenied, Unauthenticated
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc

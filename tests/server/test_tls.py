@@ -11,8 +11,8 @@ import pytest
 from store_factories import make_meta, make_payload
 from tls_factories import Pki, make_pki
 
-from kvsplice.client.store_client import StoreClient
-from kvsplice.client.store_config import ClientTls, StoreClientConfig
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
 from kvsplice.server.config import TlsConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.segment import SEGMENT_KINDS
 from kvsplice.storage.segment_codec import (
     decode_blob,
     decode_meta,
@@ -30,13 +33,31 @@ token_lists = st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=300)
     ttl_s=st.none() | st.floats(0.001, 1e9),
     text=st.text(max_size=100),
     labels=st.lists(st.tuples(st.text(max_size=10), st.text(max_size=10)), max_size=3),
+    kind=st.sampled_from(SEGMENT_KINDS),
+    exact=st.booleans(),
 )
-def test_meta_round_trips(make_segment, token_ids, left_tail, ttl_s, text, labels) -> None:
+def test_meta_round_trips(
+    make_segment, token_ids, left_tail, ttl_s, text, labels, kind, exact
+) -> None:
     meta, _ = make_segment(token_ids=token_ids)
     meta = dataclasses.replace(
-        meta, left_tail_ids=tuple(left_tail), ttl_s=ttl_s, index_text=text, labels=tuple(labels)
-    )
+        meta, left_tail_ids=tuple(left_tail), ttl_s=ttl_s, index_text=text, labels=tuple(labels),
+        kind=kind, exact=exact,
+    )  # fmt: skip
     assert decode_meta(encode_meta(meta)) == meta
+
+
+def test_a_version_1_meta_reads_its_kind_and_exactness_from_its_labels(make_segment) -> None:
+    meta, _ = make_segment()
+    typed = dataclasses.replace(meta, kind="base", exact=True)
+    encoded = encode_meta(typed)
+    _, text_nbytes = struct.unpack_from("<BI", encoded)
+    fields = json.loads(encoded[5 : 5 + text_nbytes])
+    del fields["kind"], fields["exact"]
+    fields["labels"] = [["kind", "base"], *fields["labels"], ["exact", "1"]]
+    text = json.dumps(fields).encode()
+    version_1 = struct.pack("<BI", 1, len(text)) + text + encoded[5 + text_nbytes :]
+    assert decode_meta(version_1) == typed  # the typed labels gone, the others kept
 
 
 def test_meta_is_read_from_a_prefix_without_the_payload(make_segment) -> None:

@@ -1,0 +1,159 @@
+"""The layerwise executor: runs a `LayerwisePlan` through the model's own decoder layers.
+
+Owns the layer loop: pre-fill reused K/V, let spans join at their start layer,
+call each HF decoder layer on the active tokens with an explicit mask and a
+slot-writing cache, apply subset rules, capture states, and compute logits.
+It never decides what to reuse and never re-implements attention.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import PreTrainedModel
+
+from kvsplice.client.execute.active import ActiveTokens
+from kvsplice.client.execute.kv_buffer import KVBuffer
+from kvsplice.client.execute.layerwise_plan import LayerwisePlan, check_fits
+from kvsplice.client.execute.layerwise_result import CapturedStates, LayerwiseResult
+from kvsplice.client.execute.slot_cache import SlotWriteCache
+from kvsplice.client.execute.slots import TokenSlots
+from kvsplice.client.execute.subset import PendingSelection
+from kvsplice.client.model.model_adapter import DecoderAdapter
+
+logger = logging.getLogger(__name__)
+
+
+class LayerwiseExecutor:
+    """Executes plans on one model, batch 1 (attn_implementation "eager" or "sdpa")."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.adapter = DecoderAdapter.from_model(model)
+
+    @property
+    def num_layers(self) -> int:
+        return self.adapter.num_layers
+
+    def run(self, plan: LayerwisePlan) -> LayerwiseResult:
+        """Prefill `plan`; see `LayerwiseResult` for what comes back."""
+        adapter = self.adapter
+        check_fits(plan, adapter.num_layers, (adapter.num_kv_heads, adapter.head_dim))
+        with torch.inference_mode():
+            return _Run(adapter, plan).execute()
+
+
+class _Run:
+    """One plan's execution state (kept off the executor so runs share nothing)."""
+
+    def __init__(self, adapter: DecoderAdapter, plan: LayerwisePlan) -> None:
+        self.adapter = adapter
+        self.plan = plan
+        self.buffer = _prefilled_buffer(adapter, plan)
+        self.cache = SlotWriteCache(self.buffer)
+        self.active = ActiveTokens(adapter, _initial_states(adapter, plan), plan.position_offset)
+        self.captured: dict[int, CapturedStates] = {}
+        self.kept: dict[int, tuple[int, ...]] = {}
+        self.num_computed: list[int] = []
+
+    def execute(self) -> LayerwiseResult:
+        joins = _joins_by_layer(self.plan)
+        for layer in range(self.adapter.num_layers):
+            self.active.join(joins.get(layer, ()))
+            self._capture(layer)
+            self._run_layer(layer)
+        self._capture(self.adapter.num_layers)
+        return LayerwiseResult(
+            logits=self._logits(),
+            logits_slots=self.plan.logits_slots,
+            kv=self.buffer,
+            hidden_states=self.captured,
+            kept_slots=self.kept,
+            num_computed=tuple(self.num_computed),
+        )
+
+    def _run_layer(self, layer: int) -> None:
+        active = self.active
+        self.num_computed.append(len(active))
+        if not len(active):
+            return  # every token's K/V at this layer was provided
+        self.cache.begin_layer(active.slots, self._pending_selection(layer))
+        out = self.adapter.layers[layer](
+            active.h, past_key_values=self.cache, **active.layer_inputs(layer)
+        )  # fmt: skip
+        active.h = out[0] if isinstance(out, tuple) else out  # v4-style layers return tuples
+        if self.cache.kept_local is not None:
+            active.keep(self.cache.kept_local)
+            self.kept[layer] = active.slots.ids
+
+    def _pending_selection(self, layer: int) -> PendingSelection | None:
+        rule = next((r for r in self.plan.subsets if r.check_layer == layer), None)
+        if rule is None:
+            return None
+        ids = self.active.slots.ids
+        droppable = _droppable_slots(self.plan, self.adapter.num_layers)
+        local = [i for i, slot in enumerate(ids) if slot in droppable]
+        device = self.active.slots.index.device
+        return PendingSelection(
+            rule=rule,
+            candidate_local=torch.tensor(local, dtype=torch.long, device=device),
+            candidate_slots=TokenSlots.of([ids[i] for i in local], device),
+            num_active=len(ids),
+        )
+
+    def _capture(self, layer: int) -> None:
+        if layer in self.plan.capture_layers:
+            self.captured[layer] = CapturedStates(self.active.slots.ids, self.active.states())
+
+    def _logits(self) -> torch.Tensor:
+        """[len(logits_slots), V]: the last layer's output of the requested slots."""
+        ids = self.active.slots.ids
+        local = torch.tensor(
+            [ids.index(s) for s in self.plan.logits_slots], device=self.active.h.device
+        )
+        return self.adapter.logits(self.active.h[0, local])
+
+
+def _prefilled_buffer(adapter: DecoderAdapter, plan: LayerwisePlan) -> KVBuffer:
+    """[L, H_kv, T, D] zeros with every span's provided K/V copied in at its slots."""
+    shape = (adapter.num_layers, adapter.num_kv_heads, plan.num_tokens, adapter.head_dim)
+    buffer = KVBuffer.zeros(shape, adapter.dtype, adapter.device, plan.position_offset)
+    for span in plan.spans:
+        if span.keys is not None and span.values is not None:
+            buffer.fill(span.start, span.keys, span.values)
+    return buffer
+
+
+def _initial_states(adapter: DecoderAdapter, plan: LayerwisePlan) -> torch.Tensor:
+    """[T, hidden]: each computed span's state entering its start layer (embeddings by default)."""
+    states = torch.zeros(
+        plan.num_tokens, adapter.hidden_size, dtype=adapter.dtype, device=adapter.device
+    )  # fmt: skip
+    for span in plan.spans:
+        if span.start_layer >= adapter.num_layers:
+            continue
+        if span.hidden is not None:
+            states[span.start : span.end] = span.hidden.to(adapter.device, adapter.dtype)
+        else:
+            ids = torch.tensor(plan.token_ids[span.start : span.end], dtype=torch.long)
+            states[span.start : span.end] = adapter.embed(ids)
+    return states
+
+
+def _joins_by_layer(plan: LayerwisePlan) -> dict[int, list[int]]:
+    """start layer -> slots whose computation begins there."""
+    joins: dict[int, list[int]] = {}
+    for span in plan.spans:
+        joins.setdefault(span.start_layer, []).extend(range(span.start, span.end))
+    return joins
+
+
+def _droppable_slots(plan: LayerwisePlan, num_layers: int) -> set[int]:
+    """Slots a subset rule may drop: their span provides K/V for every layer; not logits slots."""
+    droppable = {
+        slot
+        for span in plan.spans
+        if span.num_kv_layers == num_layers
+        for slot in range(span.start, span.end)
+    }
+    return droppable - set(plan.logits_slots)

@@ -1,0 +1,1 @@
+"""The model the worker runs: loading, fingerprint, chat template, transformers' cache and decoder layers."""

@@ -1,0 +1,266 @@
+"""The admission policy: which reuse modes a model may run, with which parameters (`policy.json`).
+
+Owns `AdmissionPolicy` (frozen, one per model fingerprint), its JSON form and
+`load_policy`/`save_policy`. Without a policy only `dense` and `exact` (zero
+drift) are admitted. Measuring drift and choosing parameters is `calibrate`'s
+job; turning parameters into policies is `client.modes.registry.make_policy`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvsplice.client.modes.base import ReusePolicy
+from kvsplice.client.modes.params import from_json as params_from_json
+from kvsplice.client.modes.params import to_json as params_json
+from kvsplice.client.modes.registry import MODES, SAFE_MODES, make_policy, mode_spec
+from kvsplice.common.errors import FingerprintMismatch, KvspliceError
+from kvsplice.common.fingerprint import is_fingerprint
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+
+
+class ModeNotAdmitted(KvspliceError):
+    """A reuse mode the model's admission policy does not admit was asked for."""
+
+    status_name = "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True)
+class ModeDrift:
+    """What calibration measured for one mode against dense prefill of the same prompts."""
+
+    kl_mean_nats: float
+    kl_p95_nats: float
+    first_token_agreement: float
+    num_calls: int
+
+    def __post_init__(self) -> None:
+        for name in ("kl_mean_nats", "kl_p95_nats"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} {value!r} must be finite and >= 0")
+        if not 0 <= self.first_token_agreement <= 1:
+            raise ValueError(f"first_token_agreement {self.first_token_agreement} not in [0, 1]")
+        if self.num_calls < 0:
+            raise ValueError(f"num_calls {self.num_calls} < 0")
+
+
+@dataclass(frozen=True)
+class JudgeDrift:
+    """What calibration's judge probes measured for a mode admitted for judges (its guard on).
+
+    jcr: share of probe judges selecting what the dense judge selects; reuse: share of
+    their candidate blocks' token·layers not computed.
+    """
+
+    jcr: float
+    reuse: float
+    num_probes: int
+
+    def __post_init__(self) -> None:
+        for name in ("jcr", "reuse"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} {getattr(self, name)} not in [0, 1]")
+        if self.num_probes < 0:
+            raise ValueError(f"num_probes {self.num_probes} < 0")
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Admitted modes and their parameters for the model `model_fingerprint`.
+
+    params: mode → its `Params` (a mode absent takes its defaults). created_at:
+    ISO 8601 time of calibration (None: built in); drift: what calibration measured.
+    judge_modes: the admitted modes calibration also admitted for judge-like calls
+    (interaction-preserving ones; the risk gate sends judges nowhere else but
+    dense/exact), best first; judge_drift: what its judge probes measured.
+    """
+
+    model_fingerprint: str
+    admitted_modes: tuple[str, ...] = SAFE_MODES
+    params: Mapping[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
+    drift: Mapping[str, ModeDrift] = field(default_factory=dict)
+    judge_modes: tuple[str, ...] = ()
+    judge_drift: Mapping[str, JudgeDrift] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not is_fingerprint(self.model_fingerprint):
+            raise ValueError(f"model_fingerprint {self.model_fingerprint!r} is malformed")
+        modes = tuple(self.admitted_modes)
+        if "dense" not in modes or len(set(modes)) != len(modes):
+            raise ValueError(f"admitted_modes {modes} must be distinct and include 'dense'")
+        object.__setattr__(self, "admitted_modes", modes)
+        for mode, params in self.params.items():
+            if not isinstance(params, mode_spec(mode).params_type):
+                raise ValueError(f"parameters of {mode!r} are a {type(params).__name__}")
+        judges = tuple(self.judge_modes)
+        object.__setattr__(self, "judge_modes", judges)
+        for mode in judges:
+            if mode not in modes or not mode_spec(mode).judge_capable:
+                raise ValueError(f"judge mode {mode!r} must be admitted and interaction-preserving")
+
+    def params_of(self, mode: str) -> Any:
+        """`mode`'s parameters: this policy's, or the mode's defaults."""
+        return self.params.get(mode) or mode_spec(mode).params_type()
+
+    def with_params(self, mode: str, params: Any) -> AdmissionPolicy:
+        """This policy with `mode`'s parameters replaced."""
+        return replace(self, params={**self.params, mode: params})
+
+    def admits(self, mode: str) -> bool:
+        """Admitted, or a mode that only routes to admitted ones (`gated`)."""
+        return mode in self.admitted_modes or (mode in MODES and mode_spec(mode).routes)
+
+    @property
+    def serving_mode(self) -> str:
+        """What `gated` runs for ordinary calls: the first admitted approximate mode that
+        is not only a judge mode, else `exact`."""
+        for mode in self.admitted_modes:
+            spec = mode_spec(mode)
+            ordinary = spec.drifts and not spec.routes and not spec.ablation
+            if ordinary and mode not in self.judge_modes:
+                return mode
+        return "exact"
+
+    def policy_of(self, mode: str) -> ReusePolicy:
+        """`mode`'s policy with this policy's parameters (a routing mode: over this policy)."""
+        spec = mode_spec(mode)
+        if spec.route is not None:
+            return spec.route(self)
+        return make_policy(mode, self.params_of(mode))
+
+    def check(self, fingerprint: str, mode: str) -> None:
+        """Raise unless this policy is `fingerprint`'s and admits `mode`."""
+        if fingerprint != self.model_fingerprint:
+            raise FingerprintMismatch(
+                f"admission policy is for model {self.model_fingerprint}, not {fingerprint}"
+            )
+        if not self.admits(mode):
+            raise ModeNotAdmitted(
+                f"mode {mode!r} is not admitted for {fingerprint} "
+                f"(admitted: {', '.join(self.admitted_modes)}); calibrate it first"
+            )
+
+    def to_json(self) -> str:
+        document: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "model_fingerprint": self.model_fingerprint,
+            "admitted_modes": list(self.admitted_modes),
+            "params": {mode: params_json(p) for mode, p in sorted(self.params.items())},
+            "created_at": self.created_at,
+            "drift": {mode: asdict(d) for mode, d in sorted(self.drift.items())},
+            "judge_modes": list(self.judge_modes),
+            "judge_drift": {mode: asdict(d) for mode, d in sorted(self.judge_drift.items())},
+        }
+        return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> AdmissionPolicy:
+        """Parse `to_json`'s output (or a version-1 file); ValueError naming what is wrong."""
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise ValueError("admission policy is not a JSON object")
+        if document.get("format_version") == 1:
+            document = upgrade_v1(document)
+        if document.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"admission policy is not format version {FORMAT_VERSION} (or 1)")
+        try:
+            drift = {m: ModeDrift(**d) for m, d in document["drift"].items()}
+            params = {
+                m: params_from_json(mode_spec(m).params_type, p)
+                for m, p in document["params"].items()
+            }
+            modes = tuple(str(m) for m in document["admitted_modes"])
+            # judge admission came later within version 2: absent means none
+            judges = tuple(str(m) for m in document.get("judge_modes", ()))
+            judge_drift = {m: JudgeDrift(**d) for m, d in document.get("judge_drift", {}).items()}
+            return cls(
+                document["model_fingerprint"], modes, params, document["created_at"], drift,
+                judges, judge_drift,
+            )  # fmt: skip
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"malformed admission policy: {error!r}") from error
+
+
+def upgrade_v1(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-1 document (flat `anchor_gamma`, `blend_ratio`, ... fields) as version 2.
+
+    Migration: `kvsplice.client.modes.admission.save_policy(load_policy(path, fp), path)`.
+    """
+    params: dict[str, dict[str, Any]] = {}
+    for name, (mode, field_name) in V1_FIELDS.items():
+        if name in document:
+            params.setdefault(mode, {})[field_name] = document[name]
+    unknown = set(document) - set(V1_FIELDS) - V1_KEPT
+    if unknown:
+        raise ValueError(f"unknown fields in a version-1 admission policy: {sorted(unknown)}")
+    kept = {name: document[name] for name in V1_KEPT if name in document}
+    return {"created_at": None, "drift": {}, **kept, "format_version": 2, "params": params}
+
+
+# version 1's flat fields → (mode, field of its Params)
+V1_FIELDS: dict[str, tuple[str, str]] = {
+    "w_exact": ("multicut", "w_exact"),
+    "blend_ratio": ("blend", "ratio"),
+    "halo_tokens": ("halo", "num_halo"),
+    "halo_epsilon_nats": ("halo", "epsilon_nats"),
+    "anchor_gamma": ("anchor", "gamma"),
+    "anchor_tau": ("anchor", "tau"),
+    "anchor_metric": ("anchor", "metric"),
+    "anchor_repair_ratio": ("anchor", "repair_ratio"),
+    "anchor_min_coverage": ("anchor", "min_coverage"),
+}
+V1_KEPT = {"format_version", "model_fingerprint", "admitted_modes", "created_at", "drift"}
+
+
+def default_policy(fingerprint: str) -> AdmissionPolicy:
+    """The safe default: only `dense` and `exact`, which never drift from dense prefill."""
+    return AdmissionPolicy(model_fingerprint=fingerprint)
+
+
+# Policies shipped with the package, one `<model fingerprint>.json` each (SmolLM2-135M's).
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+
+
+def shipped_policy(fingerprint: str) -> AdmissionPolicy | None:
+    """The policy the package ships for the model `fingerprint` (None: none ships)."""
+    path = SHIPPED_DIR / f"{fingerprint}.json"
+    return AdmissionPolicy.from_json(path.read_text()) if path.is_file() else None
+
+
+def load_policy(path: Path | str | None, fingerprint: str) -> AdmissionPolicy:
+    """The policy at `path` for the model `fingerprint`; when `path` is None, the policy the
+    package ships for that model, else the safe default.
+
+    Raises FingerprintMismatch for a policy calibrated on another model, and
+    FileNotFoundError for a path that does not exist (a named policy that is
+    missing is a deployment error, not a reason to run with defaults).
+    """
+    if path is None:
+        return shipped_policy(fingerprint) or default_policy(fingerprint)
+    policy = AdmissionPolicy.from_json(Path(path).read_text())
+    if policy.model_fingerprint != fingerprint:
+        raise FingerprintMismatch(
+            f"admission policy {path} is for model {policy.model_fingerprint}, not {fingerprint}"
+        )
+    logger.info("admission policy %s admits %s", path, ", ".join(policy.admitted_modes))
+    return policy
+
+
+def save_policy(policy: AdmissionPolicy, path: Path | str) -> None:
+    """Write `policy` as JSON, atomically (a reader never sees half a file)."""
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(policy.to_json())
+    os.replace(partial, target)

@@ -1,0 +1,1 @@
+"""Mode `anchor` (KVComm): the policy, its gate, weights, offset correction and anchor storage."""

@@ -1,0 +1,234 @@
+"""The reuse-policy interface, the per-call context a policy works in, and plan assembly.
+
+Owns `ReusePolicy`, `CallContext`, the prompt protocols the client accepts (the
+agents' `RenderedPrompt` satisfies them), `span_role` and `PlanBuilder`. The
+rules of each mode live in their own modules; storing after a call in `recorder`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import torch
+
+from kvsplice.client.execute.call_executor import CallExecutor
+from kvsplice.client.execute.call_timings import CallTimings
+from kvsplice.client.execute.layerwise_call import LayerwiseCall
+from kvsplice.client.execute.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
+from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.store.local_tier import LocalTier
+from kvsplice.client.store.segment_io import SegmentStore, SpanRecord, slice_segment
+from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.kvmath.rope import RopeSpec
+
+logger = logging.getLogger(__name__)
+
+SpanRole = Literal["question", "agent_output", "condition", "text"]
+
+
+class PromptSpan(Protocol):
+    """Tokens [start, end) of a prompt from one template part ("text" or "placeholder")."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+
+class SpannedPrompt(Protocol):
+    """Prompt token ids and the spans tiling them in order."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def spans(self) -> Sequence[PromptSpan]: ...
+
+
+def span_role(span: PromptSpan) -> SpanRole:
+    """What a span holds, from KVComm's placeholder names (the agents' template grammar)."""
+    if span.kind != "placeholder":
+        return "text"
+    if span.name == "user_question":
+        return "question"
+    if span.name.startswith("agent_"):
+        return "agent_output"
+    return "condition"
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a policy may use during one call (built by the engine, never changed).
+
+    `store` None: the engine has no store at all; `local` None: no worker tier;
+    `writer` None: segments are put synchronously after the first token.
+    `executor` runs plans of both kinds (its `layerwise` loop for approximate
+    ones); `rope` moves keys; `decode_dtype`: what fetched payloads decode to
+    (fp32: shift first, cast once). What the run produced comes back in the
+    `ExecutionState` `after_call` gets. The call's records: `pending` collects K/V
+    a policy computed while planning (a placeholder's standalone base), put after
+    the first token; `notes` is what a policy's `plan` leaves for its `after_call`;
+    `decisions` what it decided and why, for the call's outcome (e.g.
+    {"anchor_gate": "ambiguous"}, {"halo_acceptance": "rejected"}).
+    """
+
+    store: SegmentStore | None
+    fingerprint: str
+    executor: CallExecutor
+    rope: RopeSpec
+    decode_dtype: torch.dtype
+    timings: CallTimings
+    decode_text: Callable[[Sequence[int]], str]
+    encode_text: Callable[[str], tuple[int, ...]]
+    quant: str
+    local: LocalTier | None
+    writer: SegmentWriter | None
+    pending: list[SpanRecord] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, str] = field(default_factory=dict)
+
+
+class ReusePolicy(Protocol):
+    """Decides a call's plan, and stores what the call produced once it is done.
+
+    `after_call` gets the plan as run: for a `LayerwiseCall`, its `view`.
+    """
+
+    @property
+    def mode(self) -> str: ...
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall: ...
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        plan: ReusePlan,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One row of the mode table (`registry`): a mode's name, its `Params` type, its policy.
+
+    build: the policy for given parameters. chain_only: its plans read the store
+    through LookupPrefix and GetSegment alone (see the NOTE in `registry`).
+    drifts: its outputs may differ from dense prefill (it must be admitted).
+    ablation: an experiment's mode, never calibrated nor admitted by `kvsplice calibrate`.
+    judge_capable: it preserves cross-candidate interaction, so calibration's judge probes
+    may admit it for judge-like calls (the risk gate sends judges nowhere else).
+    routes: built from a whole admission policy (`route(admission)`), not from `Params`:
+    it runs, call by call, modes that policy admits (so it needs no admission itself).
+    """
+
+    name: str
+    params_type: type
+    build: Callable[[Any], ReusePolicy]
+    chain_only: bool = False
+    drifts: bool = True
+    ablation: bool = False
+    judge_capable: bool = False
+    route: Callable[[Any], ReusePolicy] | None = None
+
+    @property
+    def routes(self) -> bool:
+        return self.route is not None
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether `kvsplice calibrate` probes it on execution agents (a mode that drifts, not
+        an ablation, a router or a judge mode: judge modes have judge probes of their own)."""
+        return self.drifts and not self.ablation and not self.routes and not self.judge_capable
+
+    def policy(self, params: Any = None) -> ReusePolicy:
+        """The policy with `params` (None: the defaults)."""
+        return self.build(self.params_type() if params is None else params)
+
+
+@dataclass(frozen=True)
+class CandidateBlock:
+    """Tokens [start, end) of a prompt that hold the answer of agent `candidate_id`.
+
+    A prompt's candidate blocks are its agent-output placeholders (what a judge
+    weighs); the text before the first one is the prompt's shared prefix.
+    """
+
+    candidate_id: str
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"candidate block [{self.start}, {self.end}) is empty or negative")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+def candidate_blocks(prompt: SpannedPrompt) -> tuple[CandidateBlock, ...]:
+    """The prompt's non-empty agent-output placeholders in prompt order, as candidate blocks.
+
+    The id is the placeholder's agent id (`agent_<id>_current` → `<id>`), so a block
+    keeps its candidate's identity under any display order.
+    """
+    return tuple(
+        CandidateBlock(_agent_id(span.name), span.start, span.end)
+        for span in prompt.spans
+        if span_role(span) == "agent_output" and span.end > span.start
+    )
+
+
+def _agent_id(placeholder: str) -> str:
+    return placeholder.removeprefix("agent_").rsplit("_", 1)[0]
+
+
+class PlanBuilder:
+    """Collects reused ranges in prompt order and closes them into a valid `ReusePlan`."""
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self._token_ids = tuple(int(t) for t in token_ids)
+        self._reused: list[PlannedSpan] = []
+
+    @property
+    def covered_until(self) -> int:
+        """End of the last reused range (0 when none)."""
+        return self._reused[-1].end if self._reused else 0
+
+    def reuse(self, start: int, action: Reuse, name: str = "") -> None:
+        if start < self.covered_until:
+            raise ValueError(
+                f"reuse at {start} overlaps the previous one (ends {self.covered_until})"
+            )
+        self._reused.append(PlannedSpan(start, start + action.num_tokens, action, name))
+
+    def build(self) -> ReusePlan:
+        """Gaps become `Compute`; a reuse reaching the last token gives that token up."""
+        spans: list[PlannedSpan] = []
+        cursor, last = 0, len(self._token_ids) - 1
+        for span in self._reused:
+            if span.start > cursor:
+                spans.append(PlannedSpan(cursor, span.start, Compute()))
+            trimmed = _without_token(span, last) if span.end > last else span
+            if trimmed is not None:
+                spans.append(trimmed)
+            cursor = min(span.end, last)
+        spans.append(PlannedSpan(cursor, len(self._token_ids), Compute()))
+        return ReusePlan(self._token_ids, tuple(spans))
+
+
+def _without_token(span: PlannedSpan, position: int) -> PlannedSpan | None:
+    """`span` cut to end before `position` (None if nothing is left)."""
+    if position <= span.start:
+        return None
+    assert isinstance(span.action, Reuse)
+    segment = slice_segment(span.action.segment, 0, position - span.start)
+    return PlannedSpan(span.start, position, replace(span.action, segment=segment), span.name)

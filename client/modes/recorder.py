@@ -1,0 +1,177 @@
+"""After a call: put the K/V it computed into the store, chained so later calls can hit.
+
+Every span of the prompt that this call computed is stored as its own segment
+(spans are the unit of reuse, and skipping a short one would break the key chain
+of every span after it), and so is the generated response. Spans already in the
+store (exact reuse) are not put again. K/V computed on top of approximate reuse
+goes off-chain (`common.keys.off_chain_key`). Runs after the first
+token: its time is the call's `store_s`, never part of the TTFT.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+from kvsplice.client.execute.reuse_plan import PlannedSpan, Reuse, ReusePlan
+from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.modes.base import CallContext, PromptSpan, SpannedPrompt
+from kvsplice.client.store.segment_io import (
+    SpanRecord,
+    left_tail,
+    put_meta,
+    span_meta,
+)
+from kvsplice.common.errors import ResourceExhausted
+from kvsplice.common.keys import context_key, off_chain_key, root_key
+
+logger = logging.getLogger(__name__)
+
+
+class _Chain:
+    """The context key of everything left of the cursor, and whether it is exact."""
+
+    def __init__(self, fingerprint: str) -> None:
+        self.parent = root_key(fingerprint)
+        self.exact = True
+        self.stored_until = 0  # prompt tokens already covered by stored segments
+
+    def follow_reuse(self, span: PlannedSpan, tokens: Sequence[int]) -> None:
+        action = span.action
+        assert isinstance(action, Reuse)
+        if self.exact and action.exact and action.chain_key is not None:
+            self.parent = action.chain_key
+            self.stored_until = span.start + action.chain_num_tokens
+            return
+        self.leave_exact()
+        self.parent = context_key(self.parent, tokens)
+
+    def leave_exact(self) -> None:
+        if self.exact:
+            self.parent, self.exact = off_chain_key(self.parent), False
+
+    def record(
+        self,
+        ctx: CallContext,
+        state: ExecutionState,
+        token_ids: Sequence[int],
+        start: int,
+        end: int,
+    ) -> SpanRecord:
+        tokens = tuple(token_ids[start:end])
+        kind = "prompt" if start < state.prompt_len else "response"
+        record = SpanRecord(
+            kv=ctx.executor.read_kv(state, start, end),
+            token_ids=tokens,
+            parent_key=self.parent,
+            left_tail_ids=left_tail(token_ids, start),
+            index_text=ctx.decode_text(tokens),
+            kind=kind,
+            exact=self.exact,
+        )
+        self.parent = record.context_key
+        return record
+
+
+def record_call(
+    prompt: SpannedPrompt,
+    plan: ReusePlan,
+    state: ExecutionState,
+    ctx: CallContext,
+    response_ids: Sequence[int],
+) -> int:
+    """Put this call's new segments (and `ctx.pending`); returns how many were stored,
+    or, with `ctx.writer`, how many were queued for the writer thread.
+    """
+    if ctx.store is None:
+        return 0
+    records = call_records(prompt, plan, state, ctx, response_ids)
+    if ctx.writer is not None:
+        return len(ctx.writer.submit(records))
+    return put_records(ctx, records)
+
+
+def call_records(
+    prompt: SpannedPrompt,
+    plan: ReusePlan,
+    state: ExecutionState,
+    ctx: CallContext,
+    response_ids: Sequence[int],
+) -> list[SpanRecord]:
+    """What `record_call` would put: `ctx.pending`, then this call's new segments, in order."""
+    return list(ctx.pending) + _new_records(prompt, plan, state, ctx, response_ids)
+
+
+def put_records(ctx: CallContext, records: Sequence[SpanRecord]) -> int:
+    """Put `records` in order until one fails; returns how many were stored."""
+    if ctx.store is None:
+        return 0
+    num_stored = 0
+    for record in records:
+        if not _put(ctx, record):
+            logger.info("%d of %d segments not stored", len(records) - num_stored, len(records))
+            break
+        num_stored += 1
+    return num_stored
+
+
+def _put(ctx: CallContext, record: SpanRecord) -> bool:
+    """Put one record (and keep it in the local tier once stored); False when the store
+    is unreachable or full (the answer stands).
+    """
+    assert ctx.store is not None
+    meta = span_meta(ctx.store.namespace, record, fingerprint=ctx.fingerprint)
+    try:
+        stored = put_meta(ctx.store, meta, record.kv, quant=ctx.quant)
+    except ResourceExhausted as error:  # a full store costs later hits, never this call
+        logger.warning("store is full, segment not stored: %s", error)
+        return False
+    if stored and ctx.local is not None:
+        ctx.local.put(meta, record.kv)
+    return stored
+
+
+def _new_records(
+    prompt: SpannedPrompt,
+    plan: ReusePlan,
+    state: ExecutionState,
+    ctx: CallContext,
+    response_ids: Sequence[int],
+) -> list[SpanRecord]:
+    chain = _Chain(ctx.fingerprint)
+    records: list[SpanRecord] = []
+    for span in plan.spans:
+        if isinstance(span.action, Reuse):
+            chain.follow_reuse(span, plan.token_ids[span.start : span.end])
+            continue
+        for start, end in _pieces(span, prompt.spans, chain.stored_until):
+            records.append(chain.record(ctx, state, plan.token_ids, start, end))
+    if response_ids:
+        full = plan.token_ids + tuple(response_ids)
+        records.append(chain.record(ctx, state, full, plan.num_tokens, len(full)))
+    return records
+
+
+def _pieces(
+    span: PlannedSpan, prompt_spans: Sequence[PromptSpan], stored_until: int
+) -> Iterator[tuple[int, int]]:
+    """A computed range cut at the prompt's span boundaries, minus what is already stored."""
+    start = max(span.start, stored_until)
+    for prompt_span in prompt_spans:
+        lo, hi = max(start, prompt_span.start), min(span.end, prompt_span.end)
+        if lo < hi:
+            yield lo, hi
+
+
+class RecordingPolicy:
+    """Base of the policies: after a call, store what it computed (`record_call`)."""
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        plan: ReusePlan,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        record_call(prompt, plan, state, ctx, response_ids)

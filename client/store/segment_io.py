@@ -1,0 +1,167 @@
+"""Store ⇄ tensors: fetch-and-decode a segment, build the meta of a span and put it.
+
+Owns the conversions between `SegmentKV` and what the store holds (payload bytes
+plus `SegmentMeta`), the off-chain key of approximate K/V, and `slice_segment`.
+It decides nothing about reuse; the store client owns transport and retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from kvsplice.client.execute.call_timings import CallTimings, timed
+from kvsplice.client.store.store_types import ClientCounters, PrefixLookup, SimilarCandidate
+from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.keys import content_key, context_key
+from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
+from kvsplice.kvmath.payload import decode_payload, encode_payload
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+
+class SegmentStore(Protocol):
+    """The store client calls the reuse path makes (`StoreClient` satisfies it)."""
+
+    namespace: str
+    counters: ClientCounters  # calls served as misses because the store was unreachable
+
+    def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool: ...
+
+    def get_segment(
+        self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
+    ) -> tuple[SegmentMeta, bytes] | None: ...
+
+    def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup: ...
+
+    def find_similar(
+        self,
+        model_fingerprint: str,
+        token_ids: Sequence[int],
+        *,
+        text: str = "",
+        left_context_ids: Sequence[int] = (),
+        parent_key: bytes | None = None,
+        limit: int = 0,
+    ) -> list[SimilarCandidate]: ...
+
+
+@dataclass(frozen=True)
+class FetchedSegment:
+    meta: SegmentMeta
+    kv: SegmentKV
+
+
+@dataclass(frozen=True)
+class SpanRecord:
+    """A span's K/V and everything its meta needs, waiting to be put."""
+
+    kv: SegmentKV
+    token_ids: tuple[int, ...]
+    parent_key: bytes
+    left_tail_ids: tuple[int, ...]
+    index_text: str = ""
+    kind: SegmentKind = "prompt"
+    exact: bool = False
+
+    @property
+    def context_key(self) -> bytes:
+        return context_key(self.parent_key, self.token_ids)
+
+
+def left_tail(token_ids: Sequence[int], start: int) -> tuple[int, ...]:
+    """Up to `MAX_LEFT_TAIL` tokens right before position `start`."""
+    return tuple(token_ids[max(0, start - MAX_LEFT_TAIL) : start])
+
+
+def fetch_segment(
+    store: SegmentStore,
+    key: str | bytes,
+    *,
+    fingerprint: str,
+    dtype: torch.dtype,
+    timings: CallTimings,
+) -> FetchedSegment | None:
+    """Get and decode one segment; None on a miss or a payload that fails verification."""
+    with timed(timings, "fetch_s"):
+        found = store.get_segment(key, model_fingerprint=fingerprint)
+    if found is None:
+        return None
+    meta, payload = found
+    with timed(timings, "decode_s"):
+        try:
+            kv = decode_payload(payload, expect_fingerprint=fingerprint, dtype=dtype)
+        except CorruptPayload as error:  # a corrupt payload is a miss, never a splice
+            logger.warning(
+                "segment %s failed verification (%s); computing instead", meta.segment_id, error
+            )
+            return None
+    if kv.num_tokens != meta.num_tokens or kv.start_position != meta.start_position:
+        logger.warning(
+            "segment %s payload disagrees with its meta; computing instead", meta.segment_id
+        )
+        return None
+    return FetchedSegment(meta, kv)
+
+
+def span_meta(
+    namespace: str, record: SpanRecord, *, fingerprint: str, ttl_s: float | None = None
+) -> SegmentMeta:
+    """The meta `record` is stored under in `namespace` (created now)."""
+    kv = record.kv
+    return SegmentMeta(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        context_key=record.context_key,
+        parent_key=record.parent_key,
+        content_key=content_key(record.token_ids),
+        token_ids=record.token_ids,
+        start_position=kv.start_position,
+        layer_start=kv.layer_start,
+        layer_end=kv.layer_end,
+        ttl_s=ttl_s,
+        created_at_s=time.time(),
+        left_tail_ids=record.left_tail_ids,
+        index_text=record.index_text,
+        kind=record.kind,
+        exact=record.exact,
+    )
+
+
+def put_span(
+    store: SegmentStore,
+    record: SpanRecord,
+    *,
+    fingerprint: str,
+    quant: str,
+    ttl_s: float | None = None,
+) -> bool:
+    """Encode `record.kv` under `quant` and put it; False if the store was unreachable."""
+    meta = span_meta(store.namespace, record, fingerprint=fingerprint, ttl_s=ttl_s)
+    return put_meta(store, meta, record.kv, quant=quant)
+
+
+def put_meta(store: SegmentStore, meta: SegmentMeta, kv: SegmentKV, *, quant: str) -> bool:
+    """Encode `kv` under `quant` and put it under `meta`; False if the store was unreachable."""
+    payload = encode_payload(kv, model_fingerprint=meta.model_fingerprint, quant=quant)
+    return store.put_segment(meta, payload)
+
+
+def slice_segment(kv: SegmentKV, start: int, end: int) -> SegmentKV:
+    """Tokens [start, end) of `kv` (indices within the segment), at their own positions."""
+    if not 0 <= start < end <= kv.num_tokens:
+        raise ValueError(f"slice [{start}, {end}) outside the segment's {kv.num_tokens} tokens")
+    states = {layer: s[start:end] for layer, s in kv.boundary_states.items()}
+    return SegmentKV(
+        kv.keys[:, :, start:end],
+        kv.values[:, :, start:end],
+        start_position=kv.start_position + start,
+        layer_start=kv.layer_start,
+        boundary_states=states,
+    )

@@ -1,0 +1,343 @@
+"""The synchronous store client: one channel, per-call deadlines, retries, graceful misses.
+
+Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
+for faults), so the worker falls back to dense; server faults raise our errors. No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+import grpc.experimental
+
+from kvsplice.client.store import store_wire as wire
+from kvsplice.client.store.same_host import SameHostPath
+from kvsplice.client.store.store_channel import open_channel
+from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
+from kvsplice.client.store.store_faults import (
+    MIN_ATTEMPT_TIMEOUT_S,
+    DegradedWarning,
+    error_from_rpc,
+    retrying,
+)
+from kvsplice.client.store.store_types import (
+    AnchorEntry,
+    ClientCounters,
+    PrefixLookup,
+    SimilarCandidate,
+    StoreStats,
+)
+from kvsplice.common.buffers import BufferPool
+from kvsplice.common.errors import (
+    CorruptPayload,
+    InvalidRequest,
+    NotFound,
+    StoreUnavailable,
+)
+from kvsplice.common.segment import SegmentMeta, validate_namespace
+from kvsplice.proto import store_pb2_grpc
+
+T = TypeVar("T")
+# `_same_host` before the sidecar was asked where its data plane is.
+_UNASKED = object()
+
+# NOTE: by default every server-streaming call (GetSegment) starts a "channel spin"
+# thread of its own (~2 ms on a loaded 2-core host); this makes the calling thread
+# read its replies itself. Python-side option of the sync channel only.
+SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
+
+logger = logging.getLogger(__name__)
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def checked_namespace(namespace: str) -> str:
+    try:
+        return validate_namespace(namespace)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from error
+
+
+class StoreClient:
+    """Talks to one store over one channel, scoped to one namespace."""
+
+    def __init__(
+        self,
+        target: str,
+        namespace: str,
+        token: str | None = None,
+        config: StoreClientConfig | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
+        self.namespace = checked_namespace(namespace)
+        self.config = config or StoreClientConfig()
+        self.counters = ClientCounters()
+        options = [*self.config.channel_options(), SINGLE_THREADED_STREAMS]
+        self._channel = open_channel(target, options, tls)
+        self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
+        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)
+        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
+        self._metadata = bearer_metadata(token)
+        self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        self._buffers = BufferPool(self.config.receive_pool_bytes)
+        self._same_host: SameHostPath | object | None = (
+            _UNASKED if self.config.same_host_reads else None
+        )
+
+    def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
+        """Store `payload` under `meta`; True once the store holds a segment under its key
+        (this one, or an earlier one with other bytes: keys are immutable, the first
+        stays); False if the store could not be reached in time."""
+        if meta.namespace != self.namespace:
+            raise InvalidRequest(
+                f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
+            )
+        frames = wire.put_frames(
+            wire.with_payload_digest(meta, payload), payload, self.config.chunk_nbytes
+        )
+
+        def send(timeout_s: float) -> bool:
+            try:
+                self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
+                    raise
+                # NOTE: the key is held: its segment is these tokens after this same left
+                # context (an earlier put, its bytes kept), so a key chain through it holds.
+                logger.debug("segment %s already stored; the first copy stays", meta.segment_id)
+            return True
+
+        return self._once("put_segment", send, self.config.put_timeout_s, False)
+
+    def get_segment(
+        self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        """The segment's meta and verified payload, or None (absent, corrupt or unreachable).
+
+        On the sidecar's host the payload is a read-only view into its LMDB map
+        (`client.same_host`), valid for as long as the caller holds it; elsewhere bytes
+        streamed over gRPC. Either way namespace, expiry, fingerprint and checksum hold.
+        """
+        key = wire.to_context_key(segment_id_or_context_key)
+        try:
+            local = self._same_host_path()
+            if local is not None:
+                try:
+                    found = local.get_segment(key, model_fingerprint)
+                    self.counters.num_same_host_reads += 1
+                    return found
+                except StoreUnavailable as error:  # this read goes over gRPC; ask again next
+                    self._warning.warn("get_segment (same host)", str(error))
+                    local.close()
+                    self._same_host = _UNASKED
+            return self._get_over_grpc(key, model_fingerprint)
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_segment", str(error))
+            return None
+
+    def _get_over_grpc(
+        self, key: bytes, model_fingerprint: str | None
+    ) -> tuple[SegmentMeta, bytes] | None:
+        request = wire.get_request(self.namespace, key, model_fingerprint)
+
+        def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
+            assembler = wire.SegmentAssembler(self._buffers)
+            for response in self._get_segment(request, timeout=timeout_s, metadata=self._metadata):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return self._idempotent("get_segment", read, self.config.get_timeout_s, None)
+        except NotFound:
+            return None
+
+    def _same_host_path(self) -> SameHostPath | None:
+        """The same-host path, asking the sidecar once where it reads (None: gRPC only)."""
+        if isinstance(self._same_host, SameHostPath) and not self._same_host.usable:
+            self._same_host = _UNASKED  # forked since it opened: open it again
+        if self._same_host is _UNASKED:
+            request = wire.data_plane_request(self.namespace)
+            try:
+                response = self._stub.DescribeDataPlane(
+                    request, timeout=self.config.lookup_timeout_s, metadata=self._metadata
+                )
+            except grpc.RpcError as rpc_error:
+                if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
+                    return None  # the get that follows reports it; ask again next time
+                self._same_host = None  # refused (an older sidecar, no permission): gRPC only
+                return None
+            self._same_host = SameHostPath.open(wire.data_plane_result(response), self.namespace)
+        return self._same_host if isinstance(self._same_host, SameHostPath) else None
+
+    def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
+        """Stored segments chaining from position 0 over `token_ids`; MISS when none or degraded."""
+        request = wire.lookup_request(self.namespace, model_fingerprint, token_ids)
+        call = self._unary(self._stub.LookupPrefix, request, wire.lookup_result)
+        return self._idempotent(
+            "lookup_prefix", call, self.config.lookup_timeout_s, PrefixLookup.MISS
+        )
+
+    def find_similar(
+        self,
+        model_fingerprint: str,
+        token_ids: Sequence[int],
+        *,
+        text: str = "",
+        left_context_ids: Sequence[int] = (),
+        parent_key: bytes | None = None,
+        limit: int = 0,
+    ) -> list[SimilarCandidate]:
+        """Verified similar segments, best first; [] when none or degraded."""
+        request = wire.similar_request(
+            self.namespace, model_fingerprint, token_ids, text, left_context_ids, parent_key, limit
+        )
+        call = self._unary(self._stub.FindSimilar, request, wire.similar_result)
+        return self._idempotent("find_similar", call, self.config.lookup_timeout_s, [])
+
+    def put_anchor(
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        anchor_id: str,
+        base_payload: bytes,
+        agent_payloads: Mapping[str, bytes],
+        num_tokens: int,
+    ) -> list[str] | None:
+        """Add an anchor; the ids it evicted from the pool, or None if not stored (degraded)."""
+        requests = wire.put_anchor_requests(
+            self.namespace,
+            model_fingerprint,
+            placeholder_id,
+            anchor_id,
+            base_payload,
+            agent_payloads,
+            num_tokens,
+            self.config.chunk_nbytes,
+        )
+
+        def send(timeout_s: float) -> list[str]:
+            response = self._stub.PutAnchor(requests, timeout=timeout_s, metadata=self._metadata)
+            return list(response.evicted_anchor_ids)
+
+        return self._once("put_anchor", send, self.config.put_timeout_s, None)
+
+    def get_anchors(
+        self,
+        model_fingerprint: str,
+        placeholder_id: str,
+        *,
+        include_payloads: bool = True,
+        anchor_ids: Sequence[str] = (),
+        agent_id: str | None = None,
+    ) -> list[AnchorEntry]:
+        """The pool's anchors (only `anchor_ids` if given; only `agent_id`'s offsets if given).
+
+        With payloads, ask for one anchor at a time: the store refuses answers
+        holding more than one anchor's worth (`max_anchor_nbytes`) of payloads.
+        """
+        request = wire.get_anchors_request(
+            self.namespace,
+            model_fingerprint,
+            placeholder_id,
+            include_payloads,
+            anchor_ids,
+            agent_id,
+        )
+
+        def read(timeout_s: float) -> list[AnchorEntry]:
+            assembler = wire.AnchorsAssembler()
+            for response in self._stub.GetAnchors(
+                request, timeout=timeout_s, metadata=self._metadata
+            ):
+                assembler.feed(response)
+            return assembler.finish()
+
+        try:
+            return self._idempotent("get_anchors", read, self.config.get_timeout_s, [])
+        except CorruptPayload as error:
+            self.counters.num_corrupt_payloads += 1
+            self._warning.warn("get_anchors", str(error))
+            return []
+
+    def touch_anchors(
+        self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
+    ) -> int:
+        """Count an activation of each anchor; the number found (0 when degraded)."""
+        request = wire.touch_anchors_request(
+            self.namespace, model_fingerprint, placeholder_id, anchor_ids
+        )
+        call = self._unary(self._stub.TouchAnchors, request, lambda r: int(r.num_touched))
+        return self._once("touch_anchors", call, self.config.lookup_timeout_s, 0)
+
+    def delete(self, segment_id_or_context_key: str | bytes) -> bool:
+        """Whether a segment was deleted (False if absent or the store is unreachable)."""
+        key = wire.to_context_key(segment_id_or_context_key)
+        request = wire.delete_request(self.namespace, key)
+        call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
+        return self._once("delete", call, self.config.lookup_timeout_s, False)
+
+    def stats(self) -> StoreStats | None:
+        request = wire.stats_request(self.namespace)
+        call = self._unary(self._stub.Stats, request, wire.stats_result)
+        return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
+
+    def close(self) -> None:
+        if isinstance(self._same_host, SameHostPath):
+            self._same_host.close()
+        self._same_host = None
+        self._channel.close()
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _unary(
+        self, method: Callable[..., object], request: object, decode: Callable[..., T]
+    ) -> Callable[[float], T]:
+        def call(timeout_s: float) -> T:
+            return decode(method(request, timeout=timeout_s, metadata=self._metadata))
+
+        return call
+
+    def _idempotent(
+        self, operation: str, call: Callable[[float], T], timeout_s: float, miss: T
+    ) -> T:
+        """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
+        deadline_s = time.monotonic() + timeout_s
+        try:
+            for attempt in retrying(self.config, timeout_s):
+                with attempt:
+                    return call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+        raise AssertionError("tenacity returned without an attempt")  # pragma: no cover
+
+    def _once(self, operation: str, call: Callable[[float], T], timeout_s: float, miss: T) -> T:
+        try:
+            return call(timeout_s)
+        except grpc.RpcError as rpc_error:
+            return self._settle(operation, rpc_error, miss)
+
+    def _settle(self, operation: str, rpc_error: grpc.RpcError, miss: T) -> T:
+        """`miss` (with one rate-limited warning) if the store was unreachable; else raise."""
+        error = error_from_rpc(rpc_error)
+        if not isinstance(error, StoreUnavailable):
+            raise error from rpc_error
+        self.counters.num_degraded_calls += 1
+        self._warning.warn(operation, str(error))
+        return miss

@@ -1,0 +1,136 @@
+"""How the store clients treat failures: status → error class, retries (tenacity), one warning.
+
+Transport failures (UNAVAILABLE, DEADLINE_EXCEEDED) become misses; server faults raise
+our own errors. Used by the store client; knows nothing about messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_random_exponential,
+)
+
+from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.common.errors import (
+    AlreadyExists,
+    CorruptPayload,
+    FingerprintMismatch,
+    InvalidRequest,
+    KvspliceError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    StoreUnavailable,
+    Unauthenticated,
+)
+
+logger = logging.getLogger(__name__)
+
+# An attempt started this close to the deadline still gets a chance to answer.
+MIN_ATTEMPT_TIMEOUT_S = 1e-3
+TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_CODE_TO_ERROR: dict[grpc.StatusCode, type[KvspliceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.FAILED_PRECONDITION: FingerprintMismatch,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.DATA_LOSS: CorruptPayload,
+    grpc.StatusCode.UNAVAILABLE: StoreUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: StoreUnavailable,
+}
+
+
+def error_from_rpc(error: grpc.RpcError) -> KvspliceError:
+    """Our error for a failed call; FAILED_PRECONDITION is reported as FingerprintMismatch.
+
+    (The server raises FAILED_PRECONDITION for fingerprint and layout mismatches
+    alike; the details string says which.)
+    """
+    code = error.code()  # type: ignore[attr-defined]
+    details = error.details() or code.name  # type: ignore[attr-defined]
+    cls = _CODE_TO_ERROR.get(code, KvspliceError)
+    return cls(f"store answered {code.name}: {details}")
+
+
+def is_transient(error: grpc.RpcError) -> bool:
+    return error.code() in TRANSIENT_CODES  # type: ignore[attr-defined]
+
+
+def _retry_policy(config: StoreClientConfig, timeout_s: float) -> dict[str, object]:
+    """Transient failures only; exponential backoff with full jitter, capped; never a sleep
+    that would end past the call's deadline (`timeout_s` from now); the last error re-raised."""
+    return {
+        "stop": stop_after_attempt(config.max_attempts) | stop_before_delay(timeout_s),
+        "wait": wait_random_exponential(
+            multiplier=config.backoff_initial_s,
+            max=config.backoff_max_s,
+            exp_base=config.backoff_multiplier,
+        ),
+        "retry": retry_if_exception(
+            lambda error: isinstance(error, grpc.RpcError) and is_transient(error)
+        ),
+        "reraise": True,
+    }
+
+
+def retrying(config: StoreClientConfig, timeout_s: float) -> Retrying:
+    """`for attempt in retrying(...): with attempt: ...` for the sync client."""
+    return Retrying(**_retry_policy(config, timeout_s))  # type: ignore[arg-type]
+
+
+def async_retrying(config: StoreClientConfig, timeout_s: float) -> AsyncRetrying:
+    """`async for attempt in async_retrying(...): with attempt: ...` for the asyncio client."""
+    return AsyncRetrying(**_retry_policy(config, timeout_s))  # type: ignore[arg-type]
+
+
+@dataclass
+class _WarnState:
+    last_warned_s: float | None = None
+    num_suppressed: int = 0
+
+
+# One rate limit per target for the whole process: a run opens a client per mode and per
+# agent, and each would otherwise warn once on its own about the same dead store.
+_TARGET_TO_STATE: dict[str, _WarnState] = {}
+_STATE_LOCK = threading.Lock()
+
+
+class DegradedWarning:
+    """Logs at most one warning per `interval_s` per target about calls served as misses."""
+
+    def __init__(self, target: str, interval_s: float) -> None:
+        self._target = target
+        self._interval_s = interval_s
+        with _STATE_LOCK:
+            self._state = _TARGET_TO_STATE.setdefault(target, _WarnState())
+
+    def warn(self, operation: str, reason: str) -> None:
+        state = self._state
+        with _STATE_LOCK:
+            now = time.monotonic()
+            if state.last_warned_s is not None and now - state.last_warned_s < self._interval_s:
+                state.num_suppressed += 1
+                return
+            num_suppressed, state.num_suppressed, state.last_warned_s = state.num_suppressed, 0, now
+        suppressed = f" ({num_suppressed} more since the last warning)" if num_suppressed else ""
+        logger.warning(
+            "kvsplice store %s: %s served as a miss (%s); workers fall back to dense prefill%s",
+            self._target,
+            operation,
+            reason,
+            suppressed,
+        )

@@ -1,0 +1,1 @@
+"""Benchmarks and demos: running workloads and stores, measured, for the CLI's `bench` and `demo`."""

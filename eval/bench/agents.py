@@ -1,0 +1,200 @@
+"""`kvsplice bench agents`: a workload through the agent pipeline in each mode variant, measured.
+
+Owns `BenchAgentsConfig`, `BenchResult`, `make_workload` and `run_bench_agents`
+(load or take a model, open the store, run the modes, aggregate, write files).
+The protocol is `mode_runner`'s; the files are `report`'s and `plots`'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from kvsplice.agents.layouts import DEFAULT_LAYOUT
+from kvsplice.agents.render import Tokenizer
+from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
+from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
+from kvsplice.client.modes.admission import AdmissionPolicy
+from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
+from kvsplice.eval.bench.store_session import open_store
+from kvsplice.eval.measure.environment import environment_info
+from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
+from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
+from kvsplice.eval.report.results import write_bench_files
+from kvsplice.eval.workloads.humaneval import HumanEvalWorkload
+from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, MathWorkload
+from kvsplice.eval.workloads.multiple_choice import MC_SAMPLE, MultipleChoiceWorkload
+from kvsplice.eval.workloads.synthetic import SyntheticConfig, SyntheticWorkload
+from kvsplice.eval.workloads.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+WORKLOADS = ("synthetic", "humaneval", "math", "mc")
+
+
+@dataclass(frozen=True)
+class BenchAgentsConfig:
+    """One benchmark run. `prefix_len`/`input_len`/`response_len` shape the synthetic
+    workload only (its responses are exactly `response_len` tokens); the task
+    workloads cap each agent at `max_new_tokens`. `store_target` None runs an
+    embedded memory-only store of `store_memory_mib`. `data_path` replaces the shipped sample for math/mc (a
+    GSM8K/MMLU-format JSONL). `modes` are variant specs (`mode_variants`), kept as
+    their labels, dense first. `admission`: the base parameters of every variant
+    (None: the defaults); `policy_path`: the file it was loaded from, recorded only.
+    See `ModeRunConfig` for `quant` and `reference`.
+    """
+
+    workload: str = "synthetic"
+    num_agents: int = 3
+    modes: tuple[str, ...] = ("dense", "exact", "naive")
+    samples: int = 3
+    graph: str = "fully_connected"
+    layout: str = DEFAULT_LAYOUT
+    max_new_tokens: int = 64
+    prefix_len: int = 512
+    input_len: int = 256
+    response_len: int = 128
+    out_dir: Path = Path("results/bench_agents")
+    store_target: str | None = None
+    store_token: str | None = None
+    store_memory_mib: int = 2048
+    quant: str = "none"
+    reference: str = "full"
+    warmup: bool = True
+    data_path: Path | None = None
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    admission: AdmissionPolicy | None = None
+    policy_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload {self.workload!r} not in {WORKLOADS}")
+        if not MIN_AGENTS <= self.num_agents <= MAX_AGENTS:
+            raise ValueError(f"num_agents {self.num_agents} outside [{MIN_AGENTS}, {MAX_AGENTS}]")
+        if self.store_memory_mib < 1:
+            raise ValueError(f"store_memory_mib {self.store_memory_mib} must be >= 1")
+        if self.samples < 1:
+            raise ValueError(f"samples {self.samples} must be >= 1")
+        if self.data_path is not None and self.workload not in ("math", "mc"):
+            raise ValueError(f"data_path is for the math and mc workloads, not {self.workload!r}")
+        if self.policy_path is not None and self.admission is None:
+            raise ValueError(f"policy_path {self.policy_path} names no loaded admission policy")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.policy_path is not None:
+            object.__setattr__(self, "policy_path", Path(self.policy_path))
+        SyntheticConfig(self.prefix_len, self.input_len, self.response_len, self.seed)
+        # validates modes, graph, quant, reference; modes become labels, dense first
+        object.__setattr__(self, "modes", self.mode_run_config("check").modes)
+
+    def mode_run_config(self, run_id: str) -> ModeRunConfig:
+        return ModeRunConfig(
+            modes=self.modes, num_agents=self.num_agents, graph=self.graph, layout=self.layout,
+            max_new_tokens=self.max_new_tokens, quant=self.quant, reference=self.reference,
+            warmup=self.warmup, namespace=f"bench-{self.workload}-{run_id}",
+            store_token=self.store_token, admission=self.admission,
+        )  # fmt: skip
+
+
+@dataclass
+class BenchResult:
+    """Everything a run measured, and where its files are (`files`: name → path)."""
+
+    config: BenchAgentsConfig
+    environment: dict[str, object]
+    records: list[CallRecord]
+    aggregates: Aggregates
+    wall_s: float
+    namespaces: dict[str, str]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        config = asdict(self.config)
+        config["out_dir"] = str(self.config.out_dir)
+        config["data_path"] = _optional_str(self.config.data_path)
+        config["policy_path"] = _optional_str(self.config.policy_path)
+        admission = self.config.admission
+        config["admission"] = None if admission is None else json.loads(admission.to_json())
+        config["model"] = {k: str(v) for k, v in asdict(self.config.model).items()}
+        return {
+            "config": config,
+            "environment": self.environment,
+            "wall_s": self.wall_s,
+            "namespaces": self.namespaces,
+            "aggregates": self.aggregates.to_dict(),
+            "records": [r.to_dict() for r in self.records],
+        }
+
+
+def _optional_str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def make_workload(config: BenchAgentsConfig, tokenizer: Tokenizer) -> Workload:
+    """The workload `config.workload` names, with its data file or synthetic shape."""
+    if config.workload == "synthetic":
+        shape = SyntheticConfig(
+            config.prefix_len, config.input_len, config.response_len, config.seed
+        )
+        return SyntheticWorkload(tokenizer, shape)
+    if config.workload == "humaneval":
+        return HumanEvalWorkload()
+    if config.workload == "math":
+        return MathWorkload(config.data_path or MATH_SAMPLE)
+    return MultipleChoiceWorkload(config.data_path or MC_SAMPLE)
+
+
+def run_bench_agents(
+    config: BenchAgentsConfig,
+    loaded: LoadedModel | None = None,
+    progress: ProgressFn | None = None,
+) -> BenchResult:
+    """Run the benchmark and write results.json, results.md and the plots to `config.out_dir`.
+
+    `loaded` None loads `config.model`. Raises `ValueError` when the workload
+    has fewer problems than `config.samples`.
+    """
+    loaded = loaded or load_model(config.model)
+    workload = make_workload(config, loaded.tokenizer)
+    problems = workload.problems(config.samples)
+    if len(problems) < config.samples:
+        raise ValueError(
+            f"{workload.name} has {len(problems)} problems, {config.samples} requested"
+        )
+    run_config = config.mode_run_config(time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2))
+    start_s = time.perf_counter()
+    with open_store(config.store_target, memory_bytes=config.store_memory_mib << 20) as store:
+        records = run_modes(loaded, workload, problems, run_config, store.target, progress)
+    result = BenchResult(
+        config=config,
+        environment=environment_info(loaded),
+        records=records,
+        aggregates=aggregate(records),
+        wall_s=time.perf_counter() - start_s,
+        namespaces={m: run_config.namespace_of(m) for m in run_config.modes if m != DENSE},
+    )
+    result.files = write_bench_files(result, config.out_dir)
+    return result
+
+
+def run_bench_layouts(
+    config: BenchAgentsConfig,
+    layouts: Sequence[str],
+    loaded: LoadedModel | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[list[BenchResult], dict[str, Path]]:
+    """`config` once per layout (same problems, results in `out_dir/<layout>/`), then the
+    side-by-side comparison in `out_dir` (layouts.md, layouts.json); returns both.
+    """
+    loaded = loaded or load_model(config.model)
+    results = []
+    for layout in layouts:
+        layout_config = replace(config, layout=layout, out_dir=config.out_dir / layout)
+        results.append(run_bench_agents(layout_config, loaded, progress))
+    rows = compare_layouts([(r.config.layout, r.aggregates, r.records) for r in results])
+    return results, write_layout_files(rows, config.out_dir)

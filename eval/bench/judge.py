@@ -1,0 +1,161 @@
+"""`kvsplice bench judge`: judge examples in each mode and measure JCR against dense.
+
+Owns `BenchJudgeConfig`, `BenchJudgeResult`, `default_judge_modes` and `run_bench_judge`
+(load or take a model, pick the examples, open the store, run, summarize, write
+files). The protocol is `judge_runner`'s; figures `jcr`'s; files `judge_report`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvsplice.agents.judge_prompts import TASKS
+from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
+from kvsplice.client.modes.admission import AdmissionPolicy
+from kvsplice.client.modes.registry import MODES
+from kvsplice.eval.bench.judge_runner import JudgeRun, JudgeRunConfig, run_judges
+from kvsplice.eval.bench.mode_runner import ProgressFn
+from kvsplice.eval.bench.store_session import open_store
+from kvsplice.eval.measure.environment import environment_info
+from kvsplice.eval.measure.jcr import ModeSummary, summarize
+from kvsplice.eval.measure.judge_attention import AttentionProbe, AttentionProfile
+from kvsplice.eval.workloads.judge_examples import JudgeExample, load_judge_data, task_examples
+
+logger = logging.getLogger(__name__)
+
+
+def default_judge_modes() -> tuple[str, ...]:
+    """Every registered mode (the risk gate's "gated" among them when this build has it)."""
+    return tuple(MODES)
+
+
+@dataclass(frozen=True)
+class BenchJudgeConfig:
+    """One judge bench. `task` None: gsm8k, or with `data_path` every task in the file
+    (a task given with `data_path` keeps only its examples). `examples`: how many
+    (the first ones). See `JudgeRunConfig` for the run's fields. `diagnostics`:
+    attention from the decision position per layer, dense vs each mode.
+    """
+
+    task: str | None = None
+    regime: str = "progressive"
+    num_candidates: int = 4
+    shuffle: bool = True
+    modes: tuple[str, ...] = field(default_factory=default_judge_modes)
+    seed: int = 0
+    examples: int = 8
+    max_new_tokens: int = 48
+    judge_max_new_tokens: int = 6
+    data_path: Path | None = None
+    out_dir: Path = Path("results/bench_judge")
+    json_path: Path | None = None
+    store_target: str | None = None
+    store_token: str | None = None
+    store_memory_mib: int = 2048
+    diagnostics: bool = True
+    warmup: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    admission: AdmissionPolicy | None = None
+    policy_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"task {self.task!r} not in {TASKS}")
+        if self.examples < 1:
+            raise ValueError(f"examples {self.examples} must be >= 1")
+        if self.store_memory_mib < 1:
+            raise ValueError(f"store_memory_mib {self.store_memory_mib} must be >= 1")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        for name in ("json_path", "data_path", "policy_path"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "modes", self.run_config("check").modes)
+
+    def run_config(self, run_id: str) -> JudgeRunConfig:
+        return JudgeRunConfig(
+            modes=self.modes, regime=self.regime, num_candidates=self.num_candidates,
+            shuffle=self.shuffle, seed=self.seed, max_new_tokens=self.max_new_tokens,
+            judge_max_new_tokens=self.judge_max_new_tokens, warmup=self.warmup,
+            namespace=f"judge-{run_id}", store_token=self.store_token, admission=self.admission,
+        )  # fmt: skip
+
+
+@dataclass
+class BenchJudgeResult:
+    """What a run measured: per-mode summaries, the records, attention profiles, files."""
+
+    config: BenchJudgeConfig
+    environment: dict[str, object]
+    run: JudgeRun
+    summaries: list[ModeSummary]
+    attention: list[AttentionProfile]
+    wall_s: float
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """The `--json` document: {"modes": [{"mode", "jcr", "coverage",
+        "candidate_token_layer_reuse", "speedup", "examples", ...}], ...}."""
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.config).items()}
+        config["model"] = {k: str(v) for k, v in asdict(self.config.model).items()}
+        admission = self.config.admission
+        config["admission"] = None if admission is None else json.loads(admission.to_json())
+        return {
+            "modes": [s.to_dict() for s in self.summaries],
+            "order": "shuffled" if self.config.shuffle else "fixed",
+            "config": config,
+            "environment": self.environment,
+            "wall_s": self.wall_s,
+            "examples": [
+                {"id": i, "order": list(self.run.orders[i].agent_ids),
+                 "candidates": dict(c.texts), "correct": dict(c.correct)}
+                for i, c in self.run.candidates.items()
+            ],
+            "records": [r.to_dict() for r in self.run.records],
+            "attention": [p.to_dict() for p in self.attention],
+        }  # fmt: skip
+
+
+def pick_examples(config: BenchJudgeConfig) -> list[JudgeExample]:
+    """The first `config.examples` examples of the data file or of the task's sample."""
+    if config.data_path is None:
+        return task_examples(config.task or "gsm8k", config.examples)
+    examples = load_judge_data(config.data_path)
+    if config.task is not None:
+        examples = [e for e in examples if e.task == config.task]
+    if not examples:
+        raise ValueError(
+            f"{config.data_path} has no {config.task or ''} examples".replace("  ", " ")
+        )
+    return examples[: config.examples]
+
+
+def run_bench_judge(
+    config: BenchJudgeConfig, loaded: LoadedModel | None = None, progress: ProgressFn | None = None
+) -> BenchJudgeResult:
+    """Run the bench; write results.json, results.md and the plots to `config.out_dir`
+    (and the JSON also to `config.json_path` when set)."""
+    from kvsplice.eval.report.judge_report import write_judge_files
+
+    loaded = loaded or load_model(config.model)
+    examples = pick_examples(config)
+    run_config = config.run_config(time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2))
+    probe = AttentionProbe(loaded) if config.diagnostics else None
+    start_s = time.perf_counter()
+    with open_store(config.store_target, memory_bytes=config.store_memory_mib << 20) as store:
+        run = run_judges(loaded, examples, run_config, store.target, progress, probe)
+    result = BenchJudgeResult(
+        config=config,
+        environment=environment_info(loaded),
+        run=run,
+        summaries=summarize(run.records),
+        attention=[] if probe is None else probe.profiles(),
+        wall_s=time.perf_counter() - start_s,
+    )
+    result.files = write_judge_files(result)
+    return result

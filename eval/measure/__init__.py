@@ -1,0 +1,1 @@
+"""Measuring: per-call metrics, fidelity against dense, calibration, timing and environment."""

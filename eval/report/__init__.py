@@ -1,0 +1,1 @@
+"""Reporting: results files, tables and plots of a run."""

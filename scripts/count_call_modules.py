@@ -1,0 +1,200 @@
+"""Count the project modules one approximate `ReuseEngine` call passes through (issue 13's measure).
+
+Builds a 4-layer random Llama over a character vocabulary, an embedded store,
+and runs a two-agent chain per mode; the traced call is one that reuses
+approximately (anchor: a near-duplicate question once the pool holds two;
+other modes: the second agent of a chain). `sys.setprofile` records every
+Python function entered on the calling thread; a module counts once.
+
+    .venv/bin/python scripts/count_call_modules.py --modes anchor,blend
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_FOLDERS = (
+    "kvsplice",
+    "common",
+    "kvmath",
+    "storage",
+    "index",
+    "server",
+    "client",
+    "agents",
+    "eval",
+)
+VOCAB = 128
+SPECIALS = ("<|im_start|>", "<|im_end|>")
+SYSTEMS = ("You plan.", "You solve.")
+QUESTIONS = ("what is two plus two?", "name a prime number above ten")
+NEAR_DUPLICATE = "what is two plus two!"
+
+
+class CharTokenizer:
+    """One id per character (ord < 126); the ChatML markers are ids 126 and 127."""
+
+    eos_token_id = 127
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return {"eos_token": "<|im_end|>"}
+
+    def get_vocab(self) -> dict[str, int]:
+        vocab = {chr(i): i for i in range(126)}
+        vocab.update({s: 126 + i for i, s in enumerate(SPECIALS)})
+        return vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = []
+        while text:
+            special = next((s for s in SPECIALS if text.startswith(s)), None)
+            if special is not None:
+                ids.append(126 + SPECIALS.index(special))
+                text = text[len(special) :]
+            else:
+                ids.append(min(ord(text[0]), 125))
+                text = text[1:]
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(
+            ("" if skip_special_tokens else SPECIALS[t - 126]) if t >= 126 else chr(t)
+            for t in token_ids
+        )
+
+
+@dataclass(frozen=True)
+class Span:
+    kind: str
+    name: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    token_ids: tuple[int, ...]
+    spans: tuple[Span, ...]
+
+
+def make_prompt(parts: Sequence[tuple[str, str, str | tuple[int, ...]]]) -> Prompt:
+    tokenizer, ids, spans = CharTokenizer(), [], []
+    for kind, name, value in parts:
+        part = tokenizer.encode(value) if isinstance(value, str) else list(value)
+        spans.append(Span(kind, name, len(ids), len(ids) + len(part)))
+        ids.extend(part)
+    return Prompt(tuple(ids), tuple(spans))
+
+
+def agent_prompt(agent: int, question: str, upstream: tuple[int, ...] | None) -> Prompt:
+    system = f"<|im_start|>system\n{SYSTEMS[agent]}<|im_end|>\n<|im_start|>user\nProblem:\n"
+    closing = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
+    parts: list[tuple[str, str, str | tuple[int, ...]]] = [
+        ("text", "text_0", system),
+        ("placeholder", "user_question", question),
+    ]
+    if upstream is not None:
+        parts += [
+            ("text", "text_2", "\nAgent 1 said:\n"),
+            ("placeholder", "agent_1_current", upstream),
+        ]
+    return make_prompt([*parts, ("text", "text_9", closing)])
+
+
+def project_module(filename: str) -> str | None:
+    path = Path(filename)
+    if not path.is_absolute() or ROOT not in path.parents:
+        return None
+    relative = path.relative_to(ROOT)
+    if relative.parts[0] not in PROJECT_FOLDERS or relative.suffix != ".py":
+        return None
+    return ".".join(relative.with_suffix("").parts)
+
+
+def traced(call) -> tuple[object, set[str]]:
+    modules: set[str] = set()
+
+    def profile(frame, event, _arg) -> None:
+        if event == "call":
+            name = project_module(frame.f_code.co_filename)
+            if name is not None:
+                modules.add(name)
+
+    sys.setprofile(profile)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, modules
+
+
+def count_modules(mode: str, target: str) -> tuple[set[str], int]:
+    from kvsplice.client.execute.span_executor import GenerationConfig
+    from kvsplice.client.model.models import bundle_model
+    from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+    from kvsplice.client.store.store_client import StoreClient
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rope_theta=10000.0, attn_implementation="eager",
+    )  # fmt: skip
+    loaded = bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+    store = StoreClient(target, f"count-{mode}")
+    engine = ReuseEngine(loaded, mode, store, EngineConfig(quant="none", async_store=False))
+    generation = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
+
+    def chain(question: str, trace_agent: int | None):
+        upstream, modules, outcome = None, set(), None
+        for agent in (0, 1):
+            prompt = agent_prompt(agent, question, upstream)
+            if agent == trace_agent:
+                outcome, modules = traced(lambda p=prompt: engine.run(p, generation))
+            else:
+                outcome = engine.run(prompt, generation)
+            upstream = outcome.output_ids or (32,)
+        return modules, outcome
+
+    for question in QUESTIONS:
+        chain(question, None)
+    question, agent = (NEAR_DUPLICATE, 0) if mode == "anchor" else (QUESTIONS[0] + " ", 1)
+    modules, outcome = chain(question, agent)
+    approximate = sum(s.num_tokens for s in outcome.reused if not s.exact)
+    return modules, approximate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="anchor,blend")
+    parser.add_argument("--list", action="store_true", help="print the modules too")
+    args = parser.parse_args()
+    from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+    torch.set_num_threads(1)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedStore(loopback_config(f"{tmp}/lmdb")) as store,
+    ):
+        for mode in args.modes.split(","):
+            modules, approximate = count_modules(mode, store.target)
+            print(
+                f"{mode}: {len(modules)} project modules (approximately reused tokens: {approximate})"
+            )
+            if args.list:
+                print("  " + "\n  ".join(sorted(modules)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`kvsplice bench judge`: its choices are the library's, and bad settings fail before the model."""
+
+from __future__ import annotations
+
+import pytest
+from test_cli_errors import one_error_line, run_cli
+
+from kvsplice.agents.judge import REGIMES
+from kvsplice.agents.judge_prompts import TASKS
+from kvsplice.cli.judge import Regime, Task
+
+
+def test_the_choices_are_the_library_choices() -> None:
+    assert tuple(Task) == TASKS
+    assert tuple(Regime) == REGIMES
+
+
+def test_help_names_the_issue_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["bench", "judge", "-h"], capsys)
+    assert code == 0
+    for flag in ("--task", "--regime", "--candidates", "--shuffle / --no-shuffle", "--modes",
+                 "--seed", "--policy", "--json", "--data"):  # fmt: skip
+        assert flag in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--modes", "dense,bogus"], "unknown mode"),
+        (["--candidates", "9"], "--candidates"),
+        (["--task", "math"], "--task"),
+    ],
+)
+def test_bad_settings_fail_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    code, _, err = run_cli(["bench", "judge", *argv], capsys)
+    assert code == 2
+    assert message in one_error_line(err)
+
+
+def test_gated_needs_the_risk_gate_in_this_build(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from kvsplice.client.modes.registry import MODES
+
+    if "gated" in MODES:
+        pytest.skip("this build has the risk gate")
+    code, _, err = run_cli(["bench", "judge", "--modes", "dense,gated"], capsys)
+    assert code == 2 and "risk gate" in one_error_line(err)

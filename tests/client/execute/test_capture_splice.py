@@ -1,0 +1,235 @@
+"""Capture and splice oracles on tiny random Llama / Gemma3 models (fast)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_factories import make_prompt, make_tiny_gemma3, make_tiny_llama
+from transformers import PreTrainedModel
+
+from kvsplice.client.execute.capture import capture_segments
+from kvsplice.client.execute.splice import (
+    SplicedSegment,
+    build_cache,
+    dense_prefill,
+    greedy_generate,
+    prefill_with_segments,
+)
+from kvsplice.client.model.models import kv_layout
+from kvsplice.common.errors import InvalidRequest, LayoutMismatch
+from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
+from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+FINGERPRINT = "kvfp1-" + "0" * 32
+LLAMA = make_tiny_llama()
+GEMMA3 = make_tiny_gemma3(sliding_window=4)
+
+
+def make_spliced(model: PreTrainedModel, ids: list[int], cuts: list[int]) -> list[SplicedSegment]:
+    """Segments for ids[cuts[i]:cuts[i+1]], all cut from one dense pass over ids[:cuts[-1]]."""
+    spans = list(itertools.pairwise(cuts))
+    capture = capture_segments(model, ids[: cuts[-1]], spans)
+    return [
+        SplicedSegment(seg, tuple(ids[a:b]))
+        for seg, (a, b) in zip(capture.segments, spans, strict=True)
+    ]
+
+
+def through_payload(segment: SplicedSegment) -> SplicedSegment:
+    data = encode_payload(segment.kv, model_fingerprint=FINGERPRINT, quant="none")
+    return SplicedSegment(decode_payload(data, expect_fingerprint=FINGERPRINT), segment.token_ids)
+
+
+def splice(model: PreTrainedModel, ids: list[int], segments: list[SplicedSegment]):
+    rope = RopeSpec.from_hf_config(model.config)
+    return prefill_with_segments(model, ids, segments, kv_layout(model), rope)
+
+
+def test_spans_from_one_pass_are_slices_of_the_full_capture() -> None:
+    ids = make_prompt(24)
+    whole = capture_segments(LLAMA, ids, [(0, 24)], position_offset=5).segments[0]
+    parts = capture_segments(LLAMA, ids, [(0, 7), (7, 20), (20, 24)], position_offset=5).segments
+    assert [p.start_position for p in parts] == [5, 12, 25]
+    for part, (a, b) in zip(parts, [(0, 7), (7, 20), (20, 24)], strict=True):
+        assert torch.equal(part.keys, whole.keys[:, :, a:b])
+        assert torch.equal(part.values, whole.values[:, :, a:b])
+
+
+def test_capture_logits_equal_a_plain_forward() -> None:
+    ids = make_prompt(16)
+    capture = capture_segments(LLAMA, ids, [(0, 16)])
+    with torch.inference_mode():
+        reference = LLAMA(input_ids=torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(capture.logits_last, reference, atol=1e-6, rtol=0)
+
+
+def test_boundary_states_match_hf_hidden_states_and_last_is_pre_norm() -> None:
+    ids = make_prompt(12)
+    num_layers = LLAMA.config.num_hidden_layers
+    segment = capture_segments(
+        LLAMA, ids, [(3, 9)], boundary_layers=range(num_layers + 1)
+    ).segments[0]
+    with torch.inference_mode():
+        hidden = LLAMA(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for layer in range(num_layers):  # hidden_states[l] is the input of decoder layer l
+        assert torch.equal(segment.boundary_states[layer], hidden[layer][0, 3:9])
+    # In transformers v5 the last hidden state is after the final norm; ours is before it.
+    with torch.inference_mode():
+        normed = LLAMA.model.norm(segment.boundary_states[num_layers])
+    torch.testing.assert_close(normed, hidden[-1][0, 3:9], atol=1e-6, rtol=0)
+
+
+def test_sliding_window_layers_are_captured_at_full_length() -> None:
+    ids = make_prompt(12)
+    segment = capture_segments(GEMMA3, ids, [(0, 12)]).segments[0]
+    assert segment.keys.shape == (3, 2, 12, 16)
+    assert bool(segment.keys[:2, :, :4].abs().sum() > 0)  # early tokens kept in sliding layers
+
+
+def test_dense_prefill_equals_a_plain_forward() -> None:
+    ids = make_prompt(20)
+    with torch.inference_mode():
+        reference = LLAMA(input_ids=torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(dense_prefill(LLAMA, ids).logits_last, reference, atol=1e-6, rtol=0)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    num_tokens=st.integers(2, 40),
+    data=st.data(),
+)
+def test_exact_splice_through_payload_equals_dense(num_tokens: int, data: st.DataObject) -> None:
+    ids = make_prompt(num_tokens, seed=num_tokens)
+    prefix = data.draw(st.integers(1, num_tokens - 1), label="prefix")
+    inner = data.draw(st.lists(st.integers(1, prefix), max_size=3, unique=True), label="cuts")
+    cuts = sorted({0, prefix, *inner})
+    segments = [through_payload(s) for s in make_spliced(LLAMA, ids, cuts)]
+    spliced = splice(LLAMA, ids, segments)
+    dense = dense_prefill(LLAMA, ids)
+    assert spliced.num_reused_tokens == prefix
+    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-5
+    assert greedy_generate(LLAMA, ids, 4, spliced) == greedy_generate(LLAMA, ids, 4, dense)
+
+
+@pytest.mark.parametrize("prefix", [2, 3, 4, 5, 11, 19])
+def test_exact_splice_into_sliding_window_layers_equals_dense(prefix: int) -> None:
+    ids = make_prompt(20, seed=3)
+    spliced = splice(GEMMA3, ids, make_spliced(GEMMA3, ids, [0, prefix]))
+    dense = dense_prefill(GEMMA3, ids)
+    sliding_lengths = [layer.keys.shape[-2] for layer in spliced.cache.layers[:2]]
+    assert sliding_lengths == [3, 3]  # window - 1, cropped by the cache itself
+    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-5
+    assert greedy_generate(GEMMA3, ids, 8, spliced) == greedy_generate(GEMMA3, ids, 8, dense)
+
+
+@pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
+def test_segment_captured_at_another_position_is_shifted_into_place(model: PreTrainedModel) -> None:
+    ids = make_prompt(30, seed=5)
+    moved = capture_segments(model, ids[:18], [(0, 18)], position_offset=300).segments[0]
+    spliced = splice(model, ids, [SplicedSegment(moved, tuple(ids[:18]))])
+    dense = dense_prefill(model, ids)
+    # fp32 RoPE angles round differently at positions p and p + 300 (~|p·θ|·2^-24).
+    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
+def test_stored_int8_segments_splice_like_their_decoded_form(model: PreTrainedModel) -> None:
+    """The fused path (dequantize + shift + write in place) builds the cache that
+    decoding first and shifting after builds, mixed with decoded segments too."""
+    ids = make_prompt(30, seed=6)
+    moved = capture_segments(model, ids[:12], [(0, 12)], position_offset=200).segments[0]
+    rest = capture_segments(model, ids[12:18], [(0, 6)], position_offset=7).segments[0]
+    payloads = [
+        encode_payload(s, model_fingerprint=FINGERPRINT, quant="int8") for s in (moved, rest)
+    ]
+    decoded = [decode_payload(payload) for payload in payloads]
+    stored = [decode_stored(payloads[0]), decoded[1]]
+    tokens = (tuple(ids[:12]), tuple(ids[12:18]))
+    via_decoded = splice(
+        model, ids, [SplicedSegment(s, t) for s, t in zip(decoded, tokens, strict=True)]
+    )
+    via_stored = splice(
+        model, ids, [SplicedSegment(s, t) for s, t in zip(stored, tokens, strict=True)]
+    )
+    for fused, reference in zip(via_stored.cache.layers, via_decoded.cache.layers, strict=True):
+        # Spliced tokens: values bit-equal, keys within fp32 rounding of the shift.
+        torch.testing.assert_close(
+            fused.keys[..., :18, :], reference.keys[..., :18, :], atol=2e-5, rtol=0
+        )
+        assert torch.equal(fused.values[..., :18, :], reference.values[..., :18, :])
+    assert float((via_stored.logits_last - via_decoded.logits_last).abs().max()) <= 1e-4
+
+
+def test_build_cache_lays_segments_back_to_back() -> None:
+    ids = make_prompt(16)
+    captured = capture_segments(LLAMA, ids, [(0, 10)]).segments[0]
+    layout, rope = kv_layout(LLAMA), RopeSpec.from_hf_config(LLAMA.config)
+    cache = build_cache(LLAMA, [captured], layout, rope)
+    assert cache.get_seq_length() == 10
+    assert torch.equal(cache.layers[1].keys[0], captured.keys[1])
+
+
+def test_standalone_segments_are_shifted_to_their_targets() -> None:
+    # Layer-0 keys depend only on token and position, so after placement they must
+    # equal the layer-0 keys of a dense pass over the concatenation.
+    ids = make_prompt(20)
+    first = capture_segments(LLAMA, ids[:8], [(0, 8)], position_offset=40).segments[0]
+    second = capture_segments(LLAMA, ids[8:], [(0, 12)]).segments[0]
+    layout, rope = kv_layout(LLAMA), RopeSpec.from_hf_config(LLAMA.config)
+    cache = build_cache(LLAMA, [first, second], layout, rope)
+    dense = capture_segments(LLAMA, ids, [(0, 20)]).segments[0]
+    assert cache.get_seq_length() == 20
+    torch.testing.assert_close(cache.layers[0].keys[0], dense.keys[0], atol=1e-5, rtol=0)
+
+
+def test_greedy_generate_stops_at_eos_and_includes_it() -> None:
+    ids = make_prompt(10)
+    free = greedy_generate(LLAMA, ids, 6)
+    assert greedy_generate(LLAMA, ids, 6, eos_token_id=free[2]) == free[: free.index(free[2]) + 1]
+
+
+def test_tokens_that_differ_from_the_prompt_are_rejected() -> None:
+    ids = make_prompt(12)
+    segment = make_spliced(LLAMA, ids, [0, 6])[0]
+    other = [*ids[:5], (ids[5] + 1) % 97, *ids[6:]]
+    with pytest.raises(InvalidRequest, match="differ"):
+        splice(LLAMA, other, [segment])
+
+
+def test_segments_covering_the_whole_prompt_are_rejected() -> None:
+    ids = make_prompt(12)
+    with pytest.raises(InvalidRequest, match="at least one token"):
+        splice(LLAMA, ids, make_spliced(LLAMA, ids, [0, 12]))
+
+
+def test_partial_depth_or_foreign_geometry_is_a_layout_mismatch() -> None:
+    ids = make_prompt(8)
+    full = make_spliced(LLAMA, ids, [0, 4])[0]
+    shallow = SegmentKV(full.kv.keys[:1], full.kv.values[:1], 0)
+    with pytest.raises(LayoutMismatch, match="layers"):
+        splice(LLAMA, ids, [SplicedSegment(shallow, full.token_ids)])
+    wide = SegmentKV(torch.zeros(2, 3, 4, 16), torch.zeros(2, 3, 4, 16), 0)
+    with pytest.raises(LayoutMismatch, match="heads"):
+        splice(LLAMA, ids, [SplicedSegment(wide, full.token_ids)])
+    with pytest.raises(LayoutMismatch, match="token ids"):
+        SplicedSegment(full.kv, full.token_ids[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stored_segments_splice_on_cuda_through_pinned_staging() -> None:
+    """int8 bytes cross once (pinned, non-blocking), then dequantize + shift on the GPU."""
+    model = make_tiny_llama().cuda()
+    ids = make_prompt(24, seed=8)
+    moved = capture_segments(LLAMA, ids[:16], [(0, 16)], position_offset=64).segments[0]
+    payload = encode_payload(moved, model_fingerprint=FINGERPRINT, quant="int8")
+    tokens = tuple(ids[:16])
+    on_gpu = splice(model, ids, [SplicedSegment(decode_stored(payload), tokens)])
+    on_cpu = splice(LLAMA, ids, [SplicedSegment(decode_stored(payload), tokens)])
+    assert on_gpu.cache.layers[0].keys.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.logits_last.cpu(), on_cpu.logits_last, atol=1e-3, rtol=0)

@@ -1,0 +1,240 @@
+"""Judge modes end to end on a tiny Llama: `crossfix` (answer blocks reused with cross-block
+attention restored, margin-guarded), `gated` (the judge risk gate above the admitted modes)
+and anchor's pooled judge anchors (PAL-KV)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+from approx_factories import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
+from client_factories import FakePrompt, make_prompt
+
+from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes.anchor.policy import AnchorConfig, AnchorPolicy
+from kvsplice.client.modes.base import ReusePolicy
+from kvsplice.client.modes.blend import BlendConfig
+from kvsplice.client.modes.crossfix import CrossfixConfig, CrossfixPolicy, first_token_margin
+from kvsplice.client.modes.dense import DensePolicy
+from kvsplice.client.modes.exact import ExactPolicy
+from kvsplice.client.modes.gated import GatedPolicy
+from kvsplice.client.modes.naive import NaivePolicy
+from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+ATOL = 1e-4
+QUESTION = "what is two plus two?"
+QUESTIONS = ("what is two plus two?", "name a prime number above ten")
+NEAR_DUPLICATE = "what is two plus two!"
+SELECT = "\nSelect the agent whose answer is best. Selected agent id: "
+CONTINUE = "\nUse their answers and answer again."
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with EmbeddedStore(loopback_config(str(tmp_path_factory.mktemp("xf") / "lmdb"))) as store:
+        yield store.target
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return make_loaded4()
+
+
+def _engine(loaded: LoadedModel, policy: ReusePolicy, target: str, namespace: str) -> ReuseEngine:
+    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
+
+
+def _answers(engine: ReuseEngine) -> list[tuple[int, ...]]:
+    """Two agents answer (their responses land in the store as a pipeline's would)."""
+    return [o.output_ids or (32,) for _, o in run_chain(engine, QUESTION)]
+
+
+def _comparing(answers: list[tuple[int, ...]], instruction: str) -> FakePrompt:
+    return _comparing_about(QUESTION, answers, instruction)
+
+
+def _comparing_about(question: str, answers: list[tuple[int, ...]], instruction: str) -> FakePrompt:
+    parts: list[tuple[str, str, str | tuple[int, ...]]] = [
+        ("text", "text_0", SYSTEM_3),
+        ("placeholder", "user_question", question),
+    ]
+    for index, answer in enumerate(answers, 1):
+        parts += [("text", f"head_{index}", f"\nAgent {index}:\n"),
+                  ("placeholder", f"agent_{index}_current", answer)]  # fmt: skip
+    parts.append(("text", "tail", instruction + CLOSING))
+    return make_prompt(parts)
+
+
+def _judge(engine: ReuseEngine, instruction: str = SELECT) -> tuple[FakePrompt, CallOutcome]:
+    prompt = _comparing(_answers(engine), instruction)
+    return prompt, engine.run(prompt, GENERATION)
+
+
+def _candidate_token_layers(outcome: CallOutcome) -> int:
+    return sum(s.num_tokens * s.num_layers for s in outcome.reused if not s.exact)
+
+
+def _same_as_dense(engine: ReuseEngine, prompt: FakePrompt, outcome: CallOutcome) -> bool:
+    reference = engine.dense_reference(prompt, GENERATION)
+    return (
+        outcome.generated_ids == reference.generated_ids
+        and float((outcome.logits_first - reference.logits_first).abs().max()) <= ATOL
+    )
+
+
+def test_margin_is_top1_minus_top2() -> None:
+    assert first_token_margin(torch.tensor([0.5, 3.0, 1.0])) == pytest.approx(2.0)
+    assert first_token_margin(torch.tensor([7.0])) == math.inf
+
+
+def test_crossfix_without_a_store_equals_dense(loaded: LoadedModel) -> None:
+    engine = ReuseEngine(loaded, CrossfixPolicy(), None, EngineConfig(store_segments=False))
+    prompt = _comparing([tuple(range(40, 50)), tuple(range(60, 66))], SELECT)
+    outcome = engine.run(prompt, GENERATION)
+    assert outcome.num_reused_tokens == 0
+    assert outcome.decisions["crossfix"] == "nothing to reuse"
+    reference = engine.dense_reference(prompt, GENERATION)
+    assert outcome.generated_ids == reference.generated_ids
+    assert torch.equal(outcome.logits_first, reference.logits_first)
+
+
+@pytest.mark.parametrize(
+    ("config", "decision"),
+    [
+        (CrossfixConfig(BlendConfig(ratio=1.0), min_margin=0.0), "kept"),
+        (CrossfixConfig(BlendConfig(ratio=0.5), min_margin=math.inf), "dense"),
+    ],
+    ids=["ratio-1", "margin-inf"],
+)
+def test_crossfix_degenerate_settings_equal_dense(
+    loaded: LoadedModel, store_target: str, config: CrossfixConfig, decision: str
+) -> None:
+    engine = _engine(loaded, CrossfixPolicy(config), store_target, f"xf-degenerate-{decision}")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["crossfix"].startswith(decision)
+    assert _candidate_token_layers(outcome) == 0
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_crossfix_reuses_answer_blocks_above_the_check_layer(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    config = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=1), min_margin=0.0)
+    engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-reuse")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["crossfix"].startswith("kept: margin")
+    approximate = [s for s in outcome.reused if not s.exact]
+    # every answer token reads its stored K/V from layer 1 on (ratio 0; as CacheBlend, the
+    # check layer keeps the old K/V of what it drops); the text between them is computed
+    assert {s.mode for s in approximate} == {"crossfix"}
+    assert {s.num_layers for s in approximate} == {NUM_LAYERS - 1}
+    answers = [s for s in prompt.spans if s.name.startswith("agent_")]
+    assert sum(s.num_tokens for s in approximate) == sum(s.end - s.start for s in answers)
+    assert first_token_margin(outcome.logits_first) >= 0.0
+
+
+def test_crossfix_guard_keeps_only_confident_prefills(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """The same call, kept below its margin and prefilled densely above it."""
+    probe = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    _, kept = _judge(_engine(loaded, probe, store_target, "xf-guard-probe"))
+    margin = first_token_margin(kept.logits_first)
+    strict = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=margin + 1e-3))
+    engine = _engine(loaded, strict, store_target, "xf-guard-strict")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["crossfix"].startswith("dense: margin")
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def _gated(
+    ordinary: ReusePolicy, judge: ReusePolicy | None, admitted: tuple[str, ...]
+) -> GatedPolicy:
+    return GatedPolicy(ordinary, ExactPolicy(), judge, judge_admitted=admitted)
+
+
+def test_gate_sends_a_judge_past_a_mode_not_admitted_for_judges(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = _engine(loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-judge-exact")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["gated"] == (
+        "judge (answers=2+selection) -> exact: naive not admitted for judges"
+    )
+    assert not [s for s in outcome.reused if not s.exact]
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_gate_lets_ordinary_calls_run_the_serving_mode(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = _engine(loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-ordinary")
+    _, outcome = _judge(engine, CONTINUE)
+    assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
+    assert {s.mode for s in outcome.reused if not s.exact} == {"naive"}
+
+
+def test_gate_sends_a_judge_to_the_mode_admitted_for_judges(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    crossfix = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    policy = _gated(NaivePolicy(), crossfix, ("crossfix",))
+    engine = _engine(loaded, policy, store_target, "gate-judge-crossfix")
+    _, outcome = _judge(engine)
+    assert outcome.decisions["gated"] == (
+        "judge (answers=2+selection) -> crossfix: admitted for judges"
+    )
+    assert {s.mode for s in outcome.reused if not s.exact} == {"crossfix"}
+
+
+def test_a_judge_mode_wins_over_a_zero_drift_serving_mode(loaded: LoadedModel) -> None:
+    """The shipped policy's shape: ordinary calls run exact, judges the admitted judge mode."""
+    crossfix = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    policy = _gated(ExactPolicy(), crossfix, ("crossfix",))
+    engine = ReuseEngine(loaded, policy, None, EngineConfig(store_segments=False))
+    outcome = engine.run(_comparing([(40, 41), (50, 51)], SELECT), GENERATION)
+    assert outcome.decisions["gated"] == (
+        "judge (answers=2+selection) -> crossfix: admitted for judges"
+    )
+
+
+def test_gate_refuses_a_judge_mode_calibration_did_not_admit() -> None:
+    with pytest.raises(ValueError, match="not admitted for judges"):
+        _gated(NaivePolicy(), CrossfixPolicy(), ())
+    with pytest.raises(ValueError, match="fallback"):
+        GatedPolicy(NaivePolicy(), NaivePolicy())
+    assert _gated(DensePolicy(), None, ()).judge.mode == "exact"
+
+
+def test_pooled_anchors_serve_a_judge_from_other_agents_and_placeholders(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """PAL-KV: a judge has no anchors of its own (its template is new); KVComm's per-agent
+    pools leave it dense, the pooled retrieval finds the execution agents' anchors."""
+    kvcomm = _engine(loaded, AnchorPolicy(), store_target, "pal-kvcomm")
+    pooled = _engine(loaded, AnchorPolicy(AnchorConfig(pool_judges=True)), store_target, "pal-kv")
+    decisions = {}
+    for name, engine in (("kvcomm", kvcomm), ("pooled", pooled)):
+        for question in QUESTIONS:
+            run_chain(engine, question)  # fills the question and answer pools (2 agents)
+        answers = [o.output_ids or (32,) for _, o in run_chain(engine, NEAR_DUPLICATE)]
+        outcome = engine.run(_comparing_about(NEAR_DUPLICATE, answers, SELECT), GENERATION)
+        decisions[name] = outcome.decisions
+    assert decisions["kvcomm"] == {"anchor_gate": "too_few_eligible"}
+    assert decisions["pooled"]["anchor_pool"] == "pooled over 2 answer placeholders (judge)"
+    assert decisions["pooled"]["anchor_gate"] != "too_few_eligible"
+    # an ordinary call is never pooled
+    _, second = run_chain(pooled, QUESTIONS[0])[1]
+    assert "anchor_pool" not in second.decisions

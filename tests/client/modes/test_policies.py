@@ -1,0 +1,173 @@
+"""Reuse policies end to end on a tiny random Llama against an in-process store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from client_factories import FakePrompt, make_loaded, make_prompt
+
+from kvsplice.client.execute.reuse_plan import Compute, Reuse
+from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes.base import PlanBuilder
+from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.common.keys import context_key, root_key
+from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
+SYSTEM = "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\nProblem:\n"
+CLOSING = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
+QUESTIONS = ("what is two plus two?", "name a prime number")
+
+
+@pytest.fixture(scope="module")
+def store_target() -> Iterator[str]:
+    with EmbeddedStore(loopback_config(None)) as store:
+        yield store.target
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return make_loaded()
+
+
+def make_engine(loaded: LoadedModel, mode: str, target: str, namespace: str) -> ReuseEngine:
+    return ReuseEngine(loaded, mode, StoreClient(target, namespace), EngineConfig(quant="none"))
+
+
+def agent_prompt(question: str, upstream: tuple[int, ...] | None = None) -> FakePrompt:
+    parts: list[tuple[str, str, str | tuple[int, ...]]] = [
+        ("text", "text_0", SYSTEM),
+        ("placeholder", "user_question", question),
+    ]
+    if upstream is not None:  # the upstream answer goes in as its generated ids
+        parts += [
+            ("text", "text_2", "\nAgent 1 said:\n"),
+            ("placeholder", "agent_1_current", upstream),
+        ]
+    return make_prompt([*parts, ("text", "text_9", CLOSING)])
+
+
+def run_two_agents(engine: ReuseEngine, question: str) -> list[tuple[FakePrompt, CallOutcome]]:
+    first_prompt = agent_prompt(question)
+    first = engine.run(first_prompt, GENERATION)
+    second_prompt = agent_prompt(question, first.output_ids or (32,))
+    return [(first_prompt, first), (second_prompt, engine.run(second_prompt, GENERATION))]
+
+
+def test_exact_mode_equals_dense_and_reuses_cached_system_prompt(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = make_engine(loaded, "exact", store_target, "policies-exact")
+    calls = [call for q in QUESTIONS for call in run_two_agents(engine, q)]
+    for prompt, outcome in calls:
+        reference = engine.dense_reference(prompt, GENERATION)
+        assert outcome.generated_ids == reference.generated_ids
+        assert (outcome.logits_first - reference.logits_first).abs().max() <= 1e-4
+        assert all(r.exact and r.delta == 0 and r.mode == "exact" for r in outcome.reused)
+    first_of_second_sample = calls[2][1]
+    assert first_of_second_sample.num_reused_tokens == len(loaded.tokenizer.encode(SYSTEM))
+    assert first_of_second_sample.ttft_s > first_of_second_sample.timings.lookup_s > 0
+
+
+def test_exact_repeat_reuses_all_but_the_last_token_and_stores_nothing_new(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    engine = make_engine(loaded, "exact", store_target, "policies-repeat")
+    assert isinstance(engine.store, StoreClient)
+    prompt = agent_prompt(QUESTIONS[1])
+    first = engine.run(prompt, GENERATION)
+    engine.flush()  # exact puts in the background
+    stats_before = engine.store.stats()
+    again = engine.run(prompt, GENERATION)
+    engine.flush()
+    stats_after = engine.store.stats()
+    assert again.num_reused_tokens == len(prompt.token_ids) - 1
+    assert again.generated_ids == first.generated_ids
+    assert stats_before is not None and stats_after is not None
+    assert stats_after.num_segments == stats_before.num_segments
+
+
+def test_naive_reuses_more_than_exact_and_stores_question_base_once(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    reused = {}
+    for mode in ("exact", "naive"):
+        engine = make_engine(loaded, mode, store_target, f"policies-more-{mode}")
+        calls = [call for q in QUESTIONS for call in run_two_agents(engine, q)]
+        reused[mode] = sum(outcome.num_reused_tokens for _, outcome in calls)
+        if mode == "naive":
+            first, second = calls[0][1], calls[1][1]
+            assert first.timings.base_prefill_s > 0 and second.timings.base_prefill_s == 0
+            assert first.ttft_s > first.timings.base_prefill_s
+            names = {r.name: r for r in second.reused}
+            assert names["agent_1_current"].mode == "naive" and not names["agent_1_current"].exact
+            question_ids = loaded.tokenizer.encode(QUESTIONS[0])
+            base_key = context_key(root_key(loaded.fingerprint), question_ids)
+            assert engine.store is not None and engine.store.get_segment(base_key) is not None
+    assert reused["naive"] > reused["exact"] > 0
+
+
+def test_naive_segments_stay_off_the_exact_chain(loaded: LoadedModel, store_target: str) -> None:
+    engine = make_engine(loaded, "naive", store_target, "policies-offchain")
+    _, (prompt, second) = run_two_agents(engine, QUESTIONS[0])
+    assert engine.store is not None
+    # Only the system prompt was computed with its true left context; everything
+    # after the naively reused question is approximate and must not chain exactly.
+    lookup = engine.store.lookup_prefix(loaded.fingerprint, prompt.token_ids)
+    assert lookup.num_matched_tokens == len(loaded.tokenizer.encode(SYSTEM))
+    assert second.num_reused_tokens > lookup.num_matched_tokens
+
+
+def test_unreachable_store_falls_back_to_dense(loaded: LoadedModel) -> None:
+    config = StoreClientConfig(
+        lookup_timeout_s=0.05, get_timeout_s=0.05, put_timeout_s=0.05, max_attempts=1
+    )
+    dead = StoreClient("127.0.0.1:1", "policies-dead", config=config)
+    for mode in ("exact", "naive"):
+        # Without a local tier: this worker's own segments would be exact hits even so.
+        config = EngineConfig(quant="none", local_tier_bytes=0)
+        engine = ReuseEngine(loaded, mode, dead, config)
+        for prompt, outcome in run_two_agents(engine, QUESTIONS[0]):
+            reference = engine.dense_reference(prompt, GENERATION)
+            assert outcome.num_reused_tokens == 0
+            assert outcome.generated_ids == reference.generated_ids
+    assert dead.counters.num_degraded_calls > 0
+
+
+def test_exact_without_store_is_dense(loaded: LoadedModel) -> None:
+    engine = ReuseEngine(loaded, "exact", None)
+    prompt = agent_prompt(QUESTIONS[0])
+    outcome, reference = engine.run(prompt, GENERATION), engine.dense_reference(prompt, GENERATION)
+    assert outcome.num_reused_tokens == 0 and outcome.generated_ids == reference.generated_ids
+
+
+def make_segment(start: int, num_tokens: int) -> SegmentKV:
+    import torch
+
+    return SegmentKV(
+        torch.zeros(2, 2, num_tokens, 16), torch.zeros(2, 2, num_tokens, 16), start_position=start
+    )
+
+
+def test_plan_builder_fills_gaps_and_computes_the_last_token() -> None:
+    builder = PlanBuilder(range(10))
+    builder.reuse(2, Reuse(make_segment(7, 3), "naive", exact=False))
+    builder.reuse(6, Reuse(make_segment(0, 4), "naive", exact=False))
+    plan = builder.build()
+    assert [(s.start, s.end, type(s.action)) for s in plan.spans] == [
+        (0, 2, Compute), (2, 5, Reuse), (5, 6, Compute), (6, 9, Reuse), (9, 10, Compute),
+    ]  # fmt: skip
+    assert plan.spans[1].delta == 2 - 7 and plan.spans[3].delta == 6
+    assert plan.num_reused_tokens == 6
+    with pytest.raises(ValueError, match="overlaps"):
+        builder.reuse(8, Reuse(make_segment(0, 1), "naive", exact=False))
+
+
+def test_unknown_mode_is_refused(loaded: LoadedModel) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        ReuseEngine(loaded, "psychic")

@@ -1,0 +1,1 @@
+"""Eval-test fixtures live in eval_factories; this file puts tests/eval on sys.path for the subfolders."""

@@ -1,0 +1,95 @@
+"""Judge probes: the decision-error bound, the guard's replay, and admission for judges."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvsplice.eval.measure.jcr import JudgeRecord
+from kvsplice.eval.measure.judge_probes import (
+    JudgeThresholds,
+    calibrated_margin,
+    guard,
+    judge_probe,
+    margin_error,
+)
+
+AGENTS = ("1", "2", "3", "4")
+
+
+def _record(cheap: tuple[float, ...], dense: tuple[float, ...], reused: int = 600) -> JudgeRecord:
+    """A judge record whose reads follow the label logits (order = agent ids)."""
+    top = max(range(4), key=lambda j: cheap[j])
+    dense_top = max(range(4), key=lambda j: dense[j])
+    margin = cheap[top] - max(c for j, c in enumerate(cheap) if j != top)
+    dense_margin = dense[dense_top] - max(d for j, d in enumerate(dense) if j != dense_top)
+    return JudgeRecord(
+        example_id="e", task="gsm8k", mode="crossfix", order=AGENTS, agent_id=AGENTS[top],
+        slot=top, margin=margin, parsed_agent_id=None, dense_agent_id=AGENTS[dense_top],
+        dense_slot=dense_top, dense_margin=dense_margin, dense_parsed_agent_id=None,
+        ttft_s=1.0, dense_ttft_s=1.0, num_prompt_tokens=100, num_reused_tokens=40,
+        num_candidate_tokens=40, num_candidate_token_layers_reused=reused, num_layers=30,
+        scores=cheap, dense_scores=dense,
+    )  # fmt: skip
+
+
+logits = st.tuples(*[st.floats(-5, 5, allow_nan=False)] * 4)
+
+
+@given(logits, logits)
+def test_a_margin_above_the_error_means_dense_chose_the_same(cheap, dense) -> None:
+    record = _record(cheap, dense)
+    if record.margin > margin_error(record) + 1e-9:
+        assert record.consistent
+
+
+def test_margin_error_is_the_largest_pairwise_shift() -> None:
+    record = _record((3.0, 1.0, 0.0, 0.5), (2.0, 1.5, 0.0, 0.5))
+    # top is slot 0: shifts (2 - 0.5), (3 - 2), (2.5 - 1.5)
+    assert margin_error(record) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="label logits"):
+        margin_error(replace(record, scores=()))
+
+
+def test_guard_replays_rejected_calls_as_dense() -> None:
+    confident_wrong = _record((4.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, 0.0))
+    unsure_wrong = _record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0))
+    right = _record((2.0, 0.0, 0.0, 0.0), (2.0, 0.0, 0.0, 0.0), reused=300)
+    records = [confident_wrong, unsure_wrong, right]
+    assert guard(records, 0.0) == pytest.approx((1 / 3, 1.0, (0.5 + 0.5 + 0.25) / 3))
+    assert guard(records, 0.5) == pytest.approx((2 / 3, 2 / 3, (0.5 + 0.25) / 3))
+    assert guard(records, 5.0) == pytest.approx((1.0, 0.0, 0.0))
+
+
+def test_calibrated_margin_rounds_the_safety_bound_up() -> None:
+    records = [_record((3.0, 1.0, 0.0, 0.5), (2.0, 1.5, 0.0, 0.5))]  # error 1.5
+    assert calibrated_margin(records, JudgeThresholds()) == pytest.approx(1.9)  # 1.875 -> 1.9
+    assert calibrated_margin(records, JudgeThresholds(margin_safety=1.0)) == pytest.approx(1.5)
+
+
+def test_calibrated_margin_takes_the_error_quantile_but_covers_every_flip() -> None:
+    small = [_record((1.0 + e, 0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0)) for e in (0.1, 0.2, 0.3)]
+    outlier = _record((9.0, 0.0, 0.0, 0.0), (5.0, 0.0, 0.0, 0.0))  # error 4, margin 9: safe
+    exact = JudgeThresholds(margin_safety=1.0, error_quantile=0.75)
+    assert calibrated_margin([*small, outlier], exact) == pytest.approx(0.3)
+    flip = _record((1.2, 0.7, 0.0, 0.0), (0.9, 1.0, 0.0, 0.0))  # margin 0.5, error 0.6
+    assert not flip.consistent
+    # error quantile 0.3 (rank 4 of 5 is 0.6: the flip's own error) and flipped margin 0.5
+    assert calibrated_margin([*small, outlier, flip], exact) == pytest.approx(0.6)
+    assert calibrated_margin([*small, flip], JudgeThresholds(1.0, 1.0, 0.5)) == pytest.approx(0.5)
+
+
+def test_admitted_only_above_the_jcr_bar_with_some_reuse() -> None:
+    flips = [_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0))] * 2
+    stable = [_record((3.0, 0.0, 0.0, 0.0), (2.9, 0.0, 0.0, 0.0))] * 8
+    probe = judge_probe("crossfix", "crossfix:margin=0", flips + stable, JudgeThresholds())
+    # the flips' error (0.2) sets the guard at 0.25: they go dense, the stable calls stay
+    assert probe.min_margin == pytest.approx(0.25)
+    assert probe.raw_jcr == pytest.approx(0.8)
+    assert (probe.jcr, probe.kept) == pytest.approx((1.0, 0.8))
+    assert probe.admitted
+    nothing = [replace(r, num_candidate_token_layers_reused=0) for r in stable]
+    assert not judge_probe("crossfix", "x", nothing, JudgeThresholds()).admitted
