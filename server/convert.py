@@ -112,16 +112,9 @@ def _put_part(request: PutPart) -> pb.SegmentHeader | bytes | memoryview:
     return request.header if part == "header" else request.chunk  # each read copies: read once
 
 
-def segment_responses(stored: StoredSegment, chunk_nbytes: int) -> Iterator[pb.GetSegmentResponse]:
-    """Header first, then the payload in chunks of at most `chunk_nbytes`."""
-    yield pb.GetSegmentResponse(header=meta_to_header(stored.meta))
-    view = memoryview(stored.payload)
-    for start in range(0, view.nbytes, chunk_nbytes):
-        yield pb.GetSegmentResponse(chunk=view[start : start + chunk_nbytes].tobytes())
-
-
 def segment_frames(stored: StoredSegment, chunk_nbytes: int) -> Iterator[bytes]:
-    """`segment_responses` already serialized, each chunk copied once out of the stored view."""
+    """GetSegment's serialized replies: the header, then the payload in chunks of at most
+    `chunk_nbytes`, each copied once out of the stored view."""
     yield pb.GetSegmentResponse(header=meta_to_header(stored.meta)).SerializeToString()
     view = memoryview(stored.payload)
     for start in range(0, view.nbytes, chunk_nbytes):

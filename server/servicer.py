@@ -93,18 +93,11 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._metrics.observe_segment_size(stored.payload_nbytes)
         return pb.PutSegmentResponse(context_key=stored.context_key)
 
-    async def GetSegment(
-        self, request: pb.GetSegmentRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[pb.GetSegmentResponse]:
-        stored = await self._found(request, context)
-        for response in convert.segment_responses(stored, self._chunk_nbytes):
-            yield response
-        self._metrics.add_bytes("out", stored.meta.payload_nbytes)
-
     async def get_segment_frames(
         self, request: pb.GetSegmentRequest, context: aio.ServicerContext
     ) -> None:
-        """GetSegment with its replies already serialized (registered by `add_to_server`).
+        """GetSegment, its replies already serialized (`add_to_server` registers it: the
+        protobuf-object path of the generated base class is never served).
 
         A reader that takes no frame for the idle timeout is cut (StreamStalled), so a
         stalled reader cannot pin a payload in memory for as long as it likes.

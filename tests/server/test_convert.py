@@ -15,7 +15,7 @@ from kvsplice.server.convert import (
     header_to_meta,
     meta_to_header,
     receive_segment,
-    segment_responses,
+    segment_frames,
 )
 from kvsplice.storage.tiered_store import StoredSegment
 
@@ -124,10 +124,11 @@ async def test_header_is_checked_before_any_payload_is_buffered() -> None:
     assert seen == []
 
 
-def test_segment_responses_send_the_header_then_bounded_chunks() -> None:
+def test_segment_frames_send_the_header_then_bounded_chunks() -> None:
     payload = make_payload(2500)
     meta = make_meta([1], payload)
-    responses = list(segment_responses(StoredSegment(meta, memoryview(payload)), chunk_nbytes=1000))
+    frames = segment_frames(StoredSegment(meta, memoryview(payload)), chunk_nbytes=1000)
+    responses = [pb.GetSegmentResponse.FromString(frame) for frame in frames]
     assert responses[0].WhichOneof("part") == "header"
     chunks = [r.chunk for r in responses[1:]]
     assert [len(c) for c in chunks] == [1000, 1000, 500]

@@ -59,7 +59,10 @@ async def test_frames_past_the_declared_size_are_refused() -> None:
 def test_segment_frames_are_the_serialized_responses() -> None:
     payload = make_payload(2500)
     stored = StoredSegment(make_meta([1], payload), memoryview(payload))
-    expected = [r.SerializeToString() for r in convert.segment_responses(stored, 1000)]
+    expected = [pb.GetSegmentResponse(header=convert.meta_to_header(stored.meta))] + [
+        pb.GetSegmentResponse(chunk=payload[start : start + 1000]) for start in (0, 1000, 2000)
+    ]  # what protobuf objects would serialize to
+    expected = [r.SerializeToString() for r in expected]
     assert list(convert.segment_frames(stored, 1000)) == expected
 
 
