@@ -118,7 +118,7 @@ class StoreClient:
 
     def get_segment(
         self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
-    ) -> tuple[SegmentMeta, bytes] | None:
+    ) -> tuple[SegmentMeta, bytes | memoryview] | None:
         """The segment's meta and verified payload, or None (absent, corrupt or unreachable).
 
         On the sidecar's host the payload is a read-only view into its LMDB map
