@@ -17,7 +17,7 @@ import torch
 from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, QuestionRef
 from kvsplice.agents.render import PlaceholderValue, RenderedPrompt, Tokenizer, render
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.reuse_engine import CallOutcome, ReusedSpan, ReuseEngine
 
 logger = logging.getLogger(__name__)

@@ -19,12 +19,9 @@ from cachetools import LRUCache
 
 from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import (
-    ExecutionState,
-    GenerationConfig,
-    content_tokens,
-)
+from kvsplice.client.execute.execution import ExecutionState, GenerationConfig, content_tokens
+from kvsplice.client.execute.plan import CallPlan
+from kvsplice.client.execute.reuse_map import ReusedRange
 from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
@@ -194,19 +191,9 @@ class ReuseEngine:
         output = content_tokens(state.generated, generation)
         if self.config.store_segments:
             store_start_s = time.perf_counter()
-            self.policy.after_call(prompt, state.plan, state, ctx, output)
+            self.policy.after_call(prompt, state.reuse, state, ctx, output)
             ctx.timings.add("store_s", time.perf_counter() - store_start_s)
-        return _outcome(
-            self.mode,
-            prompt,
-            state.plan,
-            state.generated,
-            output,
-            state.logits_first,
-            ttft_s,
-            ctx.timings,
-            ctx.decisions,
-        )
+        return _outcome(self.mode, prompt, state, output, ttft_s, ctx.timings, ctx.decisions)
 
     def chat(
         self,
@@ -235,14 +222,11 @@ class ReuseEngine:
         """The same prompt prefilled densely, nothing looked up or stored (fidelity reference)."""
         timings = CallTimings()
         start_s = time.perf_counter()
-        plan = ReusePlan.all_compute(prompt.token_ids)
-        state = self.executor.prefill(plan, timings)
+        state = self.executor.prefill(CallPlan.all_compute(prompt.token_ids), timings)
         ttft_s = time.perf_counter() - start_s
         self.executor.generate(state, generation, timings)
         output = content_tokens(state.generated, generation)
-        return _outcome(
-            "dense", prompt, plan, state.generated, output, state.logits_first, ttft_s, timings
-        )
+        return _outcome("dense", prompt, state, output, ttft_s, timings)
 
     def _prefilling(self) -> AbstractContextManager[None]:
         """Background puts hold off until the first token (they would slow the prefill)."""
@@ -286,32 +270,32 @@ class ReuseEngine:
 def _outcome(
     mode: str,
     prompt: SpannedPrompt,
-    plan: ReusePlan,
-    generated: Sequence[int],
+    state: ExecutionState,
     output: tuple[int, ...],
-    logits_first: torch.Tensor,
     ttft_s: float,
     timings: CallTimings,
     decisions: Mapping[str, str] | None = None,
 ) -> CallOutcome:
+    reuse = state.reuse
     return CallOutcome(
         mode=mode,
-        prompt_ids=plan.token_ids,
+        prompt_ids=reuse.token_ids,
         output_ids=output,
-        generated_ids=tuple(generated),
-        logits_first=logits_first,
+        generated_ids=tuple(state.generated),
+        logits_first=state.logits_first,
         ttft_s=ttft_s,
-        num_reused_tokens=plan.num_reused_tokens,
-        reused=tuple(_reused_span(prompt, span) for span in plan.reused_spans),
+        num_reused_tokens=reuse.num_reused_tokens,
+        reused=tuple(_reused_span(prompt, r) for r in reuse.reused),
         timings=timings,
         decisions=dict(decisions or {}),
     )
 
 
-def _reused_span(prompt: SpannedPrompt, span) -> ReusedSpan:
-    assert isinstance(span.action, Reuse)
-    names = [s.name for s in prompt.spans if s.start < span.end and span.start < s.end]
+def _reused_span(prompt: SpannedPrompt, reused: ReusedRange) -> ReusedSpan:
+    source = reused.source
+    assert source is not None
+    names = [s.name for s in prompt.spans if s.start < reused.end and reused.start < s.end]
     return ReusedSpan(
-        "+".join(names), span.action.mode, span.num_tokens, span.delta, span.action.exact,
-        span.action.segment.num_layers, span.start,
+        "+".join(names), source.mode, reused.num_tokens, source.delta, source.exact,
+        reused.num_layers, reused.start,
     )  # fmt: skip

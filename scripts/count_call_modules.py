@@ -139,7 +139,7 @@ def traced(call) -> tuple[object, set[str]]:
 
 
 def count_modules(mode: str, target: str) -> tuple[set[str], int]:
-    from kvsplice.client.execute.span_executor import GenerationConfig
+    from kvsplice.client.execute.execution import GenerationConfig
     from kvsplice.client.model.models import bundle_model
     from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
     from kvsplice.client.store.store_client import StoreClient

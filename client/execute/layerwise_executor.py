@@ -1,6 +1,7 @@
-"""The layerwise executor: runs a `LayerwisePlan` through the model's own decoder layers.
+"""The layerwise executor: runs a `CallPlan` through the model's own decoder layers.
 
-Owns the layer loop: pre-fill reused K/V, let spans join at their start layer,
+The general path of `CallExecutor`. Owns the layer loop: pre-fill reused K/V
+(keys rotated by their span's Δ), let spans join at their start layer,
 call each HF decoder layer on the active tokens with an explicit mask and a
 slot-writing cache, apply subset rules, capture states, and compute logits.
 It never decides what to reuse and never re-implements attention.
@@ -15,12 +16,13 @@ from transformers import PreTrainedModel
 
 from kvsplice.client.execute.active import ActiveTokens
 from kvsplice.client.execute.kv_buffer import KVBuffer
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, check_fits
 from kvsplice.client.execute.layerwise_result import CapturedStates, LayerwiseResult
+from kvsplice.client.execute.plan import CallPlan, check_fits
 from kvsplice.client.execute.slot_cache import SlotWriteCache
 from kvsplice.client.execute.slots import TokenSlots
 from kvsplice.client.execute.subset import PendingSelection
 from kvsplice.client.model.model_adapter import DecoderAdapter
+from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -28,28 +30,29 @@ logger = logging.getLogger(__name__)
 class LayerwiseExecutor:
     """Executes plans on one model, batch 1 (attn_implementation "eager" or "sdpa")."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, rope: RopeSpec | None = None) -> None:
         self.adapter = DecoderAdapter.from_model(model)
+        self.rope = rope or RopeSpec.from_hf_config(model.config.get_text_config(decoder=True))
 
     @property
     def num_layers(self) -> int:
         return self.adapter.num_layers
 
-    def run(self, plan: LayerwisePlan) -> LayerwiseResult:
+    def run(self, plan: CallPlan) -> LayerwiseResult:
         """Prefill `plan`; see `LayerwiseResult` for what comes back."""
         adapter = self.adapter
         check_fits(plan, adapter.num_layers, (adapter.num_kv_heads, adapter.head_dim))
         with torch.inference_mode():
-            return _Run(adapter, plan).execute()
+            return _Run(adapter, plan, self.rope).execute()
 
 
 class _Run:
     """One plan's execution state (kept off the executor so runs share nothing)."""
 
-    def __init__(self, adapter: DecoderAdapter, plan: LayerwisePlan) -> None:
+    def __init__(self, adapter: DecoderAdapter, plan: CallPlan, rope: RopeSpec) -> None:
         self.adapter = adapter
         self.plan = plan
-        self.buffer = _prefilled_buffer(adapter, plan)
+        self.buffer = _prefilled_buffer(adapter, plan, rope)
         self.cache = SlotWriteCache(self.buffer)
         self.active = ActiveTokens(adapter, _initial_states(adapter, plan), plan.position_offset)
         self.captured: dict[int, CapturedStates] = {}
@@ -114,17 +117,21 @@ class _Run:
         return self.adapter.logits(self.active.h[0, local])
 
 
-def _prefilled_buffer(adapter: DecoderAdapter, plan: LayerwisePlan) -> KVBuffer:
-    """[L, H_kv, T, D] zeros with every span's provided K/V copied in at its slots."""
+def _prefilled_buffer(adapter: DecoderAdapter, plan: CallPlan, rope: RopeSpec) -> KVBuffer:
+    """[L, H_kv, T, D] zeros with every span's provided K/V copied in at its slots.
+
+    Keys are rotated by the span's Δ where they are (fp32 for fetched segments), then cast.
+    """
     shape = (adapter.num_layers, adapter.num_kv_heads, plan.num_tokens, adapter.head_dim)
     buffer = KVBuffer.zeros(shape, adapter.dtype, adapter.device, plan.position_offset)
     for span in plan.spans:
         if span.keys is not None and span.values is not None:
-            buffer.fill(span.start, span.keys, span.values)
+            keys = rope.shift_layers(span.keys, span.delta) if span.delta else span.keys
+            buffer.fill(span.start, keys, span.values)
     return buffer
 
 
-def _initial_states(adapter: DecoderAdapter, plan: LayerwisePlan) -> torch.Tensor:
+def _initial_states(adapter: DecoderAdapter, plan: CallPlan) -> torch.Tensor:
     """[T, hidden]: each computed span's state entering its start layer (embeddings by default)."""
     states = torch.zeros(
         plan.num_tokens, adapter.hidden_size, dtype=adapter.dtype, device=adapter.device
@@ -140,7 +147,7 @@ def _initial_states(adapter: DecoderAdapter, plan: LayerwisePlan) -> torch.Tenso
     return states
 
 
-def _joins_by_layer(plan: LayerwisePlan) -> dict[int, list[int]]:
+def _joins_by_layer(plan: CallPlan) -> dict[int, list[int]]:
     """start layer -> slots whose computation begins there."""
     joins: dict[int, list[int]] = {}
     for span in plan.spans:
@@ -148,7 +155,7 @@ def _joins_by_layer(plan: LayerwisePlan) -> dict[int, list[int]]:
     return joins
 
 
-def _droppable_slots(plan: LayerwisePlan, num_layers: int) -> set[int]:
+def _droppable_slots(plan: CallPlan, num_layers: int) -> set[int]:
     """Slots a subset rule may drop: their span provides K/V for every layer; not logits slots."""
     droppable = {
         slot

@@ -1,8 +1,8 @@
-"""Span plumbing shared by the reuse modes: slice a span, tile reused spans into a plan.
+"""Span plumbing shared by the reuse modes: which spans reuse, relabel approximate reuse.
 
-Owns only geometry (which slots a span covers, which K/V rows go with them).
-What a span reuses and from where is each mode's business; running a plan is
-the layerwise executor's.
+Owns only geometry and relabelling (which slots a span covers, which layers it
+computes). What a span reuses and from where is each mode's business; running
+a plan is the executor's.
 """
 
 from __future__ import annotations
@@ -11,60 +11,43 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.execute.plan import CallPlan, PlanSpan
 
 logger = logging.getLogger(__name__)
 
 
-def is_reused(span: LayerwiseSpan) -> bool:
+def is_reused(span: PlanSpan) -> bool:
     """Whether any layer of `span` reads provided K/V instead of computing it."""
     return span.keys is not None and span.start_layer > 0
 
 
-def computed_span(start: int, end: int, name: str = "") -> LayerwiseSpan:
-    """Slots [start, end) computed from their embeddings through every layer."""
-    return LayerwiseSpan(start, end, name=name)
+def reuse_spans(plan: CallPlan, *, approx_start_layer: int, mode: str) -> list[PlanSpan]:
+    """`plan`'s spans with every approximate reuse starting to compute at `approx_start_layer`.
 
-
-def slice_span(span: LayerwiseSpan, start: int, end: int) -> LayerwiseSpan:
-    """The slots [start, end) ⊆ [span.start, span.end) of `span`, same layers, K/V and state rows cut."""
-    if not span.start <= start < end <= span.end:
-        raise ValueError(
-            f"[{start}, {end}) is not inside span {span.name!r} [{span.start}, {span.end})"
-        )
-    rows = slice(start - span.start, end - span.start)
-    keys = None if span.keys is None else span.keys[:, :, rows]
-    values = None if span.values is None else span.values[:, :, rows]
-    hidden = None if span.hidden is None else span.hidden[rows]
-    return replace(span, start=start, end=end, keys=keys, values=values, hidden=hidden)
-
-
-def tile_spans(num_tokens: int, spans: Sequence[LayerwiseSpan]) -> tuple[LayerwiseSpan, ...]:
-    """`spans` (ascending, non-overlapping) with computed spans filling every gap up to `num_tokens`."""
-    out: list[LayerwiseSpan] = []
-    cursor = 0
-    for span in sorted(spans, key=lambda s: s.start):
-        if span.start < cursor:
-            raise ValueError(f"span {span.name!r} at {span.start} overlaps the previous one")
-        if span.start > cursor:
-            out.append(computed_span(cursor, span.start, "computed"))
-        out.append(span)
-        cursor = span.end
-    if cursor > num_tokens:
-        raise ValueError(f"spans end at {cursor}, past the prompt's {num_tokens} tokens")
-    if cursor < num_tokens:
-        out.append(computed_span(cursor, num_tokens, "computed"))
-    return tuple(out)
+    Exact reuse keeps reading every layer; approximate reuse (num_layers: full
+    reuse; 0: a blend candidate) is relabelled `mode`. Names are "<mode>@<start>".
+    """
+    spans: list[PlanSpan] = []
+    for span in plan.spans:
+        source = span.source
+        if source is None or source.exact:
+            spans.append(span)
+            continue
+        spans.append(replace(
+            span, start_layer=approx_start_layer, source=replace(source, mode=mode),
+            name=f"{mode}@{span.start}",
+        ))  # fmt: skip
+    return spans
 
 
 def replace_spans(
-    plan: LayerwisePlan,
-    spans: Sequence[LayerwiseSpan],
+    plan: CallPlan,
+    spans: Sequence[PlanSpan],
     *,
     logits_slots: tuple[int, ...] | None = None,
-) -> LayerwisePlan:
+) -> CallPlan:
     """`plan` with new spans: same tokens, offset, subset rules and captures; logits as given."""
-    return LayerwisePlan(
+    return CallPlan(
         plan.token_ids, tuple(spans), plan.position_offset, subsets=plan.subsets,
         capture_layers=plan.capture_layers,
         logits_slots=plan.logits_slots if logits_slots is None else logits_slots,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.kv_buffer import KVBuffer
-from kvsplice.client.execute.layerwise_plan import SubsetRule
+from kvsplice.client.execute.plan import SubsetRule
 from kvsplice.client.execute.slots import TokenSlots
 
 logger = logging.getLogger(__name__)

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
 
 from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.layerwise_call import LayerwiseCall
-from kvsplice.client.execute.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.layerwise_result import PrefilledPlan
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
+from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentStore, SpanRecord, slice_segment
+from kvsplice.client.store.segment_io import SegmentStore, SpanRecord
 from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.common.errors import LayoutMismatch
 from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +100,19 @@ class CallContext:
 class ReusePolicy(Protocol):
     """Decides a call's plan, and stores what the call produced once it is done.
 
-    `after_call` gets the plan as run: for a `LayerwiseCall`, its `view`.
+    `plan` may run its plan already (to test it) and return it with its run.
+    `after_call` gets what the run reused per prompt range.
     """
 
     @property
     def mode(self) -> str: ...
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall: ...
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan: ...
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
@@ -192,43 +196,42 @@ def _agent_id(placeholder: str) -> str:
 
 
 class PlanBuilder:
-    """Collects reused ranges in prompt order and closes them into a valid `ReusePlan`."""
+    """Collects stored segments reused in prompt order and closes them into a `CallPlan`."""
 
     def __init__(self, token_ids: Sequence[int]) -> None:
         self._token_ids = tuple(int(t) for t in token_ids)
-        self._reused: list[PlannedSpan] = []
+        self._reused: list[PlanSpan] = []
 
     @property
     def covered_until(self) -> int:
         """End of the last reused range (0 when none)."""
         return self._reused[-1].end if self._reused else 0
 
-    def reuse(self, start: int, action: Reuse, name: str = "") -> None:
+    def reuse(
+        self,
+        start: int,
+        segment: SegmentKV,
+        mode: str,
+        *,
+        exact: bool,
+        chain_key: bytes | None = None,
+        chain_num_tokens: int = 0,
+        name: str = "",
+    ) -> None:
+        """Read every layer of `segment` at slots [start, start + T), its keys moved by Δ."""
         if start < self.covered_until:
             raise ValueError(
                 f"reuse at {start} overlaps the previous one (ends {self.covered_until})"
             )
-        self._reused.append(PlannedSpan(start, start + action.num_tokens, action, name))
+        if segment.layer_start != 0:
+            raise LayoutMismatch(f"segment starts at layer {segment.layer_start}, not 0")
+        delta = start - segment.start_position
+        source = Source(mode, exact, start, delta, chain_key, chain_num_tokens)
+        self._reused.append(PlanSpan(
+            start, start + segment.num_tokens, segment.num_layers, segment.keys, segment.values,
+            name=name, delta=delta, source=source,
+        ))  # fmt: skip
 
-    def build(self) -> ReusePlan:
-        """Gaps become `Compute`; a reuse reaching the last token gives that token up."""
-        spans: list[PlannedSpan] = []
-        cursor, last = 0, len(self._token_ids) - 1
-        for span in self._reused:
-            if span.start > cursor:
-                spans.append(PlannedSpan(cursor, span.start, Compute()))
-            trimmed = _without_token(span, last) if span.end > last else span
-            if trimmed is not None:
-                spans.append(trimmed)
-            cursor = min(span.end, last)
-        spans.append(PlannedSpan(cursor, len(self._token_ids), Compute()))
-        return ReusePlan(self._token_ids, tuple(spans))
-
-
-def _without_token(span: PlannedSpan, position: int) -> PlannedSpan | None:
-    """`span` cut to end before `position` (None if nothing is left)."""
-    if position <= span.start:
-        return None
-    assert isinstance(span.action, Reuse)
-    segment = slice_segment(span.action.segment, 0, position - span.start)
-    return PlannedSpan(span.start, position, replace(span.action, segment=segment), span.name)
+    def build(self) -> CallPlan:
+        """Gaps computed; a reuse reaching the last token gives that token up."""
+        return CallPlan.tiled(self._token_ids, self._reused)

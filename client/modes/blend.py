@@ -28,16 +28,14 @@ from typing import Literal
 
 import torch
 
-from kvsplice.client.execute.layerwise_call import LayerwiseCall, reuse_spans, whole_span_records
-from kvsplice.client.execute.layerwise_plan import KVPair, LayerwisePlan, SubsetRule, segment_span
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
-from kvsplice.client.execute.spans import replace_spans, tile_spans
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.plan import CallPlan, KVPair, SubsetRule, segment_span, tile_spans
+from kvsplice.client.execute.reuse_map import ReuseMap
+from kvsplice.client.execute.spans import reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records
-from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -87,14 +85,18 @@ class DeviationSelector:
         return torch.topk(scores, count, sorted=False).indices.sort().values
 
 
+def blend_rule(config: BlendConfig) -> SubsetRule:
+    """At the check layer, keep computing the top r% of reused tokens by deviation."""
+    return SubsetRule(config.check_layer, DeviationSelector(config.ratio, config.deviation))
+
+
 def blend_plan(
     token_ids: Sequence[int],
     chunks: Sequence[tuple[int, SegmentKV]],
-    rope: RopeSpec,
     config: BlendConfig | None = None,
     *,
     position_offset: int = 0,
-) -> LayerwisePlan:
+) -> CallPlan:
     """Reuse each (start slot, segment) chunk CacheBlend-style; other tokens computed.
 
     Chunks need K/V for every layer (their old K/V stand in for dropped tokens)
@@ -105,13 +107,14 @@ def blend_plan(
     """
     config = config or BlendConfig()
     spans = [
-        segment_span(segment, start, rope, start_layer=0, position_offset=position_offset,
+        segment_span(segment, start, start_layer=0, position_offset=position_offset,
                      name=f"blend@{start}")
         for start, segment in chunks
     ]  # fmt: skip
     ids = tuple(int(t) for t in token_ids)
-    rule = SubsetRule(config.check_layer, DeviationSelector(config.ratio, config.deviation))
-    return LayerwisePlan(ids, tile_spans(len(ids), spans), position_offset, subsets=(rule,))
+    return CallPlan(
+        ids, tile_spans(len(ids), spans), position_offset, subsets=(blend_rule(config),)
+    )
 
 
 MODE = "blend"
@@ -123,32 +126,22 @@ class BlendPolicy:
     def __init__(self, config: BlendConfig | None = None) -> None:
         self.config = config or BlendConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         naive = NaivePolicy().plan(prompt, ctx)
-        chunks = [
-            (s.start, s.action.segment)
-            for s in naive.reused_spans
-            if isinstance(s.action, Reuse) and not s.action.exact
-        ]
-        if not chunks:
+        if not any(s.source is not None and not s.source.exact for s in naive.spans):
             return naive  # exact reuse or nothing: no token to blend
-        num_layers = ctx.executor.num_layers
-        spans, sources = reuse_spans(naive, ctx.rope, num_layers, approx_start_layer=0, mode=MODE)
-        blended = blend_plan(naive.token_ids, chunks, ctx.rope, self.config)
-        exact = [s for s in spans if s.keys is not None and s.start_layer == num_layers]
-        chunk_spans = [s for s in blended.spans if s.keys is not None]
-        plan = replace_spans(blended, tile_spans(naive.num_tokens, exact + chunk_spans))
-        return LayerwiseCall(plan, sources)
+        spans = reuse_spans(naive, approx_start_layer=0, mode=MODE)
+        return CallPlan(naive.token_ids, tuple(spans), subsets=(blend_rule(self.config),))
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        records = call_records(prompt, plan, state, ctx, response_ids)
+        records = call_records(prompt, reuse, state, ctx, response_ids)
         put_records(ctx, whole_span_records(records, prompt.spans))
 
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.layerwise_call import LayerwiseCall, reuse_spans, whole_span_records
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
-from kvsplice.client.execute.spans import replace_spans, tile_spans
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.layerwise_result import PrefilledPlan
+from kvsplice.client.execute.plan import CallPlan
+from kvsplice.client.execute.reuse_map import ReuseMap
+from kvsplice.client.execute.spans import reuse_spans
 from kvsplice.client.modes.base import (
     CallContext,
     ModeSpec,
@@ -38,11 +39,11 @@ from kvsplice.client.modes.base import (
     SpannedPrompt,
     candidate_blocks,
 )
-from kvsplice.client.modes.blend import BlendConfig, blend_plan
+from kvsplice.client.modes.blend import BlendConfig, blend_rule
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.naive import same_tokens_segment
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records
+from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class CrossfixPolicy:
     def __init__(self, config: CrossfixConfig | None = None) -> None:
         self.config = config or CrossfixConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
@@ -87,44 +88,37 @@ class CrossfixPolicy:
             tokens = prompt.token_ids[block.start : block.end]
             kv = same_tokens_segment(tokens, prompt, block.start, ctx)
             if kv is not None:
-                builder.reuse(block.start, Reuse(kv, MODE, exact=False), block.candidate_id)
+                builder.reuse(block.start, kv, MODE, exact=False, name=block.candidate_id)
         reused = builder.build()
-        chunks = [(s.start, s.action.segment) for s in reused.reused_spans if not s.action.exact]
-        if not chunks:
+        if not any(s.source is not None and not s.source.exact for s in reused.spans):
             ctx.decisions[MODE] = "nothing to reuse"
             return exact
         executor = ctx.executor.layerwise
         num_layers = executor.num_layers
-        spans, sources = reuse_spans(reused, ctx.rope, num_layers, approx_start_layer=0, mode=MODE)
+        spans = reuse_spans(reused, approx_start_layer=0, mode=MODE)
         # a check layer past the model's last layer is its last (a shallow model)
         blend = replace(
             self.config.blend, check_layer=min(self.config.blend.check_layer, num_layers - 1)
         )
-        blended = blend_plan(reused.token_ids, chunks, ctx.rope, blend)
-        kept = [s for s in spans if s.keys is not None and s.start_layer == num_layers]
-        # named as `reuse_spans` names their sources, so the view finds them
-        chunk_spans = [
-            replace(s, name=f"{MODE}@{s.start}") for s in blended.spans if s.keys is not None
-        ]
-        plan = replace_spans(blended, tile_spans(reused.num_tokens, kept + chunk_spans))
+        plan = CallPlan(reused.token_ids, tuple(spans), subsets=(blend_rule(blend),))
         with timed(ctx.timings, "prefill_s"):
             result = executor.run(plan)
         margin = first_token_margin(result.logits_last)
         if margin >= self.config.min_margin:
             ctx.decisions[MODE] = f"kept: margin {margin:.2f} >= {self.config.min_margin:g}"
-            return LayerwiseCall(plan, sources, result)
+            return PrefilledPlan(plan, result)
         ctx.decisions[MODE] = f"dense: margin {margin:.2f} < {self.config.min_margin:g}"
         return exact
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        records = call_records(prompt, plan, state, ctx, response_ids)
+        records = call_records(prompt, reuse, state, ctx, response_ids)
         put_records(ctx, whole_span_records(records, prompt.spans))
 
 

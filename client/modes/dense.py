@@ -1,6 +1,6 @@
 """Mode `dense`: compute every prompt token; the reference every other mode is measured against.
 
-It still runs through the span executor (and stores its segments afterwards),
+It still runs through the executor (and stores its segments afterwards),
 so its timings and outputs are comparable with the reuse modes'.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from kvsplice.client.execute.reuse_plan import ReusePlan
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.recorder import RecordingPolicy
@@ -19,8 +19,8 @@ logger = logging.getLogger(__name__)
 class DensePolicy(RecordingPolicy):
     mode = "dense"
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan:
-        return ReusePlan.all_compute(prompt.token_ids)
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+        return CallPlan.all_compute(prompt.token_ids)
 
 
 SPEC = ModeSpec("dense", NoParams, lambda _: DensePolicy(), chain_only=True, drifts=False)

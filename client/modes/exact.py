@@ -12,7 +12,7 @@ import logging
 import time
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlanBuilder, SpannedPrompt
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.recorder import RecordingPolicy
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 class ExactPolicy(RecordingPolicy):
     mode = "exact"
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         return builder.build()
@@ -60,8 +60,10 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
         if link is None:
             break
         meta, kv = link
-        action = Reuse(kv, "exact", True, meta.context_key, meta.num_tokens)
-        builder.reuse(position, action, f"prefix@{position}")
+        builder.reuse(
+            position, kv, "exact", exact=True, chain_key=meta.context_key,
+            chain_num_tokens=meta.num_tokens, name=f"prefix@{position}",
+        )  # fmt: skip
         parent, position = meta.context_key, position + meta.num_tokens
     return parent
 

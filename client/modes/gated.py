@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvsplice.client.execute.layerwise_call import LayerwiseCall
-from kvsplice.client.execute.reuse_plan import ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.layerwise_result import PrefilledPlan
+from kvsplice.client.execute.plan import CallPlan
+from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.modes.base import CallContext, ModeSpec, ReusePolicy, SpannedPrompt
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.risk_gate import classify
@@ -79,7 +80,7 @@ class GatedPolicy:
             why = f"{self.ordinary.mode} not admitted for judges"
         return policy, Route(policy.mode, f"judge ({verdict.reason}) -> {policy.mode}: {why}")
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
         policy, route = self.route(prompt, ctx)
         ctx.decisions[MODE] = route.reason
         ctx.notes[MODE] = policy
@@ -89,7 +90,7 @@ class GatedPolicy:
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        plan: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],

@@ -32,23 +32,21 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.layerwise_call import LayerwiseCall, reuse_spans, whole_span_records
+from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
-from kvsplice.client.execute.layerwise_plan import LayerwiseSpan as Span
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
-from kvsplice.client.execute.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
-from kvsplice.client.execute.spans import computed_span, is_reused, replace_spans, slice_span
+from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
+from kvsplice.client.execute.reuse_map import ReuseMap
+from kvsplice.client.execute.spans import is_reused, replace_spans, reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records
+from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
 
 logger = logging.getLogger(__name__)
 
 
-def halo_split(span: LayerwiseSpan, num_halo: int) -> tuple[LayerwiseSpan, ...]:
+def halo_split(span: PlanSpan, num_halo: int) -> tuple[PlanSpan, ...]:
     """`span` as (its first h tokens computed from embeddings, the rest as before).
 
     h ≥ the span's length computes all of it; h = 0 returns the span unchanged.
@@ -64,16 +62,14 @@ def halo_split(span: LayerwiseSpan, num_halo: int) -> tuple[LayerwiseSpan, ...]:
     return halo, slice_span(span, cut, span.end)
 
 
-def halo_plan(
-    plan: LayerwisePlan, num_halo: int, exact_names: Container[str] = frozenset()
-) -> LayerwisePlan:
+def halo_plan(plan: CallPlan, num_halo: int, exact_names: Container[str] = frozenset()) -> CallPlan:
     """`plan` with the first h tokens of every approximately reused span recomputed.
 
     Approximate: the span reads provided K/V for some layer, does not start at
     slot 0 (nothing precedes it in the plan, so its first token's sink is the
     real one) and is not named in `exact_names` (its left context matched).
     """
-    spans: list[LayerwiseSpan] = []
+    spans: list[PlanSpan] = []
     for span in plan.spans:
         repair = is_reused(span) and span.start > 0 and span.name not in exact_names
         spans.extend(halo_split(span, num_halo) if repair else (span,))
@@ -110,7 +106,7 @@ class AcceptanceResult:
 
 def check_acceptance(
     executor: LayerwiseExecutor,
-    plan: LayerwisePlan,
+    plan: CallPlan,
     config: AcceptanceConfig | None = None,
     exact_names: Container[str] = frozenset(),
 ) -> AcceptanceResult:
@@ -130,10 +126,10 @@ def check_acceptance(
 
 
 def probed_plan(
-    plan: LayerwisePlan, num_probe: int, exact_names: Container[str] = frozenset()
-) -> tuple[LayerwisePlan, tuple[int, ...]]:
+    plan: CallPlan, num_probe: int, exact_names: Container[str] = frozenset()
+) -> tuple[CallPlan, tuple[int, ...]]:
     """`plan` with the last m tokens of each approximate span computed and their logits asked."""
-    spans: list[Span] = []
+    spans: list[PlanSpan] = []
     probes: list[int] = []
     for span in plan.spans:
         if not _approximate(span, exact_names):
@@ -149,8 +145,8 @@ def probed_plan(
 
 
 def reference_plan(
-    plan: LayerwisePlan, probes: Sequence[int], exact_names: Container[str] = frozenset()
-) -> LayerwisePlan:
+    plan: CallPlan, probes: Sequence[int], exact_names: Container[str] = frozenset()
+) -> CallPlan:
     """Tokens [0, last probe] with every approximate span computed; logits at `probes`."""
     end = max(probes) + 1
     spans = []
@@ -162,7 +158,7 @@ def reference_plan(
             computed_span(cut.start, cut.end, cut.name) if _approximate(span, exact_names) else cut
         )
     ids = plan.token_ids[:end]
-    return LayerwisePlan(ids, tuple(spans), plan.position_offset, logits_slots=tuple(probes))
+    return CallPlan(ids, tuple(spans), plan.position_offset, logits_slots=tuple(probes))
 
 
 def kl_nats(reference_logits: torch.Tensor, reuse_logits: torch.Tensor) -> tuple[float, ...]:
@@ -172,7 +168,7 @@ def kl_nats(reference_logits: torch.Tensor, reuse_logits: torch.Tensor) -> tuple
     return tuple(float(k) for k in (ref.exp() * (ref - new)).sum(dim=-1))
 
 
-def _approximate(span: Span, exact_names: Container[str]) -> bool:
+def _approximate(span: PlanSpan, exact_names: Container[str]) -> bool:
     return is_reused(span) and span.start > 0 and span.name not in exact_names
 
 
@@ -200,20 +196,18 @@ class HaloPolicy:
     def __init__(self, config: HaloConfig | None = None) -> None:
         self.config = config or HaloConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
         naive = NaivePolicy().plan(prompt, ctx)
-        if all(isinstance(s.action, Reuse) and s.action.exact for s in naive.reused_spans):
+        if all(s.source is None or s.source.exact for s in naive.spans):
             return naive  # exact reuse or nothing: no junction to repair
         executor = ctx.executor.layerwise
-        spans, sources = reuse_spans(
-            naive, ctx.rope, executor.num_layers, approx_start_layer=executor.num_layers, mode=MODE
-        )  # fmt: skip
-        exact_names = {name for name, source in sources.items() if source.action.exact}
-        reused = LayerwisePlan(naive.token_ids, tuple(spans))
+        spans = reuse_spans(naive, approx_start_layer=executor.num_layers, mode=MODE)
+        exact_names = {s.name for s in spans if s.source is not None and s.source.exact}
+        reused = CallPlan(naive.token_ids, tuple(spans))
         plan = halo_plan(reused, self.config.num_halo, exact_names)
         acceptance = self.config.acceptance
         if acceptance is None:
-            return LayerwiseCall(plan, sources)
+            return plan
         with timed(ctx.timings, "prefill_s"):
             verdict = check_acceptance(executor, plan, acceptance, exact_names)
         ctx.decisions["halo_acceptance"] = "accepted" if verdict.accepted else "rejected"
@@ -223,29 +217,27 @@ class HaloPolicy:
             )
             return exact_only(naive)
         probed, _ = probed_plan(plan, acceptance.num_probe, exact_names)
-        return LayerwiseCall(probed, sources, result=verdict.reuse)
+        return PrefilledPlan(probed, verdict.reuse)
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        records = call_records(prompt, plan, state, ctx, response_ids)
+        records = call_records(prompt, reuse, state, ctx, response_ids)
         put_records(ctx, whole_span_records(records, prompt.spans))
 
 
-def exact_only(plan: ReusePlan) -> ReusePlan:
+def exact_only(plan: CallPlan) -> CallPlan:
     """`plan` with every approximate reuse computed instead (the dense fallback)."""
     spans = tuple(
-        PlannedSpan(s.start, s.end, Compute(), s.name)
-        if isinstance(s.action, Reuse) and not s.action.exact
-        else s
+        computed_span(s.start, s.end, s.name) if s.source is not None and not s.source.exact else s
         for s in plan.spans
     )
-    return ReusePlan(plan.token_ids, spans)
+    return replace_spans(plan, spans)
 
 
 @dataclass(frozen=True)

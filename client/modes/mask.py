@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers, truncate
 from kvsplice.client.modes.base import (
     CallContext,
@@ -39,10 +39,10 @@ class MaskPolicy(RecordingPolicy):
     def __init__(self, params: NoParams | None = None) -> None:
         self.params = params or NoParams()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         blocks = candidate_blocks(prompt)
         if not blocks:
-            return ReusePlan.all_compute(prompt.token_ids)
+            return CallPlan.all_compute(prompt.token_ids)
         builder = PlanBuilder(prompt.token_ids)
         prefix_len = blocks[0].start
         with timed(ctx.timings, "base_prefill_s"):
@@ -50,13 +50,13 @@ class MaskPolicy(RecordingPolicy):
             if prefix_len:
                 ctx.executor.forward(prompt.token_ids[:prefix_len], 0, cache)
                 keys, values = read_layers(cache, 0, prefix_len)
-                builder.reuse(0, Reuse(SegmentKV(keys, values, 0), MODE, exact=True), "prefix")
+                builder.reuse(0, SegmentKV(keys, values, 0), MODE, exact=True, name="prefix")
             for block in blocks:
                 ctx.executor.forward(prompt.token_ids[block.start : block.end], prefix_len, cache)
                 keys, values = read_layers(cache, prefix_len, prefix_len + block.num_tokens)
                 truncate(cache, prefix_len)
                 kv = SegmentKV(keys, values, start_position=prefix_len)
-                builder.reuse(block.start, Reuse(kv, MODE, exact=False), block.candidate_id)
+                builder.reuse(block.start, kv, MODE, exact=False, name=block.candidate_id)
         return builder.build()
 
 

@@ -26,24 +26,16 @@ from typing import Literal
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.layerwise_call import (
-    LayerwiseCall,
-    SpanSource,
-    compute_last_token,
-    reuse_spans,
-)
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan, segment_span
+from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_result import CapturedStates
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
-from kvsplice.client.execute.spans import tile_spans
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, segment_span, tile_spans
+from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.store.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
 from kvsplice.client.store.store_types import SimilarCandidate
-from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -127,13 +119,13 @@ def common_suffix_len(stored_left_ids: Sequence[int], left_ids: Sequence[int]) -
 def multicut_span(
     segment: SegmentKV,
     start: int,
-    rope: RopeSpec,
     cut: int,
     *,
     num_layers: int,
     position_offset: int = 0,
     name: str = "multicut",
-) -> LayerwiseSpan:
+    source: Source | None = None,
+) -> PlanSpan:
     """Slots [start, start + T): K/V of layers < cut reused (Δ-shifted), layers ≥ cut computed.
 
     The computed layers start from `segment.boundary_states[cut]` (h_cut, the
@@ -143,7 +135,7 @@ def multicut_span(
     if not 0 <= cut <= num_layers:
         raise ValueError(f"cut {cut} outside [0, {num_layers}]")
     if cut == 0:
-        return LayerwiseSpan(start, start + segment.num_tokens, name=name)
+        return PlanSpan(start, start + segment.num_tokens, name=name)
     if cut < num_layers and cut not in segment.boundary_states:
         raise ValueError(f"segment has no boundary state at cut {cut}")
     if segment.num_layers < cut or segment.layer_start != 0:
@@ -157,26 +149,25 @@ def multicut_span(
         boundary_states={cut: segment.boundary_states[cut]} if cut < num_layers else {},
     )  # fmt: skip
     return segment_span(
-        below, start, rope, start_layer=cut, position_offset=position_offset, name=name
+        below, start, start_layer=cut, position_offset=position_offset, name=name, source=source
     )
 
 
 def multicut_plan(
     token_ids: Sequence[int],
     placed: Sequence[tuple[int, SegmentKV, int]],
-    rope: RopeSpec,
     *,
     num_layers: int,
     position_offset: int = 0,
-) -> LayerwisePlan:
+) -> CallPlan:
     """A plan reusing each (start slot, segment, cut) of `placed`; every other token computed."""
     spans = [
-        multicut_span(segment, start, rope, cut, num_layers=num_layers,
+        multicut_span(segment, start, cut, num_layers=num_layers,
                       position_offset=position_offset, name=f"multicut@{start}")
         for start, segment, cut in placed
     ]  # fmt: skip
     ids = tuple(int(t) for t in token_ids)
-    return LayerwisePlan(ids, tile_spans(len(ids), spans), position_offset)
+    return CallPlan(ids, tile_spans(len(ids), spans), position_offset)
 
 
 def _rank(window: Window) -> float:
@@ -214,35 +205,27 @@ class MulticutPolicy(RecordingPolicy):
     def __init__(self, config: MulticutConfig | None = None) -> None:
         self.config = config or MulticutConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
         if ctx.store is None:
             return exact  # nothing to find and nowhere to store boundary states
         num_layers = ctx.executor.num_layers
-        spans, sources = reuse_spans(
-            exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE
-        )
-        reused = [s for s in spans if s.keys is not None]
+        reused = [s for s in exact.spans if s.keys is not None]
         for span in prompt.spans:
             if span.start < builder.covered_until:
                 continue
             placed = self._place(span, prompt, ctx, num_layers)
             if placed is not None:
-                layerwise_span, stored = placed
-                reused.append(layerwise_span)
-                source = SpanSource(span.start, Reuse(stored, MODE, exact=False))
-                sources[layerwise_span.name] = source
-        tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused))
+                reused.append(placed)
         cuts = self.config.cut_layers(num_layers)
-        plan = LayerwisePlan(prompt.token_ids, tuple(tiled), capture_layers=cuts)
-        return LayerwiseCall(plan, sources)
+        return CallPlan.tiled(prompt.token_ids, reused, capture_layers=cuts)
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
@@ -250,17 +233,17 @@ class MulticutPolicy(RecordingPolicy):
         """Store this call's segments with boundary states at every cut layer."""
         captured = state.layerwise.hidden_states if state.layerwise else None
         if ctx.store is None or captured is None:
-            super().after_call(prompt, plan, state, ctx, response_ids)
+            super().after_call(prompt, reuse, state, ctx, response_ids)
             return
-        records = call_records(prompt, plan, state, ctx, response_ids)
+        records = call_records(prompt, reuse, state, ctx, response_ids)
         exact_response = any(_exact_kind(r) == "response" for r in records)
-        response = self._response_states(plan, state, ctx, response_ids) if exact_response else {}
+        response = self._response_states(reuse, state, ctx, response_ids) if exact_response else {}
         put_records(ctx, [_with_states(r, captured, response) for r in records])
 
     def _place(
         self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext, num_layers: int
-    ) -> tuple[LayerwiseSpan, SegmentKV] | None:
-        """A multicut span for `span` and the stored segment it reads, or None."""
+    ) -> PlanSpan | None:
+        """A multicut span for `span` (its source the stored segment it reads), or None."""
         assert ctx.store is not None
         tokens = prompt.token_ids[span.start : span.end]
         with timed(ctx.timings, "lookup_s"):
@@ -275,12 +258,11 @@ class MulticutPolicy(RecordingPolicy):
             )  # fmt: skip
             cut = self._cut(fetched, candidate, tokens, span.start, num_layers)
             if fetched is not None and cut is not None:
-                with timed(ctx.timings, "shift_s"):
-                    placed = multicut_span(
-                        fetched.kv, span.start, ctx.rope, cut, num_layers=num_layers,
-                        name=f"{MODE}@{span.start}",
-                    )  # fmt: skip
-                return placed, fetched.kv
+                delta = span.start - fetched.kv.start_position
+                return multicut_span(
+                    fetched.kv, span.start, cut, num_layers=num_layers, name=f"{MODE}@{span.start}",
+                    source=Source(MODE, False, span.start, delta),
+                )  # fmt: skip
         return None
 
     def _cut(
@@ -311,7 +293,7 @@ class MulticutPolicy(RecordingPolicy):
 
     def _response_states(
         self,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
@@ -320,16 +302,16 @@ class MulticutPolicy(RecordingPolicy):
         if not response_ids:
             return {}
         executor = ctx.executor.layerwise
-        prompt_kv = ctx.executor.read_kv(state, 0, plan.num_tokens)
-        num_layers, end = executor.num_layers, plan.num_tokens + len(response_ids)
-        prompt_span = LayerwiseSpan(
-            0, plan.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"
+        prompt_kv = ctx.executor.read_kv(state, 0, reuse.num_tokens)
+        num_layers, end = executor.num_layers, reuse.num_tokens + len(response_ids)
+        prompt_span = PlanSpan(
+            0, reuse.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"
         )
-        spans = (prompt_span, LayerwiseSpan(plan.num_tokens, end, name="response"))
+        spans = (prompt_span, PlanSpan(reuse.num_tokens, end, name="response"))
         cuts = self.config.cut_layers(num_layers)
-        ids = plan.token_ids + tuple(int(t) for t in response_ids)
-        result = executor.run(LayerwisePlan(ids, spans, capture_layers=cuts))
-        return {c: result.hidden_states[c].span(plan.num_tokens, end) for c in cuts}
+        ids = reuse.token_ids + tuple(int(t) for t in response_ids)
+        result = executor.run(CallPlan(ids, spans, capture_layers=cuts))
+        return {c: result.hidden_states[c].span(reuse.num_tokens, end) for c in cuts}
 
 
 def _with_states(

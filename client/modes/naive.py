@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.modes.base import (
     CallContext,
@@ -38,7 +38,7 @@ MODE = "naive"
 class NaivePolicy(RecordingPolicy):
     mode = MODE
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         for span in prompt.spans:
@@ -46,7 +46,7 @@ class NaivePolicy(RecordingPolicy):
                 continue  # inside the exact prefix, or straddling its end: computed
             kv = self._segment_for(span, prompt, ctx)
             if kv is not None:
-                builder.reuse(span.start, Reuse(kv, MODE, exact=False), span.name)
+                builder.reuse(span.start, kv, MODE, exact=False, name=span.name)
         return builder.build()
 
     def _segment_for(

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 
-from kvsplice.client.execute.reuse_plan import PlannedSpan, Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.reuse_map import ReusedRange, ReuseMap
 from kvsplice.client.modes.base import CallContext, PromptSpan, SpannedPrompt
 from kvsplice.client.store.segment_io import (
     SpanRecord,
@@ -36,12 +36,12 @@ class _Chain:
         self.exact = True
         self.stored_until = 0  # prompt tokens already covered by stored segments
 
-    def follow_reuse(self, span: PlannedSpan, tokens: Sequence[int]) -> None:
-        action = span.action
-        assert isinstance(action, Reuse)
-        if self.exact and action.exact and action.chain_key is not None:
-            self.parent = action.chain_key
-            self.stored_until = span.start + action.chain_num_tokens
+    def follow_reuse(self, reused: ReusedRange, tokens: Sequence[int]) -> None:
+        source = reused.source
+        assert source is not None
+        if self.exact and source.exact and source.chain_key is not None:
+            self.parent = source.chain_key
+            self.stored_until = reused.start + source.chain_num_tokens
             return
         self.leave_exact()
         self.parent = context_key(self.parent, tokens)
@@ -75,7 +75,7 @@ class _Chain:
 
 def record_call(
     prompt: SpannedPrompt,
-    plan: ReusePlan,
+    reuse: ReuseMap,
     state: ExecutionState,
     ctx: CallContext,
     response_ids: Sequence[int],
@@ -85,7 +85,7 @@ def record_call(
     """
     if ctx.store is None:
         return 0
-    records = call_records(prompt, plan, state, ctx, response_ids)
+    records = call_records(prompt, reuse, state, ctx, response_ids)
     if ctx.writer is not None:
         return len(ctx.writer.submit(records))
     return put_records(ctx, records)
@@ -93,13 +93,13 @@ def record_call(
 
 def call_records(
     prompt: SpannedPrompt,
-    plan: ReusePlan,
+    reuse: ReuseMap,
     state: ExecutionState,
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> list[SpanRecord]:
     """What `record_call` would put: `ctx.pending`, then this call's new segments, in order."""
-    return list(ctx.pending) + _new_records(prompt, plan, state, ctx, response_ids)
+    return list(ctx.pending) + _new_records(prompt, reuse, state, ctx, response_ids)
 
 
 def put_records(ctx: CallContext, records: Sequence[SpanRecord]) -> int:
@@ -133,27 +133,27 @@ def _put(ctx: CallContext, record: SpanRecord) -> bool:
 
 def _new_records(
     prompt: SpannedPrompt,
-    plan: ReusePlan,
+    reuse: ReuseMap,
     state: ExecutionState,
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> list[SpanRecord]:
     chain = _Chain(ctx.fingerprint)
     records: list[SpanRecord] = []
-    for span in plan.spans:
-        if isinstance(span.action, Reuse):
-            chain.follow_reuse(span, plan.token_ids[span.start : span.end])
+    for span in reuse.ranges:
+        if span.source is not None:
+            chain.follow_reuse(span, reuse.token_ids[span.start : span.end])
             continue
         for start, end in _pieces(span, prompt.spans, chain.stored_until):
-            records.append(chain.record(ctx, state, plan.token_ids, start, end))
+            records.append(chain.record(ctx, state, reuse.token_ids, start, end))
     if response_ids:
-        full = plan.token_ids + tuple(response_ids)
-        records.append(chain.record(ctx, state, full, plan.num_tokens, len(full)))
+        full = reuse.token_ids + tuple(response_ids)
+        records.append(chain.record(ctx, state, full, reuse.num_tokens, len(full)))
     return records
 
 
 def _pieces(
-    span: PlannedSpan, prompt_spans: Sequence[PromptSpan], stored_until: int
+    span: ReusedRange, prompt_spans: Sequence[PromptSpan], stored_until: int
 ) -> Iterator[tuple[int, int]]:
     """A computed range cut at the prompt's span boundaries, minus what is already stored."""
     start = max(span.start, stored_until)
@@ -169,9 +169,28 @@ class RecordingPolicy:
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        record_call(prompt, plan, state, ctx, response_ids)
+        record_call(prompt, reuse, state, ctx, response_ids)
+
+
+def whole_span_records(
+    records: Sequence[SpanRecord], prompt_spans: Sequence[PromptSpan]
+) -> list[SpanRecord]:
+    """`records` without approximate prompt pieces that cover only part of a prompt span.
+
+    Blend and halo compute scattered tokens inside reused spans; storing those
+    as one- or few-token off-chain segments would only fill the index.
+    """
+    whole = {(s.start, s.end) for s in prompt_spans}
+    return [r for r in records if not _partial_approximate(r, whole)]
+
+
+def _partial_approximate(record: SpanRecord, whole: set[tuple[int, int]]) -> bool:
+    if record.kind != "prompt" or record.exact:
+        return False
+    start = record.kv.start_position
+    return (start, start + record.kv.num_tokens) not in whole

@@ -26,7 +26,7 @@ from kvsplice.agents.judge import (
 )
 from kvsplice.agents.pipeline import run_pipeline, stop_token_ids
 from kvsplice.agents.render import RenderedPrompt, render, tokenize_text
-from kvsplice.client.execute.span_executor import ExecutionState, GenerationConfig
+from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, load_policy
 from kvsplice.client.modes.base import candidate_blocks

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.reuse_plan import ReusePlan
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.modes.base import SpannedPrompt
 from kvsplice.client.reuse_engine import ReuseEngine
 
@@ -107,6 +107,6 @@ class DenseReferences:
             outcome = self._engine.dense_reference(prompt, generation)
             return Reference(outcome.logits_first, outcome.output_ids, outcome.ttft_s)
         start_s = time.perf_counter()
-        plan = ReusePlan.all_compute(prompt.token_ids)
+        plan = CallPlan.all_compute(prompt.token_ids)
         state = self._engine.executor.prefill(plan, CallTimings())
         return Reference(state.logits_first, None, time.perf_counter() - start_s)

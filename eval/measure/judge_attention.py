@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.agents.render import RenderedPrompt
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.model.hf_cache import append_layer_runs, full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.base import CandidateBlock, candidate_blocks
@@ -79,7 +79,7 @@ class AttentionProbe:
         if mode == REFERENCE:  # runs first for every example
             self._dense_cross = cross_block_attention(self._loaded, prompt)
         assert self._dense_cross is not None
-        kept = self._dense_cross * computed_share(state.plan, blocks, keys.shape[0])
+        kept = self._dense_cross * computed_share(state.reuse, blocks, keys.shape[0])
         self._cross.setdefault(mode, []).append(kept)
 
     def profiles(self) -> list[AttentionProfile]:
@@ -137,15 +137,12 @@ def cross_block_attention(loaded: LoadedModel, prompt: RenderedPrompt) -> torch.
 
 
 def computed_share(
-    plan: ReusePlan, blocks: Sequence[CandidateBlock], num_layers: int
+    reuse: ReuseMap, blocks: Sequence[CandidateBlock], num_layers: int
 ) -> torch.Tensor:
     """[L, n]: the share of each block's tokens whose layer-l K/V the call computed."""
     reused = torch.zeros(num_layers, len(blocks))
-    for span in plan.spans:
-        if not isinstance(span.action, Reuse):
-            continue
-        segment = span.action.segment
-        layers = slice(segment.layer_start, segment.layer_start + segment.num_layers)
+    for span in reuse.reused:
+        layers = slice(*span.layers)
         for k, block in enumerate(blocks):
             overlap = min(span.end, block.end) - max(span.start, block.start)
             if overlap > 0:

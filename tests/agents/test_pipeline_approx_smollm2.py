@@ -19,7 +19,7 @@ import torch
 from kvsplice.agents.graph import chain
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
 from kvsplice.agents.roles import code_roles
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient

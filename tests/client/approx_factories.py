@@ -6,7 +6,7 @@ import torch
 from client_factories import VOCAB, CharTokenizer, FakePrompt, make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
 

@@ -10,8 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
-from kvsplice.client.execute.spans import tile_spans
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, tile_spans
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -87,17 +86,15 @@ def capture(
     ).segments[0]  # fmt: skip
 
 
-def full_reuse_span(segment: SegmentKV, start: int, rope: RopeSpec) -> LayerwiseSpan:
+def full_reuse_span(segment: SegmentKV, start: int, rope: RopeSpec) -> PlanSpan:
     """Naive reuse, built by hand: every layer reads the segment's K/V shifted to `start`."""
     keys = rope.shift_layers(segment.keys, start - segment.start_position)
-    return LayerwiseSpan(
-        start, start + segment.num_tokens, segment.num_layers, keys, segment.values
-    )
+    return PlanSpan(start, start + segment.num_tokens, segment.num_layers, keys, segment.values)
 
 
-def plan_with(ids: Sequence[int], *reused: LayerwiseSpan) -> LayerwisePlan:
+def plan_with(ids: Sequence[int], *reused: PlanSpan) -> CallPlan:
     """`reused` spans in order, every other token computed."""
-    return LayerwisePlan(tuple(ids), tile_spans(len(ids), reused))
+    return CallPlan(tuple(ids), tile_spans(len(ids), reused))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """KVComm offset correction: approximate a placeholder's (and the next text's) K/V in one agent.
 
 Owns `correct`: base + Σ_a w_a · offset_a, with weights from `weights`,
-and `anchor_spans`, which turns a correction into full-reuse layerwise spans.
+and `anchor_spans`, which turns a correction into full-reuse plan spans.
 Whether to reuse at all is `gate`'s decision; fetching anchors is the
 policy's.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsplice.client.execute.layerwise_plan import LayerwiseSpan
+from kvsplice.client.execute.plan import PlanSpan
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, base_features
 from kvsplice.client.modes.anchor.weights import (
     WeightConfig,
@@ -116,7 +116,7 @@ def correct(
 
 def anchor_spans(
     correction: AnchorCorrection, position_offset: int = 0, name: str = "anchor"
-) -> tuple[LayerwiseSpan, ...]:
+) -> tuple[PlanSpan, ...]:
     """Full-reuse spans (every layer reads the corrected K/V) for a plan at `position_offset`."""
     segments = [correction.placeholder]
     if correction.next_text is not None:
@@ -124,7 +124,7 @@ def anchor_spans(
     spans = []
     for part, segment in zip(("placeholder", "next"), segments, strict=False):
         start = segment.start_position - position_offset
-        spans.append(LayerwiseSpan(
+        spans.append(PlanSpan(
             start, start + segment.num_tokens, segment.num_layers, segment.keys, segment.values,
             name=f"{name}:{part}",
         ))  # fmt: skip

@@ -1,7 +1,7 @@
 """Mode `anchor` (KVComm): placeholders corrected from an anchor pool, or dense plus a new anchor.
 
 Per placeholder after the exact prefix: its base K/V, the placeholder's pool decoded
-with this agent's offsets, and the gate. All confident → one layerwise call
+with this agent's offsets, and the gate. All confident → one call
 reusing each placeholder and the text after it as corrected K/V. Otherwise the
 call is dense (KVComm: an agent relying on an unshareable placeholder prefills)
 and, after its first token, each such placeholder joins (or becomes) an anchor
@@ -32,16 +32,10 @@ import torch
 import xxhash
 
 from kvsplice.client.execute.call_timings import CallTimings, timed
-from kvsplice.client.execute.layerwise_call import (
-    LayerwiseCall,
-    SpanSource,
-    compute_last_token,
-    reuse_spans,
-)
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
-from kvsplice.client.execute.reuse_plan import Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import ExecutionState
-from kvsplice.client.execute.spans import replace_spans, tile_spans
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
+from kvsplice.client.execute.reuse_map import ReuseMap
+from kvsplice.client.execute.spans import replace_spans
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, Metric, kv_offset
 from kvsplice.client.modes.anchor.cache import AnchorKey, DecodedAnchors
 from kvsplice.client.modes.anchor.codec import (
@@ -169,7 +163,7 @@ class AnchorPolicy(RecordingPolicy):
         self.config = config or AnchorConfig()
         self._decoded = DecodedAnchors(self.config.decoded_cache_bytes)
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> ReusePlan | LayerwiseCall:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
@@ -214,14 +208,14 @@ class AnchorPolicy(RecordingPolicy):
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReusePlan,
+        reuse: ReuseMap,
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
         if ctx.store is None:
             return
-        records = call_records(prompt, plan, state, ctx, response_ids)  # bases first
+        records = call_records(prompt, reuse, state, ctx, response_ids)  # bases first
         if response_ids and self.config.sender_bases:
             records.append(_sender_base_record(records[-1], ctx.fingerprint))
         put_records(ctx, records)
@@ -394,38 +388,26 @@ class AnchorPolicy(RecordingPolicy):
 
     def _reuse_call(
         self,
-        exact: ReusePlan,
+        exact: CallPlan,
         gated: Sequence[_Gated],
         prompt: SpannedPrompt,
         ctx: CallContext,
         agent_id: str,
-    ) -> LayerwiseCall:
+    ) -> CallPlan:
         """Exact prefix, corrected placeholders and next texts, the rest computed."""
-        num_layers = ctx.executor.num_layers
-        spans, sources = reuse_spans(
-            exact, ctx.rope, num_layers, approx_start_layer=num_layers, mode=MODE
-        )
-        reused = [s for s in spans if s.keys is not None]
-        corrected: list[LayerwiseSpan] = []
+        reused = [s for s in exact.spans if s.keys is not None]
+        corrected: list[PlanSpan] = []
         for outcome in gated:
-            outcome_spans, outcome_sources = self._corrected(outcome, prompt, ctx, agent_id)
-            corrected += outcome_spans
-            sources.update(outcome_sources)
+            corrected += self._corrected(outcome, prompt, ctx, agent_id)
         if self.config.repair is not None:
-            return self._repaired_call(prompt, reused, corrected, sources, ctx)
-        tiled = compute_last_token(tile_spans(len(prompt.token_ids), reused + corrected))
-        return LayerwiseCall(LayerwisePlan(prompt.token_ids, tuple(tiled)), sources)
+            return self._repaired_call(prompt, reused, corrected)
+        return CallPlan.tiled(prompt.token_ids, reused + corrected)
 
     def _repaired_call(
-        self,
-        prompt: SpannedPrompt,
-        exact: Sequence[LayerwiseSpan],
-        corrected: Sequence[LayerwiseSpan],
-        sources: dict[str, SpanSource],
-        ctx: CallContext,
-    ) -> LayerwiseCall:
+        self, prompt: SpannedPrompt, exact: Sequence[PlanSpan], corrected: Sequence[PlanSpan]
+    ) -> CallPlan:
         """The corrected spans as CacheBlend chunks (see `AnchorConfig.repair`); the exact
-        prefix is read at every layer. Sources keep their spans' names."""
+        prefix is read at every layer."""
         assert self.config.repair is not None
         chunks = []
         for span in corrected:
@@ -433,16 +415,19 @@ class AnchorPolicy(RecordingPolicy):
             chunks.append(
                 (span.start, SegmentKV(span.keys, span.values, start_position=span.start))
             )
-        blended = blend_plan(prompt.token_ids, chunks, ctx.rope, self.config.repair)
-        names = {s.start: s.name for s in corrected}
-        chunk_spans = [replace(s, name=names[s.start]) for s in blended.spans if s.keys is not None]
-        plan = replace_spans(blended, tile_spans(len(prompt.token_ids), [*exact, *chunk_spans]))
-        return LayerwiseCall(plan, sources)
+        blended = blend_plan(prompt.token_ids, chunks, self.config.repair)
+        by_start = {s.start: s for s in corrected}
+        chunk_spans = [
+            replace(s, name=by_start[s.start].name, source=by_start[s.start].source)
+            for s in blended.spans
+            if s.keys is not None
+        ]
+        return replace_spans(blended, tile_spans(len(prompt.token_ids), [*exact, *chunk_spans]))
 
     def _corrected(
         self, outcome: _Gated, prompt: SpannedPrompt, ctx: CallContext, agent_id: str
-    ) -> tuple[tuple[LayerwiseSpan, ...], dict[str, SpanSource]]:
-        """The placeholder's (and its next text's) corrected spans and their sources."""
+    ) -> tuple[PlanSpan, ...]:
+        """The placeholder's (and its next text's) corrected spans, each with its source."""
         assert outcome.base is not None
         span, base = outcome.span, outcome.base
         whole = base.num_tokens == span.end - span.start  # else the next text is computed
@@ -457,10 +442,13 @@ class AnchorPolicy(RecordingPolicy):
             correction = correct(query, outcome.pool, ctx.rope, self.config.gate.weights)
         name = f"{MODE}@{span.start}"
         spans = anchor_spans(correction, name=name)
-        sources = {spans[0].name: SpanSource(span.start, Reuse(base, MODE, exact=False))}
+        bases = [(span.start, base)]
         if next_base is not None and next_span is not None:
-            sources[spans[1].name] = SpanSource(next_span.start, Reuse(next_base, MODE, False))
-        return spans, sources
+            bases.append((next_span.start, next_base))
+        return tuple(
+            replace(s, source=Source(MODE, False, start, start - stored.start_position))
+            for s, (start, stored) in zip(spans, bases, strict=False)
+        )
 
     def _add_anchor(
         self,

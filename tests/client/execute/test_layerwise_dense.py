@@ -13,7 +13,7 @@ from transformers import masking_utils
 
 from kvsplice.client.execute.attention_mask import additive_mask, allowed_keys
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.model_adapter import DecoderAdapter
 
 ATOL = 1e-4  # measured: 0.0 (bit-identical) on every tiny model below
@@ -27,7 +27,7 @@ def test_all_compute_equals_model_forward(arch: str, attn: str) -> None:
     model = make_model(arch, attn)
     ids = make_prompt(3 * GEMMA_WINDOW + 5)  # longer than Gemma3's window
     dense_logits, cache = dense_forward(model, ids)
-    plan = LayerwisePlan.all_compute(ids, logits_slots=tuple(range(len(ids))))
+    plan = CallPlan.all_compute(ids, logits_slots=tuple(range(len(ids))))
     result = LayerwiseExecutor(model).run(plan)
     keys, values = dense_kv(cache, 0, len(ids))
     torch.testing.assert_close(result.logits, dense_logits, atol=ATOL, rtol=0)
@@ -41,7 +41,7 @@ def test_position_offset_equals_forward_at_shifted_positions(arch: str) -> None:
     model = make_model(arch)
     ids = make_prompt(11)
     dense_logits, _ = dense_forward(model, ids, position_offset=37)
-    result = LayerwiseExecutor(model).run(LayerwisePlan.all_compute(ids, position_offset=37))
+    result = LayerwiseExecutor(model).run(CallPlan.all_compute(ids, position_offset=37))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
     assert result.kv.to_segment(2, 5).start_position == 39
 
@@ -53,7 +53,7 @@ def test_gemma3_sliding_window_is_respected() -> None:
     dense_logits, _ = dense_forward(model, ids)
     executor = LayerwiseExecutor(model)
     executor.adapter = dataclasses.replace(executor.adapter, windows=(None,) * executor.num_layers)
-    windowless = executor.run(LayerwisePlan.all_compute(ids)).logits_last
+    windowless = executor.run(CallPlan.all_compute(ids)).logits_last
     assert (windowless - dense_logits[-1]).abs().max() > 100 * ATOL
 
 
@@ -69,7 +69,7 @@ def test_dynamic_cache_continues_generation(arch: str) -> None:
     """Decoding the next token on the exported cache equals dense over prompt + token."""
     model = make_model(arch)
     ids = make_prompt(3 * GEMMA_WINDOW)
-    result = LayerwiseExecutor(model).run(LayerwisePlan.all_compute(ids))
+    result = LayerwiseExecutor(model).run(CallPlan.all_compute(ids))
     next_id = int(result.logits_last.argmax())
     dense_logits, _ = dense_forward(model, (*ids, next_id))
     for cache in (result.kv.to_dynamic_cache(), result.kv.to_dynamic_cache(like_model=model)):

@@ -14,8 +14,7 @@ from transformers import PreTrainedModel
 
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan, segment_span
-from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, segment_span
 
 ATOL = 1e-4  # measured max |Δlogit| <= 2.4e-7 (Δ-shifted reuse), <= 2.1e-7 otherwise
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -24,24 +23,23 @@ CUTS = (0, NUM_LAYERS // 2, NUM_LAYERS)
 
 def reused_span(
     model: PreTrainedModel, ids: tuple[int, ...], start: int, end: int, cut: int
-) -> LayerwiseSpan:
+) -> PlanSpan:
     """Tokens [start, end) with dense K/V and the dense boundary state at `cut` (multicut)."""
     segment = capture_segments(model, ids, [(start, end)], boundary_layers=[cut]).segments[0]
-    rope = RopeSpec.from_hf_config(model.config)
-    return segment_span(segment, start, rope, start_layer=cut, name="reused")
+    return segment_span(segment, start, start_layer=cut, name="reused")
 
 
-def tile(num_tokens: int, *spans: LayerwiseSpan) -> tuple[LayerwiseSpan, ...]:
+def tile(num_tokens: int, *spans: PlanSpan) -> tuple[PlanSpan, ...]:
     """`spans` in order with computed spans filling the gaps."""
-    out: list[LayerwiseSpan] = []
+    out: list[PlanSpan] = []
     cursor = 0
     for span in spans:
         if span.start > cursor:
-            out.append(LayerwiseSpan(cursor, span.start, name="computed"))
+            out.append(PlanSpan(cursor, span.start, name="computed"))
         out.append(span)
         cursor = span.end
     if cursor < num_tokens:
-        out.append(LayerwiseSpan(cursor, num_tokens, name="computed"))
+        out.append(PlanSpan(cursor, num_tokens, name="computed"))
     return tuple(out)
 
 
@@ -51,8 +49,8 @@ def test_exact_prefix_reuse_equals_dense(arch: str) -> None:
     ids = make_prompt(18)
     dense_logits, cache = dense_forward(model, ids)
     keys, values = dense_kv(cache, 0, 10)
-    spans = tile(len(ids), LayerwiseSpan(0, 10, NUM_LAYERS, keys, values, name="prefix"))
-    result = LayerwiseExecutor(model).run(LayerwisePlan(ids, spans))
+    spans = tile(len(ids), PlanSpan(0, 10, NUM_LAYERS, keys, values, name="prefix"))
+    result = LayerwiseExecutor(model).run(CallPlan(ids, spans))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
     assert result.num_computed == (8,) * NUM_LAYERS
     torch.testing.assert_close(
@@ -71,7 +69,7 @@ def test_multicut_from_exact_boundary_equals_dense(
     ids = make_prompt(17)
     dense_logits, _ = dense_forward(model, ids)
     spans = tile(len(ids), reused_span(model, ids, start, end, cut))
-    result = LayerwiseExecutor(model).run(LayerwisePlan(ids, spans))
+    result = LayerwiseExecutor(model).run(CallPlan(ids, spans))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
     span_tokens = end - start
     assert result.num_computed == tuple(
@@ -86,7 +84,7 @@ def test_captured_boundary_states_equal_capture_module(arch: str) -> None:
     ids = make_prompt(12)
     layers = (0, 2, NUM_LAYERS)
     segment = capture_segments(model, ids, [(3, 9)], boundary_layers=layers).segments[0]
-    plan = LayerwisePlan.all_compute(ids, capture_layers=layers)
+    plan = CallPlan.all_compute(ids, capture_layers=layers)
     captured = LayerwiseExecutor(model).run(plan).hidden_states
     for layer in layers:
         torch.testing.assert_close(
@@ -98,7 +96,7 @@ def test_captured_states_cover_only_computed_tokens() -> None:
     model = make_model("llama")
     ids = make_prompt(12)
     span = reused_span(model, ids, 0, 6, cut=2)
-    plan = LayerwisePlan(ids, tile(len(ids), span), capture_layers=(1, 3))
+    plan = CallPlan(ids, tile(len(ids), span), capture_layers=(1, 3))
     captured = LayerwiseExecutor(model).run(plan).hidden_states
     assert captured[1].slots == tuple(range(6, 12))
     assert captured[3].slots == tuple(range(12))
@@ -116,28 +114,19 @@ def test_shifted_segment_reuse_matches_dense_within_rope_tolerance(arch: str) ->
     ids = make_prompt(14)
     dense_logits, _ = dense_forward(model, ids)
     segment = capture_segments(model, ids[:8], [(0, 8)], position_offset=50).segments[0]
-    rope = RopeSpec.from_hf_config(model.config)
-    span = segment_span(segment, 0, rope, start_layer=NUM_LAYERS)
-    result = LayerwiseExecutor(model).run(LayerwisePlan(ids, tile(len(ids), span)))
+    span = segment_span(segment, 0, start_layer=NUM_LAYERS)
+    result = LayerwiseExecutor(model).run(CallPlan(ids, tile(len(ids), span)))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
 
 
 def test_plan_position_offset_moves_reused_keys() -> None:
-    """With position_offset, segment_span shifts keys to offset + slot (dense at shifted positions)."""
+    """With position_offset, the executor shifts keys to offset + slot (dense at shifted positions)."""
     model = make_model("llama")
     ids = make_prompt(10)
     dense_logits, _ = dense_forward(model, ids, position_offset=20)
     segment = capture_segments(model, ids[:6], [(0, 6)]).segments[0]
-    span = segment_span(
-        segment,
-        0,
-        RopeSpec.from_hf_config(model.config),
-        start_layer=NUM_LAYERS,
-        position_offset=20,
-    )
-    result = LayerwiseExecutor(model).run(
-        LayerwisePlan(ids, tile(len(ids), span), position_offset=20)
-    )
+    span = segment_span(segment, 0, start_layer=NUM_LAYERS, position_offset=20)
+    result = LayerwiseExecutor(model).run(CallPlan(ids, tile(len(ids), span), position_offset=20))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
 
 
@@ -168,6 +157,6 @@ def test_any_tiling_with_exact_kv_and_boundaries_equals_dense(
         start_layer = min(layers[i], NUM_LAYERS - 1) if end == len(ids) else layers[i]
         hidden = segment.boundary_states[start_layer][start:end]
         keys, values = segment.keys[:, :, start:end], segment.values[:, :, start:end]
-        spans.append(LayerwiseSpan(start, end, start_layer, keys, values, hidden))
-    result = LayerwiseExecutor(model).run(LayerwisePlan(ids, tuple(spans)))
+        spans.append(PlanSpan(start, end, start_layer, keys, values, hidden))
+    result = LayerwiseExecutor(model).run(CallPlan(ids, tuple(spans)))
     torch.testing.assert_close(result.logits_last, dense_last, atol=ATOL, rtol=0)

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan, segment_span
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, segment_span
 from kvsplice.client.model.models import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def dense_last_logits(loaded: LoadedModel, ids: tuple[int, ...]) -> torch.Tensor
 
 def test_all_compute_equals_model_forward(smollm2: LoadedModel) -> None:
     ids = make_ids(smollm2)
-    result = LayerwiseExecutor(smollm2.model).run(LayerwisePlan.all_compute(ids))
+    result = LayerwiseExecutor(smollm2.model).run(CallPlan.all_compute(ids))
     torch.testing.assert_close(
         result.logits_last, dense_last_logits(smollm2, ids), atol=ATOL, rtol=0
     )
@@ -51,11 +51,11 @@ def test_multicut_from_exact_boundary_equals_dense(smollm2: LoadedModel, cut: in
     captured = capture_segments(smollm2.model, ids, [(start, end)], boundary_layers=[cut])
     segment = captured.segments[0]
     spans = (
-        LayerwiseSpan(0, start),
-        segment_span(segment, start, smollm2.rope, start_layer=cut),
-        LayerwiseSpan(end, len(ids)),
+        PlanSpan(0, start),
+        segment_span(segment, start, start_layer=cut),
+        PlanSpan(end, len(ids)),
     )
-    result = LayerwiseExecutor(smollm2.model).run(LayerwisePlan(ids, spans))
+    result = LayerwiseExecutor(smollm2.model).run(CallPlan(ids, spans))
     dense = dense_last_logits(smollm2, ids)
     torch.testing.assert_close(result.logits_last, dense, atol=ATOL, rtol=0)
     assert int(result.logits_last.argmax()) == int(dense.argmax())

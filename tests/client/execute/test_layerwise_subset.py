@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import KVPair, LayerwisePlan, LayerwiseSpan, SubsetRule
+from kvsplice.client.execute.plan import CallPlan, KVPair, PlanSpan, SubsetRule
 
 ATOL = 1e-4  # measured max |Δlogit| <= 9e-8 (select-all vs dense), 0.0 (select-none vs reuse)
 CHUNK = (4, 12)  # the reused chunk inside a 16-token prompt
@@ -46,15 +46,15 @@ def isolated_chunk_kv(
 def blend_plan(
     model: PreTrainedModel, ids: tuple[int, ...], check_layer: int, selector: RecordingSelector,
     start_layer: int = 0,
-) -> LayerwisePlan:  # fmt: skip
+) -> CallPlan:  # fmt: skip
     keys, values = isolated_chunk_kv(model, ids)
     start, end = CHUNK
     spans = (
-        LayerwiseSpan(0, start, name="prefix"),
-        LayerwiseSpan(start, end, start_layer, keys, values, name="chunk"),
-        LayerwiseSpan(end, len(ids), name="query"),
+        PlanSpan(0, start, name="prefix"),
+        PlanSpan(start, end, start_layer, keys, values, name="chunk"),
+        PlanSpan(end, len(ids), name="query"),
     )
-    return LayerwisePlan(ids, spans, subsets=(SubsetRule(check_layer, selector),))
+    return CallPlan(ids, spans, subsets=(SubsetRule(check_layer, selector),))
 
 
 @pytest.mark.parametrize("check_layer", [0, 1, NUM_LAYERS - 1])
@@ -125,8 +125,8 @@ def test_logits_token_is_never_a_candidate() -> None:
     ids = make_prompt(10)
     segment = capture_segments(model, ids[4:], [(0, 6)], position_offset=4).segments[0]
     selector = RecordingSelector(pick=())
-    spans = (LayerwiseSpan(0, 4), LayerwiseSpan(4, 10, 0, segment.keys, segment.values))
-    plan = LayerwisePlan(ids, spans, subsets=(SubsetRule(1, selector),))
+    spans = (PlanSpan(0, 4), PlanSpan(4, 10, 0, segment.keys, segment.values))
+    plan = CallPlan(ids, spans, subsets=(SubsetRule(1, selector),))
     result = LayerwiseExecutor(model).run(plan)
     assert selector.calls[0][1][0].shape[1] == 5
     assert result.kept_slots[1] == (0, 1, 2, 3, 9)

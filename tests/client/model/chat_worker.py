@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.chat_prompt import chat_prompt
 from kvsplice.client.model.models import ModelConfig, load_model_cached
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine

@@ -44,7 +44,7 @@ def foreign_chunk(model: LlamaForCausalLM) -> SegmentKV:
 
 
 def run_blend(model: LlamaForCausalLM, config: BlendConfig) -> LayerwiseResult:
-    plan = blend_plan(IDS, [(START, foreign_chunk(model))], make_rope(model), config)
+    plan = blend_plan(IDS, [(START, foreign_chunk(model))], config)
     return LayerwiseExecutor(model).run(plan)
 
 

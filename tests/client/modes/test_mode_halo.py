@@ -21,7 +21,7 @@ from mode_factories import one_torch_thread as one_torch_thread  # autouse fixtu
 from transformers import LlamaForCausalLM
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.modes.halo import (
     AcceptanceConfig,
     AcceptanceResult,
@@ -39,12 +39,12 @@ IDS = (*LEFT, *CHUNK, *TAIL)
 START, END = len(LEFT), len(LEFT) + len(CHUNK)
 
 
-def make_span(start: int = 3, end: int = 9) -> LayerwiseSpan:
+def make_span(start: int = 3, end: int = 9) -> PlanSpan:
     keys = torch.randn(2, 1, end - start, 4, generator=torch.Generator().manual_seed(start))
-    return LayerwiseSpan(start, end, 2, keys, keys + 1.0, name="reused")
+    return PlanSpan(start, end, 2, keys, keys + 1.0, name="reused")
 
 
-def naive_plan(model: LlamaForCausalLM, segment: SegmentKV) -> LayerwisePlan:
+def naive_plan(model: LlamaForCausalLM, segment: SegmentKV) -> CallPlan:
     return plan_with(IDS, full_reuse_span(segment, START, make_rope(model)))
 
 
@@ -70,7 +70,7 @@ def test_halo_split_computes_the_first_h_tokens_and_keeps_the_rest() -> None:
 
 def test_halo_plan_skips_spans_at_slot_zero_and_exact_ones() -> None:
     first, exact, approx = make_span(0, 3), make_span(3, 6), make_span(8, 12)
-    exact = LayerwiseSpan(3, 6, 2, exact.keys, exact.values, name="exact")
+    exact = PlanSpan(3, 6, 2, exact.keys, exact.values, name="exact")
     plan = plan_with(make_ids(14, 1), first, exact, approx)
     spans = halo_plan(plan, 1, exact_names={"exact"}).spans
     assert [(s.start, s.end, s.start_layer) for s in spans] == [
@@ -139,7 +139,7 @@ def test_acceptance_accepts_an_exact_segment_and_rejects_random_kv() -> None:
 
 def test_acceptance_with_nothing_approximate_runs_no_reference() -> None:
     model = make_llama()
-    result = check_acceptance(LayerwiseExecutor(model), LayerwisePlan.all_compute(IDS))
+    result = check_acceptance(LayerwiseExecutor(model), CallPlan.all_compute(IDS))
     assert (result.accepted, result.probe_slots, result.reference_token_layers) == (True, (), 0)
 
 

@@ -7,8 +7,7 @@ import torch
 from client_factories import CharTokenizer, FakePrompt, make_loaded, make_prompt
 
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.reuse_plan import Compute, Reuse
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.mask import MaskPolicy
@@ -75,19 +74,19 @@ def test_each_block_is_its_standalone_prefill_after_the_prefix_rotated_into_plac
     plan = MaskPolicy().plan(prompt, engine._context(CallTimings()))
     blocks = [s for s in prompt.spans if s.name.startswith("agent_")]
     prefix_len = blocks[0].start  # the judge's text and the first label
-    reused = [s for s in plan.spans if isinstance(s.action, Reuse)]
+    reused = [s for s in plan.spans if s.source is not None]
     assert [(s.start, s.end) for s in reused] == [(0, prefix_len)] + [
         (b.start, b.end) for b in blocks
     ]
-    assert isinstance(plan.spans[-1].action, Compute)  # the last token is always computed
+    assert plan.spans[-1].computed  # the last token is always computed
     for block, span in zip(blocks, reused[1:], strict=True):
         assert span.delta == block.start - prefix_len
         alone = prompt.token_ids[:prefix_len] + prompt.token_ids[block.start : block.end]
         keys, values = standalone_kv(loaded, alone, prefix_len, len(alone))
-        segment = span.action.segment
-        assert segment.start_position == prefix_len
-        assert (segment.keys - keys).abs().max() <= ATOL
-        assert (segment.values - values).abs().max() <= ATOL
+        assert span.start - span.delta == prefix_len  # stored at the prefix's end
+        assert span.keys is not None and span.values is not None
+        assert (span.keys - keys).abs().max() <= ATOL
+        assert (span.values - values).abs().max() <= ATOL
 
 
 def test_a_block_cannot_attend_to_another_block(engine: ReuseEngine) -> None:
@@ -96,7 +95,7 @@ def test_a_block_cannot_attend_to_another_block(engine: ReuseEngine) -> None:
     other = MaskPolicy().plan(judge_prompt({"1": "nine", "2": "four"}), context)
     # agent 1's answer differs, agent 2's block (same length before it) does not change
     # plan: prefix, block 1, its label computed, block 2, the rest computed
-    second = [s.action.segment for s in (one.spans[3], other.spans[3])]
+    second = [one.spans[3], other.spans[3]]
     assert one.spans[3].start == other.spans[3].start
     assert torch.equal(second[0].keys, second[1].keys)
     assert torch.equal(second[0].values, second[1].values)

@@ -105,7 +105,7 @@ def test_common_suffix_len_counts_trailing_matches() -> None:
 
 
 def run_cut(model: LlamaForCausalLM, segment: SegmentKV, cut: int) -> torch.Tensor:
-    plan = multicut_plan(IDS, [(START, segment, cut)], make_rope(model), num_layers=NUM_LAYERS)
+    plan = multicut_plan(IDS, [(START, segment, cut)], num_layers=NUM_LAYERS)
     return LayerwiseExecutor(model).run(plan).logits_last
 
 
@@ -142,9 +142,9 @@ def test_cut_zero_is_dense_and_cut_l_is_naive_reuse() -> None:
 def test_multicut_span_reads_only_the_layers_below_the_cut() -> None:
     model = make_llama()
     segment = foreign_segment(model)
-    span = multicut_span(segment, START, make_rope(model), 2, num_layers=NUM_LAYERS)
+    span = multicut_span(segment, START, 2, num_layers=NUM_LAYERS)
     assert (span.start, span.end, span.start_layer, span.num_kv_layers) == (START, END, 2, 2)
     assert torch.equal(span.hidden, segment.boundary_states[2])
     del segment.boundary_states[3]
     with pytest.raises(ValueError, match="boundary state"):
-        multicut_span(segment, START, make_rope(model), 3, num_layers=NUM_LAYERS)
+        multicut_span(segment, START, 3, num_layers=NUM_LAYERS)

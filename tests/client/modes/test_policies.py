@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from client_factories import FakePrompt, make_loaded, make_prompt
 
-from kvsplice.client.execute.reuse_plan import Compute, Reuse
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.base import PlanBuilder
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
@@ -156,16 +156,16 @@ def make_segment(start: int, num_tokens: int) -> SegmentKV:
 
 def test_plan_builder_fills_gaps_and_computes_the_last_token() -> None:
     builder = PlanBuilder(range(10))
-    builder.reuse(2, Reuse(make_segment(7, 3), "naive", exact=False))
-    builder.reuse(6, Reuse(make_segment(0, 4), "naive", exact=False))
+    builder.reuse(2, make_segment(7, 3), "naive", exact=False)
+    builder.reuse(6, make_segment(0, 4), "naive", exact=False)
     plan = builder.build()
-    assert [(s.start, s.end, type(s.action)) for s in plan.spans] == [
-        (0, 2, Compute), (2, 5, Reuse), (5, 6, Compute), (6, 9, Reuse), (9, 10, Compute),
+    assert [(s.start, s.end, s.computed) for s in plan.spans] == [
+        (0, 2, True), (2, 5, False), (5, 6, True), (6, 9, False), (9, 10, True),
     ]  # fmt: skip
     assert plan.spans[1].delta == 2 - 7 and plan.spans[3].delta == 6
-    assert plan.num_reused_tokens == 6
+    assert reuse_map(plan, num_layers=2).num_reused_tokens == 6
     with pytest.raises(ValueError, match="overlaps"):
-        builder.reuse(8, Reuse(make_segment(0, 1), "naive", exact=False))
+        builder.reuse(8, make_segment(0, 1), "naive", exact=False)
 
 
 def test_unknown_mode_is_refused(loaded: LoadedModel) -> None:

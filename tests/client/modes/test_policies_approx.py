@@ -26,11 +26,8 @@ from client_factories import CharTokenizer
 
 from kvsplice.agents.template import Placeholder
 from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.kv_buffer import KVBuffer
-from kvsplice.client.execute.layerwise_call import LayerwiseCall, SpanSource
-from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan, SubsetRule
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
-from kvsplice.client.execute.reuse_plan import Reuse
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, SubsetRule
+from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
@@ -387,29 +384,25 @@ def make_kv(num_layers: int, num_tokens: int, start: int) -> SegmentKV:
     return SegmentKV(keys, torch.randn_like(keys), start_position=start)
 
 
-def test_view_counts_the_layers_each_token_reused() -> None:
+def test_reuse_map_counts_the_layers_each_token_reused() -> None:
     exact, chunk, lower = make_kv(4, 3, 0), make_kv(4, 5, 40), make_kv(4, 2, 70)
     spans = (
-        LayerwiseSpan(0, 3, 4, exact.keys, exact.values, name="exact@0"),
-        LayerwiseSpan(3, 8, 0, chunk.keys, chunk.values, name="blend@3"),
-        LayerwiseSpan(8, 10, 2, lower.keys[:2], lower.values[:2], torch.zeros(2, 64), "cut@8"),
-        LayerwiseSpan(10, 11, name="computed"),
-    )
+        PlanSpan(0, 3, 4, exact.keys, exact.values, name="exact@0",
+                 source=Source("exact", True, 0, 0, b"k" * 16, 3)),
+        PlanSpan(3, 8, 0, chunk.keys, chunk.values, name="blend@3", delta=-37,
+                 source=Source("blend", False, 3, -37)),
+        PlanSpan(8, 10, 2, lower.keys[:2], lower.values[:2], torch.zeros(2, 64), "cut@8", -62,
+                 Source("multicut", False, 8, -62)),
+        PlanSpan(10, 11, name="computed"),
+    )  # fmt: skip
     rule = SubsetRule(1, lambda layer, new, old: torch.tensor([2]))  # keeps chunk slot 5
-    plan = LayerwisePlan(tuple(range(11)), spans, subsets=(rule,))
-    sources = {
-        "exact@0": SpanSource(0, Reuse(exact, "exact", True, b"k" * 16, 3)),
-        "blend@3": SpanSource(3, Reuse(chunk, "blend", False)),
-        "cut@8": SpanSource(8, Reuse(lower, "multicut", False)),
-    }
-    kv = KVBuffer.zeros((4, 2, 11, 16), torch.float32, "cpu")
-    result = LayerwiseResult(torch.zeros(1, 5), (10,), kv, {}, {1: (5, 8, 9, 10)}, (11, 8, 4, 4))
-    view = LayerwiseCall(plan, sources).view(result)
+    plan = CallPlan(tuple(range(11)), spans, subsets=(rule,))
+    view = reuse_map(plan, num_layers=4, kept_slots={1: (5, 8, 9, 10)})
     got = [
-        (s.start, s.end, s.action.segment.layer_start, s.action.segment.num_layers, s.delta)
-        if isinstance(s.action, Reuse)
+        (s.start, s.end, s.layers[0], s.num_layers, s.source.delta)
+        if s.source is not None
         else (s.start, s.end)
-        for s in view.spans
+        for s in view.ranges
     ]
     assert got == [
         (0, 3, 0, 4, 0),
@@ -419,7 +412,7 @@ def test_view_counts_the_layers_each_token_reused() -> None:
         (8, 10, 0, 2, -62),  # multicut: layers below the cut
         (10, 11),
     ]
-    assert view.spans[0].action.chain_key == b"k" * 16  # type: ignore[union-attr]
+    assert view.ranges[0].source.chain_key == b"k" * 16  # type: ignore[union-attr]
     assert view.num_reused_tokens == 9
 
 

@@ -11,7 +11,7 @@ import torch
 from client_factories import FakePrompt, make_loaded, make_prompt
 from store_client_factories import make_meta
 
-from kvsplice.client.execute.span_executor import GenerationConfig
+from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.local_tier import LocalTier

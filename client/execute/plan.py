@@ -1,21 +1,22 @@
-"""The layerwise plan: per token span, which layers are computed and from what state.
+"""The call plan: for each token span of a prompt, how it executes and where its K/V came from.
 
-Owns the plan data model: `LayerwiseSpan` (start layer, provided K/V, initial
-hidden state), `SubsetRule` (CacheBlend-style token selection at a check
-layer) and `LayerwisePlan`. Deciding a plan is a policy's job; running it is
-the executor's. Model-dependent checks happen in `check_fits`.
+Owns the one plan model: `PlanSpan` (start layer, provided K/V and their Δ,
+initial hidden state, and the `Source` of stored K/V), `SubsetRule`
+(CacheBlend-style token selection at a check layer), `CallPlan`, and the rule
+that the prompt's last token is always computed (`compute_last_token`).
+Deciding a plan is a policy's job; running it the executor's. Model-dependent
+checks happen in `check_fits`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
-from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -54,16 +55,41 @@ class SubsetRule:
             raise ValueError(f"check_layer {self.check_layer} must be >= 0")
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a span's provided K/V came from: a stored segment, chosen by a mode's rule.
+
+    `mode` names the rule ("exact", "naive", ...); `exact` says whether the
+    segment's whole left context equals the prompt's (then the result equals
+    dense prefill up to summation order). `origin` is the slot of the segment's
+    first token (a mode may cut the span later: halo) and `delta` its Δ = new −
+    stored position. `chain_key` is the stored segment's context key when it is
+    exact, and `chain_num_tokens` how many prompt tokens that key covers from
+    `origin` (more than the span's when the last token was cut off to be
+    computed); recording uses them to continue the key chain.
+    """
+
+    mode: str
+    exact: bool
+    origin: int
+    delta: int = 0
+    chain_key: bytes | None = None
+    chain_num_tokens: int = 0
+
+
 @dataclass(frozen=True, eq=False)
-class LayerwiseSpan:
+class PlanSpan:
     """Tokens [start, end): layers < start_layer read `keys`/`values`, layers >= it are computed.
 
-    keys, values: [L_kv, H_kv, T, D] for layers [0, L_kv), keys post-RoPE at the
-    span's target positions (`position_offset + start ..`); L_kv >= start_layer.
-    Layers in [start_layer, L_kv) are pre-filled too and then overwritten by
-    computation (a subset rule may keep them). hidden: [T, hidden], the residual
-    stream entering `start_layer` (None: the token embeddings, start_layer 0).
-    start_layer == num_layers means nothing is computed for the span.
+    keys, values: [L_kv, H_kv, T, D] for layers [0, L_kv); keys post-RoPE at
+    positions `delta` before the span's target positions (`position_offset +
+    start ..`): the executor rotates them by Δ = `delta` (0: already in place).
+    L_kv >= start_layer. Layers in [start_layer, L_kv) are pre-filled too and
+    then overwritten by computation (a subset rule may keep them). hidden:
+    [T, hidden], the residual stream entering `start_layer` (None: the token
+    embeddings, start_layer 0). start_layer == num_layers means nothing is
+    computed for the span. `source`: where provided K/V came from (None: not
+    from the store, or not to be reported as reuse).
     """
 
     start: int
@@ -73,6 +99,8 @@ class LayerwiseSpan:
     values: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     name: str = ""
+    delta: int = 0
+    source: Source | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
@@ -98,8 +126,13 @@ class LayerwiseSpan:
     def num_kv_layers(self) -> int:
         return 0 if self.keys is None else int(self.keys.shape[0])
 
+    @property
+    def computed(self) -> bool:
+        """Whether every layer of the span is computed from its embeddings."""
+        return self.keys is None and self.start_layer == 0 and self.hidden is None
 
-def _check_kv(span: LayerwiseSpan) -> None:
+
+def _check_kv(span: PlanSpan) -> None:
     if (span.keys is None) != (span.values is None):
         raise ValueError(f"span {span.name!r} needs both keys and values, or neither")
     if span.keys is None or span.values is None:
@@ -116,7 +149,7 @@ def _check_kv(span: LayerwiseSpan) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class LayerwisePlan:
+class CallPlan:
     """Spans tiling `token_ids` in order, at positions `position_offset + slot`.
 
     capture_layers: layers l in [0, L] whose entering residual stream is returned
@@ -126,7 +159,7 @@ class LayerwisePlan:
     """
 
     token_ids: tuple[int, ...]
-    spans: tuple[LayerwiseSpan, ...]
+    spans: tuple[PlanSpan, ...]
     position_offset: int = 0
     subsets: tuple[SubsetRule, ...] = ()
     capture_layers: tuple[int, ...] = ()
@@ -153,6 +186,19 @@ class LayerwisePlan:
             raise ValueError("at most one subset rule per check layer")
 
     @classmethod
+    def tiled(
+        cls,
+        token_ids: Sequence[int],
+        spans: Sequence[PlanSpan],
+        *,
+        capture_layers: tuple[int, ...] = (),
+    ) -> CallPlan:
+        """`spans` (ascending, non-overlapping) with gaps computed and the last token computed."""
+        ids = tuple(int(t) for t in token_ids)
+        tiled = compute_last_token(tile_spans(len(ids), spans))
+        return cls(ids, tuple(tiled), capture_layers=capture_layers)
+
+    @classmethod
     def all_compute(
         cls,
         token_ids: Sequence[int],
@@ -160,10 +206,10 @@ class LayerwisePlan:
         position_offset: int = 0,
         capture_layers: tuple[int, ...] = (),
         logits_slots: tuple[int, ...] = (),
-    ) -> LayerwisePlan:
+    ) -> CallPlan:
         """Every token computed from its embedding through every layer (dense prefill)."""
         ids = tuple(int(t) for t in token_ids)
-        span = LayerwiseSpan(0, len(ids), name="prompt")
+        span = PlanSpan(0, len(ids), name="prompt")
         return cls(
             ids, (span,), position_offset,
             capture_layers=capture_layers, logits_slots=logits_slots,
@@ -173,11 +219,11 @@ class LayerwisePlan:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def span_of(self, slot: int) -> LayerwiseSpan:
+    def span_of(self, slot: int) -> PlanSpan:
         return next(s for s in self.spans if s.start <= slot < s.end)
 
 
-def check_fits(plan: LayerwisePlan, num_layers: int, kv_shape: tuple[int, int]) -> None:
+def check_fits(plan: CallPlan, num_layers: int, kv_shape: tuple[int, int]) -> None:
     """ValueError unless `plan` can run on a model with `num_layers` and (H_kv, D) = kv_shape.
 
     NOTE: a plan that passes fills every slot at every layer before that layer's
@@ -197,7 +243,7 @@ def check_fits(plan: LayerwisePlan, num_layers: int, kv_shape: tuple[int, int]) 
         raise ValueError(f"capture_layers {plan.capture_layers} outside [0, {num_layers}]")
 
 
-def _check_span_fits(span: LayerwiseSpan, num_layers: int, kv_shape: tuple[int, int]) -> None:
+def _check_span_fits(span: PlanSpan, num_layers: int, kv_shape: tuple[int, int]) -> None:
     if span.start_layer > num_layers or span.num_kv_layers > num_layers:
         raise ValueError(
             f"span {span.name!r} start_layer {span.start_layer} / {span.num_kv_layers} K/V "
@@ -216,25 +262,75 @@ def _check_span_fits(span: LayerwiseSpan, num_layers: int, kv_shape: tuple[int, 
 def segment_span(
     segment: SegmentKV,
     start: int,
-    rope: RopeSpec,
     *,
     start_layer: int,
     position_offset: int = 0,
     name: str = "",
-) -> LayerwiseSpan:
+    source: Source | None = None,
+) -> PlanSpan:
     """A span at slots [start, start + T) fed from a stored segment.
 
-    Keys are Δ-shifted to the target positions (Δ = position_offset + start −
-    segment.start_position; Δ = 0 is a bit-exact copy). The hidden state is the
-    segment's boundary state at `start_layer` when it stored one.
+    Its keys stay as stored, with Δ = position_offset + start − segment.start_position
+    for the executor to rotate them by (Δ = 0 is a bit-exact copy). The hidden state
+    is the segment's boundary state at `start_layer` when it stored one.
     """
     if segment.layer_start != 0:
         raise ValueError(
             f"segment starts at layer {segment.layer_start}; a span needs layers from 0"
         )
     delta = position_offset + start - segment.start_position
-    keys = rope.shift_layers(segment.keys, delta, layer_start=0)
-    return LayerwiseSpan(
-        start, start + segment.num_tokens, start_layer, keys, segment.values,
-        segment.boundary_states.get(start_layer), name,
+    return PlanSpan(
+        start, start + segment.num_tokens, start_layer, segment.keys, segment.values,
+        segment.boundary_states.get(start_layer), name, delta, source,
     )  # fmt: skip
+
+
+def computed_span(start: int, end: int, name: str = "") -> PlanSpan:
+    """Slots [start, end) computed from their embeddings through every layer."""
+    return PlanSpan(start, end, name=name)
+
+
+def slice_span(span: PlanSpan, start: int, end: int) -> PlanSpan:
+    """The slots [start, end) ⊆ [span.start, span.end) of `span`, same layers, K/V and state rows cut."""
+    if not span.start <= start < end <= span.end:
+        raise ValueError(
+            f"[{start}, {end}) is not inside span {span.name!r} [{span.start}, {span.end})"
+        )
+    rows = slice(start - span.start, end - span.start)
+    keys = None if span.keys is None else span.keys[:, :, rows]
+    values = None if span.values is None else span.values[:, :, rows]
+    hidden = None if span.hidden is None else span.hidden[rows]
+    return replace(span, start=start, end=end, keys=keys, values=values, hidden=hidden)
+
+
+def tile_spans(num_tokens: int, spans: Sequence[PlanSpan]) -> tuple[PlanSpan, ...]:
+    """`spans` (ascending, non-overlapping) with computed spans filling every gap up to `num_tokens`."""
+    out: list[PlanSpan] = []
+    cursor = 0
+    for span in sorted(spans, key=lambda s: s.start):
+        if span.start < cursor:
+            raise ValueError(f"span {span.name!r} at {span.start} overlaps the previous one")
+        if span.start > cursor:
+            out.append(computed_span(cursor, span.start, "computed"))
+        out.append(span)
+        cursor = span.end
+    if cursor > num_tokens:
+        raise ValueError(f"spans end at {cursor}, past the prompt's {num_tokens} tokens")
+    if cursor < num_tokens:
+        out.append(computed_span(cursor, num_tokens, "computed"))
+    return tuple(out)
+
+
+def compute_last_token(spans: Sequence[PlanSpan]) -> list[PlanSpan]:
+    """`spans` with the prompt's last token computed through every layer.
+
+    NOTE: the one place of this rule: the first generated token's distribution
+    must come from a computed token attending to whatever the plan provides. A
+    reused span that reaches the last token gives it up (keeping its source, so
+    its key chain still counts every token the stored segment covers).
+    """
+    *head, last = spans
+    if last.keys is None:
+        return list(spans)
+    kept = [slice_span(last, last.start, last.end - 1)] if last.num_tokens > 1 else []
+    return [*head, *kept, computed_span(last.end - 1, last.end, f"{last.name}:last")]

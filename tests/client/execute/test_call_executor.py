@@ -1,4 +1,4 @@
-"""Oracles for the span executor on a tiny random Llama: plans reproduce dense prefill."""
+"""Oracles for the executor's splice path on a tiny random Llama: plans reproduce dense prefill."""
 
 from __future__ import annotations
 
@@ -9,23 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
+from kvsplice.client.execute.call_executor import CallExecutor, splices_only
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.reuse_plan import Compute, PlannedSpan, Reuse, ReusePlan
-from kvsplice.client.execute.span_executor import (
-    GenerationConfig,
-    SpanExecutor,
-    content_tokens,
-)
+from kvsplice.client.execute.execution import GenerationConfig, content_tokens
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, computed_span, segment_span
+from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 
 
-def make_executor(model: LlamaForCausalLM) -> SpanExecutor:
+def make_executor(model: LlamaForCausalLM) -> CallExecutor:
     # KVLayout names only storage dtypes; the fp64 oracle model has the same geometry.
     cfg = model.config
     layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size)
-    return SpanExecutor(model, layout, RopeSpec.from_hf_config(cfg))
+    return CallExecutor(model, layout, RopeSpec.from_hf_config(cfg))
 
 
 def make_prompt(num_tokens: int, seed: int = 1) -> tuple[int, ...]:
@@ -47,8 +45,9 @@ def greedy_without_cache(model: LlamaForCausalLM, ids: tuple[int, ...], num_new:
 
 
 def run_plan(
-    model: LlamaForCausalLM, plan: ReusePlan, num_new: int = 8
+    model: LlamaForCausalLM, plan: CallPlan, num_new: int = 8
 ) -> tuple[torch.Tensor, list[int]]:
+    assert splices_only(plan)
     executor = make_executor(model)
     timings = CallTimings()
     state = executor.prefill(plan, timings)
@@ -58,22 +57,23 @@ def run_plan(
 
 def reuse(
     model: LlamaForCausalLM, ids: tuple[int, ...], start: int, end: int, offset: int = 0
-) -> PlannedSpan:
+) -> PlanSpan:
     """A span [start, end) reused from a dense capture of ids[:end] run at positions + offset."""
     segment = capture_segments(model, ids[:end], [(start, end)], position_offset=offset).segments[0]
-    return PlannedSpan(start, end, Reuse(segment, mode="exact", exact=offset == 0))
+    source = Source("exact", offset == 0, start, -offset)
+    return segment_span(segment, start, start_layer=segment.num_layers, source=source)
 
 
 def test_all_compute_plan_equals_dense_prefill_and_greedy() -> None:
     model, ids = make_tiny_llama(), make_prompt(40)
-    logits, tokens = run_plan(model, ReusePlan.all_compute(ids))
+    logits, tokens = run_plan(model, CallPlan.all_compute(ids))
     assert torch.allclose(logits, dense_logits(model, ids), atol=1e-5, rtol=0)
     assert tokens == greedy_without_cache(model, ids, 8)
 
 
 def test_exact_prefix_reuse_equals_dense() -> None:
     model, ids = make_tiny_llama(), make_prompt(40)
-    plan = ReusePlan(ids, (reuse(model, ids, 0, 25), PlannedSpan(25, 40, Compute())))
+    plan = CallPlan(ids, (reuse(model, ids, 0, 25), computed_span(25, 40)))
     logits, tokens = run_plan(model, plan)
     assert (logits - dense_logits(model, ids)).abs().max() <= 1e-4
     assert tokens == greedy_without_cache(model, ids, 8)
@@ -83,15 +83,15 @@ def test_interleaved_exact_spans_equal_dense() -> None:
     model, ids = make_tiny_llama(), make_prompt(48)
     spans = (
         reuse(model, ids, 0, 10),
-        PlannedSpan(10, 17, Compute()),
+        computed_span(10, 17),
         reuse(model, ids, 17, 30),
-        PlannedSpan(30, 31, Compute()),
+        computed_span(30, 31),
         reuse(model, ids, 31, 44),
-        PlannedSpan(44, 48, Compute()),
+        computed_span(44, 48),
     )
-    plan = ReusePlan(ids, spans)
+    plan = CallPlan(ids, spans)
     logits, tokens = run_plan(model, plan)
-    assert plan.num_reused_tokens == 10 + 13 + 13
+    assert reuse_map(plan, model.config.num_hidden_layers).num_reused_tokens == 10 + 13 + 13
     assert (logits - dense_logits(model, ids)).abs().max() <= 1e-4
     assert tokens == greedy_without_cache(model, ids, 8)
 
@@ -107,7 +107,7 @@ def test_uniform_shift_invariance_fp64(offset: int, split: int) -> None:
     themselves carry ~|p·θ|·2^-24 angle error; the bound is that, not fp64 epsilon.
     """
     model, ids = make_tiny_llama(torch.float64), make_prompt(32)
-    plan = ReusePlan(ids, (reuse(model, ids, 0, split, offset), PlannedSpan(split, 32, Compute())))
+    plan = CallPlan(ids, (reuse(model, ids, 0, split, offset), computed_span(split, 32)))
     logits, _ = run_plan(model, plan, num_new=1)
     assert plan.spans[0].delta == -offset
     assert (logits - dense_logits(model, ids)).abs().max() <= 1e-6
@@ -115,7 +115,7 @@ def test_uniform_shift_invariance_fp64(offset: int, split: int) -> None:
 
 def test_uniform_shift_invariance_fp32_within_rope_tolerance() -> None:
     model, ids = make_tiny_llama(), make_prompt(32)
-    plan = ReusePlan(ids, (reuse(model, ids, 0, 28, offset=3000), PlannedSpan(28, 32, Compute())))
+    plan = CallPlan(ids, (reuse(model, ids, 0, 28, offset=3000), computed_span(28, 32)))
     logits, tokens = run_plan(model, plan)
     assert (logits - dense_logits(model, ids)).abs().max() <= 1e-5
     assert tokens == greedy_without_cache(model, ids, 8)
@@ -124,7 +124,7 @@ def test_uniform_shift_invariance_fp32_within_rope_tolerance() -> None:
 def test_read_kv_of_generated_tokens_matches_dense_capture() -> None:
     model, ids = make_tiny_llama(), make_prompt(20)
     executor, timings = make_executor(model), CallTimings()
-    state = executor.prefill(ReusePlan.all_compute(ids), timings)
+    state = executor.prefill(CallPlan.all_compute(ids), timings)
     executor.generate(state, GenerationConfig(max_new_tokens=6), timings)
     response = executor.read_kv(state, 20, 26)  # the last token was never fed: read_kv feeds it
     full = ids + tuple(state.generated)
@@ -140,7 +140,7 @@ def test_generation_stops_at_stop_token_and_content_drops_it() -> None:
     stop = free_run[2]
     config = GenerationConfig(max_new_tokens=6, stop_token_ids=(stop,))
     executor, timings = make_executor(model), CallTimings()
-    state = executor.prefill(ReusePlan.all_compute(ids), timings)
+    state = executor.prefill(CallPlan.all_compute(ids), timings)
     executor.generate(state, config, timings)
     first_stop = free_run.index(stop)
     assert state.generated == free_run[: first_stop + 1]
@@ -149,19 +149,27 @@ def test_generation_stops_at_stop_token_and_content_drops_it() -> None:
     assert content_tokens(free_run, ignoring) == tuple(free_run)
 
 
-def test_plan_rejects_a_reused_last_token_and_gaps() -> None:
+def test_the_last_token_is_computed_and_plans_reject_gaps() -> None:
     model, ids = make_tiny_llama(), make_prompt(12)
-    with pytest.raises(ValueError, match="last prompt token"):
-        ReusePlan(ids, (PlannedSpan(0, 4, Compute()), reuse(model, ids, 4, 12)))
+    tiled = CallPlan.tiled(ids, [reuse(model, ids, 4, 12)])
+    assert [(s.start, s.end, s.computed) for s in tiled.spans] == [
+        (0, 4, True), (4, 11, False), (11, 12, True),
+    ]  # fmt: skip
+    assert tiled.spans[1].source is not None  # the cut span keeps its source
+    reused_last = CallPlan(ids, (computed_span(0, 4), reuse(model, ids, 4, 12)))
+    assert not splices_only(reused_last)
+    with pytest.raises(ValueError, match="computes no layer"):
+        make_executor(model).prefill(reused_last, CallTimings())
     with pytest.raises(ValueError, match="starts at"):
-        ReusePlan(ids, (PlannedSpan(0, 4, Compute()), PlannedSpan(5, 12, Compute())))
-    with pytest.raises(ValueError, match="holds"):
-        PlannedSpan(0, 5, reuse(model, ids, 0, 4).action)
+        CallPlan(ids, (computed_span(0, 4), computed_span(5, 12)))
+    segment = reuse(model, ids, 0, 4)
+    with pytest.raises(ValueError, match="hold"):
+        PlanSpan(0, 5, 2, segment.keys, segment.values)
 
 
 def test_timings_record_prefill_and_shift() -> None:
     model, ids = make_tiny_llama(), make_prompt(24)
-    plan = ReusePlan(ids, (reuse(model, ids, 0, 12, offset=5), PlannedSpan(12, 24, Compute())))
+    plan = CallPlan(ids, (reuse(model, ids, 0, 12, offset=5), computed_span(12, 24)))
     timings = CallTimings()
     make_executor(model).prefill(plan, timings)
     assert timings.prefill_s > 0 and timings.shift_s > 0 and timings.splice_s > 0
@@ -172,7 +180,7 @@ def test_teacher_forced_answer_has_the_kv_its_generation_had() -> None:
     model = make_tiny_llama()
     executor = make_executor(model)
     prompt = make_prompt(12)
-    plan = ReusePlan.all_compute(prompt)
+    plan = CallPlan.all_compute(prompt)
     generated = executor.prefill(plan, CallTimings())
     executor.generate(generated, GenerationConfig(6, ignore_stop=True), CallTimings())
     forced = executor.prefill(plan, CallTimings())
