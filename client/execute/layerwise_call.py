@@ -40,11 +40,15 @@ class SpanSource:
 
     `action.segment` keeps its own positions and layers (the span holds them
     shifted or corrected); its token 0 sits at slot `start`, which stays the
-    same when a mode cuts the span (halo).
+    same when a mode cuts the span (halo). `resumed`: the span's layers below its
+    start layer were computed by an earlier pass of the same call (a staged mode
+    resuming from that pass's exact states), so only what a subset rule dropped
+    counts as reused.
     """
 
     start: int
     action: Reuse
+    resumed: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +67,8 @@ class LayerwiseCall:
         spans: list[PlannedSpan] = []
         for span in self.plan.spans:
             source = self.sources.get(span.name)
-            for start, end, layers in _runs(span, dropped, num_layers):
+            resumed = source is not None and source.resumed
+            for start, end, layers in _runs(span, dropped, num_layers, resumed):
                 if source is None or layers is None:
                     spans.append(PlannedSpan(start, end, Compute(), span.name))
                 else:
@@ -149,23 +154,27 @@ def _dropped_at(plan: LayerwisePlan, result: LayerwiseResult) -> dict[int, int]:
 
 
 def _reused_layers(
-    span: LayerwiseSpan, slot: int, dropped: Mapping[int, int], num_layers: int
+    span: LayerwiseSpan, slot: int, dropped: Mapping[int, int], num_layers: int, resumed: bool
 ) -> LayerRange | None:
     """Layers whose K/V of `slot` were provided, not computed (None: computed everywhere)."""
     if span.keys is None:
         return None
-    if slot in dropped and span.start_layer == 0:
+    if slot in dropped and (span.start_layer == 0 or resumed):
         return dropped[slot], num_layers
+    if resumed:
+        return None  # its lower layers were computed by the call's earlier pass
     # A span starting above 0 and also dropped by a rule is not planned by any
-    # mode; it would count only its lower layers here (an undercount).
+    # mode but a resumed one; it would count only its lower layers here.
     return (0, span.start_layer) if span.start_layer > 0 else None
 
 
 def _runs(
-    span: LayerwiseSpan, dropped: Mapping[int, int], num_layers: int
+    span: LayerwiseSpan, dropped: Mapping[int, int], num_layers: int, resumed: bool
 ) -> Iterator[tuple[int, int, LayerRange | None]]:
     """Maximal runs [start, end) of `span`'s slots that reused the same layers."""
-    layers = [_reused_layers(span, s, dropped, num_layers) for s in range(span.start, span.end)]
+    layers = [
+        _reused_layers(span, s, dropped, num_layers, resumed) for s in range(span.start, span.end)
+    ]
     cursor = span.start
     for value, group in itertools.groupby(layers):
         count = len(list(group))

@@ -8,10 +8,11 @@ the layerwise executor's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from kvsplice.client.execute.layerwise_plan import LayerwisePlan, LayerwiseSpan
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 
 logger = logging.getLogger(__name__)
 
@@ -69,3 +70,33 @@ def replace_spans(
         capture_layers=plan.capture_layers,
         logits_slots=plan.logits_slots if logits_slots is None else logits_slots,
     )  # fmt: skip
+
+
+def resumed_spans(
+    plan: LayerwisePlan, result: LayerwiseResult, layer: int, keep_kv: Collection[str]
+) -> tuple[LayerwiseSpan, ...]:
+    """`plan`'s spans resumed at `layer` from `result`, a run of `plan` that captured `layer`.
+
+    Every span that was computed at `layer` starts there again from its captured state,
+    reading the K/V `result` left below it; the spans named in `keep_kv` also keep the
+    K/V `result` left at and above `layer` (a subset rule may let them stand in). Spans
+    that computed no layer at or above `layer` are kept as they are. Below `layer` the run
+    was exact when every token was computed there, and so is the resumed plan's.
+    """
+    captured = result.hidden_states.get(layer)
+    if captured is None:
+        raise ValueError(f"the run did not capture layer {layer}")
+    out = []
+    for span in plan.spans:
+        if span.start_layer > layer:
+            out.append(span)
+            continue
+        keys, values = result.kv.read(span.start, span.end)
+        top = keys.shape[0] if span.name in keep_kv else layer
+        out.append(
+            replace(
+                span, start_layer=layer, keys=keys[:top], values=values[:top],
+                hidden=captured.span(span.start, span.end),
+            )
+        )  # fmt: skip
+    return tuple(out)
