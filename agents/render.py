@@ -53,10 +53,16 @@ class Span:
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """A prompt's token ids and its spans, which tile `token_ids` in order."""
+    """A prompt's token ids and its spans, which tile `token_ids` in order.
+
+    `choice_ids`: when the caller reads the answer as a constrained choice (a judge's
+    candidate labels), the tokens it compares at the first generated position; a judge
+    mode's guard then measures the decision's margin over them (empty: none declared).
+    """
 
     token_ids: tuple[int, ...]
     spans: tuple[Span, ...]
+    choice_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         cursor = 0

@@ -66,7 +66,10 @@ class Source:
     stored position. `chain_key` is the stored segment's context key when it is
     exact, and `chain_num_tokens` how many prompt tokens that key covers from
     `origin` (more than the span's when the last token was cut off to be
-    computed); recording uses them to continue the key chain.
+    computed); recording uses them to continue the key chain. `resumed`: the span's
+    layers below its start layer were computed by an earlier pass of the same call (a
+    staged mode resuming from that pass's exact states), so only what a subset rule
+    dropped counts as reused.
     """
 
     mode: str
@@ -75,6 +78,7 @@ class Source:
     delta: int = 0
     chain_key: bytes | None = None
     chain_num_tokens: int = 0
+    resumed: bool = False
 
 
 @dataclass(frozen=True, eq=False)

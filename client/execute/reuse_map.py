@@ -106,10 +106,13 @@ def _reused_layers(
     """Layers whose K/V of `slot` were provided, not computed (None: computed everywhere)."""
     if span.keys is None:
         return None
-    if slot in dropped and span.start_layer == 0:
+    resumed = span.source is not None and span.source.resumed
+    if slot in dropped and (span.start_layer == 0 or resumed):
         return dropped[slot], num_layers
+    if resumed:
+        return None  # its lower layers were computed by the call's earlier pass
     # A span starting above 0 and also dropped by a rule is not planned by any
-    # mode; it would count only its lower layers here (an undercount).
+    # mode but a resumed one; it would count only its lower layers here.
     return (0, span.start_layer) if span.start_layer > 0 else None
 
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
 
 logger = logging.getLogger(__name__)
@@ -52,3 +53,37 @@ def replace_spans(
         capture_layers=plan.capture_layers,
         logits_slots=plan.logits_slots if logits_slots is None else logits_slots,
     )  # fmt: skip
+
+
+def resumed_spans(
+    plan: CallPlan, result: LayerwiseResult, layer: int, *, keep_sources: bool
+) -> tuple[PlanSpan, ...]:
+    """`plan`'s spans resumed at `layer` from `result`, a run of `plan` that captured `layer`.
+
+    Every span that was computed at `layer` starts there again from its captured state,
+    reading the K/V `result` left below it (in place: Δ 0). With `keep_sources`, the
+    spans with a source (reused ones) also keep the K/V `result` left at and above
+    `layer`, which a subset rule may let stand in, and their source, marked resumed;
+    otherwise they are computed on from `layer` like the rest. Spans that computed no
+    layer at or above `layer` are kept as they are. Below `layer` the run was exact when
+    every token was computed there, and so is the resumed plan's.
+    """
+    captured = result.hidden_states.get(layer)
+    if captured is None:
+        raise ValueError(f"the run did not capture layer {layer}")
+    out = []
+    for span in plan.spans:
+        if span.start_layer > layer:
+            out.append(span)
+            continue
+        keys, values = result.kv.read(span.start, span.end)
+        keep = keep_sources and span.source is not None
+        top = keys.shape[0] if keep else layer
+        source = replace(span.source, resumed=True) if keep and span.source else None
+        out.append(
+            replace(
+                span, start_layer=layer, keys=keys[:top], values=values[:top], delta=0,
+                hidden=captured.span(span.start, span.end), source=source,
+            )
+        )  # fmt: skip
+    return tuple(out)

@@ -9,9 +9,16 @@ the whole prompt, earlier answers included; from there on the `ratio` share of a
 tokens whose values deviate most from the stored ones keep being computed (CacheBlend's
 rule, on the answer blocks only, so the text between them is always computed); the
 rest read their stored K/V. Then the guard: the prefill's first-token margin (top-1 −
-top-2 logit) must reach `min_margin`, else the call is prefilled densely after the
-exact prefix, and the cheap pass's time stays in the TTFT. `ratio` 1 or an answer-
-less prompt is dense after the exact prefix; with nothing stored it is exact.
+top-2 logit, over the choices the prompt declares its answer is read from — a judge's
+candidate labels — else over the vocabulary) must reach `min_margin`, else the call
+goes deeper. Below the check layer
+that pass computed exactly what dense prefill computes, so the next pass resumes from
+the states entering the check layer: with a `deep_check` it computes the answers on up
+to that layer (kept when its margin reaches `deep_margin`), and the last resort
+computes every token on from the last check layer, which is dense prefill. Every
+pass's time stays in the TTFT, but no layer is computed twice (bar the check layers,
+where dropped tokens' fresh K/V is discarded). `ratio` 1 or an answer-less prompt is
+dense after the exact prefix; with nothing stored it is exact.
 
 Defaults (check 24, ratio 0: the lower 24 of SmolLM2's 30 layers recomputed across all
 answers, the upper 6 reused; guard 0.15) are what the judge probes chose (README).
@@ -28,10 +35,10 @@ import torch
 
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.layerwise_result import PrefilledPlan
+from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.execute.reuse_map import ReuseMap
-from kvsplice.client.execute.spans import reuse_spans
+from kvsplice.client.execute.spans import resumed_spans, reuse_spans
 from kvsplice.client.modes.base import (
     CallContext,
     ModeSpec,
@@ -58,10 +65,29 @@ class CrossfixConfig:
 
     blend: BlendConfig = field(default_factory=lambda: BlendConfig(ratio=0.0, check_layer=24))
     min_margin: float = 0.15
+    deep_check: int = 0
+    deep_margin: float = 0.0
 
     def __post_init__(self) -> None:
-        if math.isnan(self.min_margin) or self.min_margin < 0:
-            raise ValueError(f"min_margin {self.min_margin} must be >= 0")
+        for margin in (self.min_margin, self.deep_margin):
+            if math.isnan(margin) or margin < 0:
+                raise ValueError(f"margin {margin} must be >= 0")
+        if self.deep_check and self.deep_check <= self.blend.check_layer:
+            raise ValueError(
+                f"deep_check {self.deep_check} must be above check_layer {self.blend.check_layer}"
+            )
+
+    @property
+    def check_layers(self) -> tuple[int, ...]:
+        """The passes' check layers, cheapest first (one, or two with a deeper pass)."""
+        if self.deep_check:
+            return self.blend.check_layer, self.deep_check
+        return (self.blend.check_layer,)
+
+    @property
+    def margins(self) -> tuple[float, ...]:
+        """The margin each pass must reach to be kept, pass by pass."""
+        return (self.min_margin, self.deep_margin)[: len(self.check_layers)]
 
 
 def first_token_margin(logits: torch.Tensor) -> float:
@@ -70,6 +96,21 @@ def first_token_margin(logits: torch.Tensor) -> float:
         return math.inf
     top = torch.topk(logits.float(), 2).values
     return float(top[0] - top[1])
+
+
+def declared_choices(prompt: SpannedPrompt) -> tuple[int, ...]:
+    """The tokens a prompt says its answer is read from (`prompt.choice_ids`, optional on
+    the protocol: a judge's candidate labels); empty when it declares none."""
+    choices = getattr(prompt, "choice_ids", ())
+    return tuple(int(t) for t in choices) if choices else ()
+
+
+def decision_margin(logits: torch.Tensor, choices: Sequence[int]) -> float:
+    """The first token's margin over the declared choices (what the caller's constrained
+    read compares), else over the whole vocabulary."""
+    if not choices:
+        return first_token_margin(logits)
+    return first_token_margin(logits[list(choices)])
 
 
 class CrossfixPolicy:
@@ -93,22 +134,7 @@ class CrossfixPolicy:
         if not any(s.source is not None and not s.source.exact for s in reused.spans):
             ctx.decisions[MODE] = "nothing to reuse"
             return exact
-        executor = ctx.executor.layerwise
-        num_layers = executor.num_layers
-        spans = reuse_spans(reused, approx_start_layer=0, mode=MODE)
-        # a check layer past the model's last layer is its last (a shallow model)
-        blend = replace(
-            self.config.blend, check_layer=min(self.config.blend.check_layer, num_layers - 1)
-        )
-        plan = CallPlan(reused.token_ids, tuple(spans), subsets=(blend_rule(blend),))
-        with timed(ctx.timings, "prefill_s"):
-            result = executor.run(plan)
-        margin = first_token_margin(result.logits_last)
-        if margin >= self.config.min_margin:
-            ctx.decisions[MODE] = f"kept: margin {margin:.2f} >= {self.config.min_margin:g}"
-            return PrefilledPlan(plan, result)
-        ctx.decisions[MODE] = f"dense: margin {margin:.2f} < {self.config.min_margin:g}"
-        return exact
+        return _Staged(self.config, ctx, reused, declared_choices(prompt)).run()
 
     def after_call(
         self,
@@ -120,6 +146,64 @@ class CrossfixPolicy:
     ) -> None:
         records = call_records(prompt, reuse, state, ctx, response_ids)
         put_records(ctx, whole_span_records(records, prompt.spans))
+
+
+class _Staged:
+    """One call's passes: the cheap one, the deeper one, then dense, each resuming the last.
+
+    Below a pass's check layer every token after the exact prefix was computed attending
+    to the whole prompt, so its K/V there and the states entering the check layer are
+    what dense prefill computes; a deeper pass resumes from them and computes only the
+    layers between the two check layers, and the dense fallback only those above the last.
+    """
+
+    def __init__(
+        self, config: CrossfixConfig, ctx: CallContext, reused: CallPlan, choices: Sequence[int]
+    ) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.choices = choices
+        self.executor = ctx.executor.layerwise
+        self.num_layers = self.executor.num_layers
+        # a check layer past the model's last layer is its last (a shallow model)
+        stages = {
+            min(c, self.num_layers - 1): m
+            for c, m in zip(config.check_layers, config.margins, strict=True)
+        }
+        self.checks, self.margins = tuple(stages), tuple(stages.values())
+        spans = reuse_spans(reused, approx_start_layer=0, mode=MODE)
+        rule = blend_rule(replace(config.blend, check_layer=self.checks[0]))
+        self.first = CallPlan(
+            reused.token_ids, tuple(spans), subsets=(rule,), capture_layers=(self.checks[0],)
+        )
+
+    def run(self) -> PrefilledPlan:
+        plan, result, failed = self.first, None, []
+        for stage, check in enumerate(self.checks):
+            if result is not None:
+                rule = blend_rule(replace(self.config.blend, check_layer=check))
+                spans = resumed_spans(plan, result, self.checks[stage - 1], keep_sources=True)
+                plan = replace(plan, spans=spans, subsets=(rule,), capture_layers=(check,))
+            result = self._run(plan)
+            margin = decision_margin(result.logits_last, self.choices)
+            verdict = f"margin {margin:.2f} %s {self.margins[stage]:g} at check {check}"
+            if margin >= self.margins[stage]:
+                self._decide(f"kept: {verdict % '>='}", failed)
+                return PrefilledPlan(plan, result)
+            failed.append(verdict % "<")
+        assert result is not None  # at least one stage
+        spans = resumed_spans(plan, result, self.checks[-1], keep_sources=False)
+        dense = replace(plan, spans=spans, subsets=(), capture_layers=())
+        self._decide(f"dense: {failed.pop()}, computed on from there", failed)
+        return PrefilledPlan(dense, self._run(dense))
+
+    def _decide(self, decision: str, earlier: Sequence[str]) -> None:
+        after = f" (after {'; '.join(earlier)})" if earlier else ""
+        self.ctx.decisions[MODE] = decision + after
+
+    def _run(self, plan: CallPlan) -> LayerwiseResult:
+        with timed(self.ctx.timings, "prefill_s"):
+            return self.executor.run(plan)
 
 
 @dataclass(frozen=True)
@@ -137,7 +221,15 @@ class Params:
     )  # fmt: skip
     min_margin: float = knob(
         0.15, "margin", "first-token logit margin (top-1 − top-2) a cheap prefill must reach "
-        "to be kept, else the call is dense (0: always kept)", low=0, high=1e9,
+        "to be kept, else the call goes deeper (0: always kept)", low=0, high=1e9,
+    )  # fmt: skip
+    deep_check: int = knob(
+        0, "deep", "a second pass's check layer (0: none): resumes from the first pass's "
+        "exact states and computes the answers on up to it", low=0, high=1024,
+    )  # fmt: skip
+    deep_margin: float = knob(
+        0.0, "deep_margin", "the margin the second pass must reach to be kept, else the "
+        "call is dense from there on", low=0, high=1e9,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -145,7 +237,10 @@ class Params:
 
     def config(self) -> CrossfixConfig:
         blend = BlendConfig(ratio=self.ratio, check_layer=self.check_layer)
-        return CrossfixConfig(blend=blend, min_margin=self.min_margin)
+        return CrossfixConfig(
+            blend=blend, min_margin=self.min_margin,
+            deep_check=self.deep_check, deep_margin=self.deep_margin,
+        )  # fmt: skip
 
 
 SPEC = ModeSpec(MODE, Params, lambda p: CrossfixPolicy(p.config()), judge_capable=True)

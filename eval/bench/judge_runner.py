@@ -185,10 +185,12 @@ def make_candidates(
 def judge_prompt(
     loaded: LoadedModel, example: JudgeExample, candidates: Candidates, order: DisplayOrder
 ) -> RenderedPrompt:
-    """The judge's prompt for `order`: byte-identical for the dense judge and every mode."""
+    """The judge's prompt for `order`: byte-identical for the dense judge and every mode;
+    it declares the labels' tokens, the constrained choice its selection is read from."""
     values: dict[str, str | tuple[int, ...]] = {"user_question": example.question}
     values.update({f"agent_{a}_current": ids for a, ids in candidates.ids.items()})
-    return render(judge_template(example.task, order), values, loaded.tokenizer)
+    prompt = render(judge_template(example.task, order), values, loaded.tokenizer)
+    return replace(prompt, choice_ids=choice_token_ids(loaded.tokenizer, order.labels))
 
 
 def teacher_force(
@@ -223,7 +225,7 @@ def _judge_example(
     probe: PrefillProbe | None,
 ) -> list[JudgeRecord]:
     prompt = judge_prompt(loaded, example, candidates, order)
-    choice_ids = choice_token_ids(loaded.tokenizer, order.labels)
+    choice_ids = prompt.choice_ids
     dense = _judge(reference, "reference", example, prompt, order, choice_ids, config, probe)
     records = []
     for mode, engine in engines.items():
@@ -322,13 +324,12 @@ def _warm_up(
     candidates = make_candidates(reference, example, short)
     order = display_order(example, candidates, short)
     prompt = judge_prompt(loaded, example, candidates, order)
-    choice_ids = choice_token_ids(loaded.tokenizer, order.labels)
     with ExitStack() as stack:
         for mode in config.modes:
             engine = _engine(loaded, mode, config, target, stack, warmup=True)
             if engine.store is not None:
                 teacher_force(engine, example, candidates, config.regime)
-            _judge(engine, mode, example, prompt, order, choice_ids, short, None)
+            _judge(engine, mode, example, prompt, order, prompt.choice_ids, short, None)
 
 
 class _Ticker:

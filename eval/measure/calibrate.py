@@ -184,9 +184,11 @@ def build_policy(
 
 
 def select_judge(probes: Sequence[JudgeProbe]) -> JudgeProbe | None:
-    """The admitted judge probe that reused most (None: none admitted)."""
+    """The admitted judge probe that reused most (None: none admitted); on a tie, the one
+    whose cheapest pass reuses most when it keeps a call (a staged one over its deep pass
+    alone: the probes are close calls, which only the deep pass keeps)."""
     admitted = [p for p in probes if p.admitted]
-    return max(admitted, key=lambda p: (p.reuse, p.jcr), default=None)
+    return max(admitted, key=lambda p: (p.reuse, p.jcr, p.ceiling), default=None)
 
 
 def run_calibration(

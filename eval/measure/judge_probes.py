@@ -12,23 +12,35 @@ dense): that gives the JCR and the candidate-block token·layer reuse admission 
 Why a quantile and not the largest error: the largest errors come with large margins
 (a confident call moved a lot and still chose the same); bounding by them sends most
 safe calls dense.
+
+Staged candidates (`staged_probes`, for a mode with a deeper pass, crossfix's `deep`):
+each pair of a mode's check layers, each pass with the guard calibrated for it alone,
+replayed on the same probes: a call is kept by the cheap pass when its margin reaches
+that pass's guard, else by the deeper pass, else dense. The deeper pass resumes from the
+cheap one's exact states, so its result is the single pass at its check layer (tested),
+and the single-pass records replay it exactly.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes.registry import mode_spec
 from kvsplice.eval.bench.judge_runner import JudgeRunConfig, run_judges
+from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.jcr import JudgeRecord
 from kvsplice.eval.workloads.judge_examples import JudgeExample
 
 logger = logging.getLogger(__name__)
 
 DENSE = "dense"
+# The knob of a mode's deeper pass (crossfix's `deep`): such a mode gets staged candidates.
+DEEP = "deep_check"
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,8 @@ class JudgeThresholds:
 class JudgeProbe:
     """One candidate on the probes. `spec`: its variant with the guard off; `min_margin`: the
     guard calibrated for it; `jcr`, `kept`, `reuse`: the guarded replay (kept: share of calls
-    that keep the cheap prefill; reuse: candidate-block token·layers not computed)."""
+    that keep the cheap prefill; reuse: candidate-block token·layers not computed);
+    `ceiling`: what a call its cheapest pass keeps reuses (ties in `reuse` go to the higher)."""
 
     mode: str
     spec: str
@@ -66,6 +79,7 @@ class JudgeProbe:
     kept: float
     reuse: float
     admitted: bool
+    ceiling: float = 0.0
 
 
 def margin_error(record: JudgeRecord) -> float:
@@ -118,9 +132,60 @@ def judge_probe(
     raw_jcr = sum(r.consistent for r in records) / len(records)
     admitted = jcr >= thresholds.min_jcr and reuse > 0
     largest = max(margin_error(r) for r in records)
+    ceiling = max(record_reuse(r) for r in records)
     return JudgeProbe(
-        mode, spec, len(records), largest, min_margin, raw_jcr, jcr, kept, reuse, admitted
+        mode, spec, len(records), largest, min_margin, raw_jcr, jcr, kept, reuse, admitted, ceiling
     )
+
+
+def staged_replay(
+    cheap: Sequence[JudgeRecord], deep: Sequence[JudgeRecord], margins: tuple[float, float]
+) -> tuple[float, float, float]:
+    """(JCR, kept share, reuse) of two passes over the same calls: the cheap one kept at
+    `margins[0]`, else the deeper one at `margins[1]`, else dense (consistent, no reuse)."""
+    if len(cheap) != len(deep) or not cheap:
+        raise ValueError("the two passes need the same, non-empty calls")
+    consistent = kept = 0
+    reuse = 0.0
+    for first, second in zip(cheap, deep, strict=True):
+        if (first.example_id, first.order) != (second.example_id, second.order):
+            raise ValueError(f"records {first.example_id} and {second.example_id} differ")
+        chosen = next(
+            (r for r, m in ((first, margins[0]), (second, margins[1])) if r.margin >= m), None
+        )
+        consistent += 1 if chosen is None else int(chosen.consistent)
+        kept += chosen is not None
+        reuse += 0.0 if chosen is None else record_reuse(chosen)
+    n = len(cheap)
+    return consistent / n, kept / n, reuse / n
+
+
+def staged_probes(
+    probes: Sequence[JudgeProbe],
+    records: Mapping[str, Sequence[JudgeRecord]],
+    checks: Mapping[str, int],
+    thresholds: JudgeThresholds,
+) -> list[JudgeProbe]:
+    """Two-pass candidates from one mode's single-pass probes (keyed by spec in `records`
+    and `checks`: each spec's check layer), every cheaper check before every deeper one."""
+    staged = []
+    for cheap, deep in itertools.permutations(probes, 2):
+        if checks[cheap.spec] >= checks[deep.spec]:
+            continue
+        margins = (cheap.min_margin, deep.min_margin)
+        jcr, kept, reuse = staged_replay(records[cheap.spec], records[deep.spec], margins)
+        spec = (
+            f"{cheap.mode}:check={checks[cheap.spec]}+deep={checks[deep.spec]}"
+            f"+deep_margin={deep.min_margin:g}+margin=0"
+        )
+        staged.append(
+            JudgeProbe(
+                cheap.mode, spec, cheap.num_probes, max(cheap.max_error, deep.max_error),
+                cheap.min_margin, cheap.raw_jcr, jcr, kept, reuse,
+                jcr >= thresholds.min_jcr and reuse > 0, cheap.ceiling,
+            )
+        )  # fmt: skip
+    return staged
 
 
 def probe_judge_modes(
@@ -147,4 +212,27 @@ def probe_judge_modes(
         for record in run.records:
             if record.mode in labels:
                 records.setdefault(labels[record.mode], []).append(record)
-    return [judge_probe(mode, spec, records[spec], thresholds) for mode, spec in candidates]
+    singles = [judge_probe(mode, spec, records[spec], thresholds) for mode, spec in candidates]
+    return singles + _staged(singles, records, thresholds)
+
+
+def _staged(
+    singles: Sequence[JudgeProbe],
+    records: Mapping[str, Sequence[JudgeRecord]],
+    thresholds: JudgeThresholds,
+) -> list[JudgeProbe]:
+    """Two-pass candidates of every mode with a deeper pass, from its single-check probes."""
+    staged = []
+    for mode in dict.fromkeys(p.mode for p in singles):
+        defaults = mode_spec(mode).params_type()
+        if not hasattr(defaults, DEEP):
+            continue
+        checks = {}
+        for probe in singles:
+            if probe.mode == mode:
+                params = ModeVariant.parse(probe.spec).apply(defaults)
+                if getattr(params, DEEP) == 0 and getattr(params, "ratio", 0) == 0:
+                    checks[probe.spec] = params.check_layer
+        mine = [p for p in singles if p.spec in checks]
+        staged += staged_probes(mine, records, checks, thresholds)
+    return staged

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +17,12 @@ from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.policy import AnchorConfig, AnchorPolicy
 from kvsplice.client.modes.base import ReusePolicy
 from kvsplice.client.modes.blend import BlendConfig
-from kvsplice.client.modes.crossfix import CrossfixConfig, CrossfixPolicy, first_token_margin
+from kvsplice.client.modes.crossfix import (
+    CrossfixConfig,
+    CrossfixPolicy,
+    decision_margin,
+    first_token_margin,
+)
 from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
 from kvsplice.client.modes.gated import GatedPolicy
@@ -99,6 +105,32 @@ def test_margin_is_top1_minus_top2() -> None:
     assert first_token_margin(torch.tensor([7.0])) == math.inf
 
 
+def test_decision_margin_is_over_the_declared_choices() -> None:
+    logits = torch.tensor([9.0, 3.0, 1.0, 2.5])
+    assert decision_margin(logits, ()) == pytest.approx(6.0)
+    assert decision_margin(logits, (1, 3)) == pytest.approx(0.5)
+
+
+@dataclass(frozen=True)
+class _ChoicePrompt:
+    token_ids: tuple[int, ...]
+    spans: tuple
+    choice_ids: tuple[int, ...]
+
+
+def test_crossfix_guards_on_the_choices_a_prompt_declares(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    config = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=1), min_margin=0.0)
+    engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-choices")
+    plain = _comparing(_answers(engine), SELECT)
+    choices = (5, 6, 7)
+    outcome = engine.run(_ChoicePrompt(plain.token_ids, plain.spans, choices), GENERATION)
+    expected = decision_margin(outcome.logits_first, choices)
+    assert expected != pytest.approx(first_token_margin(outcome.logits_first))
+    assert outcome.decisions["crossfix"].startswith(f"kept: margin {expected:.2f} >= 0 ")
+
+
 def test_crossfix_without_a_store_equals_dense(loaded: LoadedModel) -> None:
     engine = ReuseEngine(loaded, CrossfixPolicy(), None, EngineConfig(store_segments=False))
     prompt = _comparing([tuple(range(40, 50)), tuple(range(60, 66))], SELECT)
@@ -157,6 +189,47 @@ def test_crossfix_guard_keeps_only_confident_prefills(
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith("dense: margin")
     assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_crossfix_deeper_pass_resumed_equals_a_fresh_pass_at_its_check_layer(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """Oracle of the resume: a first pass at check 1 refused, a second resumed from its
+    states at layer 1 and checked at 3, gives what one pass at check 3 gives."""
+    staged = CrossfixConfig(
+        BlendConfig(ratio=0.0, check_layer=1), min_margin=math.inf, deep_check=3
+    )  # fmt: skip
+    engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged")
+    _, outcome = _judge(engine)
+    decision = outcome.decisions["crossfix"]
+    assert decision.startswith("kept: margin") and "at check 3 (after margin" in decision
+    fresh = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=3), min_margin=0.0)
+    _, reference = _judge(_engine(loaded, CrossfixPolicy(fresh), store_target, "xf-fresh3"))
+    assert float((outcome.logits_first - reference.logits_first).abs().max()) <= ATOL
+    assert outcome.generated_ids == reference.generated_ids
+    # the answers reused layers 3.. only: their layers below were computed by the passes
+    approximate = [s for s in outcome.reused if not s.exact]
+    assert {s.num_layers for s in approximate} == {NUM_LAYERS - 3}
+    assert _candidate_token_layers(outcome) == _candidate_token_layers(reference) > 0
+
+
+def test_crossfix_refused_by_every_pass_is_dense(loaded: LoadedModel, store_target: str) -> None:
+    staged = CrossfixConfig(
+        BlendConfig(ratio=0.0, check_layer=1), min_margin=math.inf, deep_check=2,
+        deep_margin=math.inf,
+    )  # fmt: skip
+    engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged-dense")
+    prompt, outcome = _judge(engine)
+    decision = outcome.decisions["crossfix"]
+    assert decision.startswith("dense: margin") and "at check 2" in decision
+    assert "(after margin" in decision and "at check 1)" in decision
+    assert _candidate_token_layers(outcome) == 0
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_crossfix_deep_check_must_be_deeper() -> None:
+    with pytest.raises(ValueError, match="must be above"):
+        CrossfixConfig(BlendConfig(ratio=0.0, check_layer=3), deep_check=2)
 
 
 def _gated(

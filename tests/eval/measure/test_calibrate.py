@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
 from kvsplice.client.modes.admission import load_policy
 from kvsplice.client.modes.anchor.policy import Params as AnchorParams
 from kvsplice.client.modes.blend import Params as BlendParams
+from kvsplice.client.modes.crossfix import Params as CrossfixParams
 from kvsplice.client.modes.halo import Params as HaloParams
 from kvsplice.client.modes.multicut import W_EXACT_TABLES
 from kvsplice.client.modes.multicut import Params as MulticutParams
@@ -183,9 +185,16 @@ def test_judge_probes_admit_the_judge_mode_that_reused_most() -> None:
         modes=(), judge_probes=2, judge_seeds=(0,), judge_thresholds=JudgeThresholds(min_jcr=0.0)
     )
     result = run_calibration(config, loaded=loaded)
-    assert [p.spec for p in result.judge_probes] == [s for _, s in config.judge_candidates()]
+    singles = [s for _, s in config.judge_candidates()]
+    assert [p.spec for p in result.judge_probes][: len(singles)] == singles
+    checks = len(knobs(CrossfixParams)["check_layer"].grid)
+    staged = result.judge_probes[len(singles) :]  # every cheaper check before a deeper one
+    assert len(staged) == checks * (checks - 1) // 2
+    assert all("+deep=" in p.spec for p in staged)
     assert all(p.num_probes == 2 for p in result.judge_probes)
-    best = max((p for p in result.judge_probes if p.admitted), key=lambda p: (p.reuse, p.jcr))
+    best = max(
+        (p for p in result.judge_probes if p.admitted), key=lambda p: (p.reuse, p.jcr, p.ceiling)
+    )
     policy = result.policy
     assert policy.judge_modes == ("crossfix",) and "crossfix" in policy.admitted_modes
     assert policy.params_of("crossfix").min_margin == best.min_margin
@@ -196,6 +205,18 @@ def test_judge_probes_admit_the_judge_mode_that_reused_most() -> None:
 
 def _probe(spec: str, jcr: float, reuse: float, admitted: bool) -> JudgeProbe:
     return JudgeProbe("crossfix", spec, 12, 0.5, 0.65, jcr, jcr, 0.7, reuse, admitted)
+
+
+def test_a_tie_in_reuse_goes_to_the_probe_whose_cheapest_pass_reuses_most() -> None:
+    single = _probe("crossfix:check=24+margin=0", 1.0, 0.15, admitted=True)
+    staged = replace(
+        _probe("crossfix:check=12+deep=24+deep_margin=0.15+margin=0", 1.0, 0.15, admitted=True),
+        ceiling=0.6,
+    )
+    policy = build_policy(FP, {}, judges=[replace(single, ceiling=0.2), staged])
+    params = policy.params_of("crossfix")
+    assert (params.check_layer, params.deep_check, params.deep_margin) == (12, 24, 0.15)
+    assert params.min_margin == staged.min_margin
 
 
 def test_only_a_judge_probe_that_cleared_the_bar_is_admitted_for_judges() -> None:

@@ -15,6 +15,8 @@ from kvsplice.eval.measure.judge_probes import (
     guard,
     judge_probe,
     margin_error,
+    staged_probes,
+    staged_replay,
 )
 
 AGENTS = ("1", "2", "3", "4")
@@ -93,3 +95,38 @@ def test_admitted_only_above_the_jcr_bar_with_some_reuse() -> None:
     assert probe.admitted
     nothing = [replace(r, num_candidate_token_layers_reused=0) for r in stable]
     assert not judge_probe("crossfix", "x", nothing, JudgeThresholds()).admitted
+
+
+def test_staged_replay_keeps_the_cheap_pass_then_the_deep_one_then_dense() -> None:
+    # call 0: cheap pass confident and right; call 1: cheap unsure, deep confident and right;
+    # call 2: both unsure (one of them wrong): dense, consistent with nothing reused
+    cheap = [
+        replace(_record((3.0, 0.0, 0.0, 0.0), (3.0, 0.0, 0.0, 0.0), reused=720), example_id="a"),
+        replace(_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0), reused=720), example_id="b"),
+        replace(_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0), reused=720), example_id="c"),
+    ]
+    deep = [
+        replace(_record((3.0, 0.0, 0.0, 0.0), (3.0, 0.0, 0.0, 0.0), reused=240), example_id="a"),
+        replace(_record((0.0, 2.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0), reused=240), example_id="b"),
+        replace(_record((1.05, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0), reused=240), example_id="c"),
+    ]
+    jcr, kept, reuse = staged_replay(cheap, deep, (1.0, 0.5))
+    assert jcr == 1.0 and kept == pytest.approx(2 / 3)
+    assert reuse == pytest.approx((720 + 240) / 1200 / 3)
+    # with no guard on the cheap pass its two flips count
+    assert staged_replay(cheap, deep, (0.0, 0.5))[0] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="differ"):
+        staged_replay(cheap, deep[::-1], (1.0, 0.5))
+
+
+def test_staged_probes_pair_a_cheaper_check_with_a_deeper_one_only() -> None:
+    right = _record((3.0, 0.0, 0.0, 0.0), (3.0, 0.0, 0.0, 0.0))
+    records = {"crossfix:check=12+margin=0": [right], "crossfix:check=24+margin=0": [right]}
+    checks = {"crossfix:check=12+margin=0": 12, "crossfix:check=24+margin=0": 24}
+    thresholds = JudgeThresholds()
+    singles = [judge_probe("crossfix", spec, recs, thresholds) for spec, recs in records.items()]
+    staged = staged_probes(singles, records, checks, thresholds)
+    assert [p.spec for p in staged] == [
+        f"crossfix:check=12+deep=24+deep_margin={singles[1].min_margin:g}+margin=0"
+    ]
+    assert staged[0].min_margin == singles[0].min_margin and staged[0].admitted
