@@ -56,7 +56,7 @@ def replace_spans(
 
 
 def resumed_spans(
-    plan: CallPlan, result: LayerwiseResult, layer: int, *, keep_sources: bool
+    plan: CallPlan, result: LayerwiseResult, layer: int, *, keep_sources: bool, exact_until: int = 0
 ) -> tuple[PlanSpan, ...]:
     """`plan`'s spans resumed at `layer` from `result`, a run of `plan` that captured `layer`.
 
@@ -65,8 +65,11 @@ def resumed_spans(
     spans with a source (reused ones) also keep the K/V `result` left at and above
     `layer`, which a subset rule may let stand in, and their source, marked resumed;
     otherwise they are computed on from `layer` like the rest. Spans that computed no
-    layer at or above `layer` are kept as they are. Below `layer` the run was exact when
-    every token was computed there, and so is the resumed plan's.
+    layer at or above `layer` are kept as they are, and so are those ending at or before
+    `exact_until`, read at every layer from `result` (not reused: computed by it), when
+    `result` computed them exactly through every layer (nothing approximate before them).
+    Below `layer` the run was exact when every token was computed there, and so is the
+    resumed plan's.
     """
     captured = result.hidden_states.get(layer)
     if captured is None:
@@ -77,6 +80,10 @@ def resumed_spans(
             out.append(span)
             continue
         keys, values = result.kv.read(span.start, span.end)
+        if span.end <= exact_until and span.source is None:
+            done = len(keys)  # every layer of it is exact already: nothing to compute
+            out.append(replace(span, start_layer=done, keys=keys, values=values, delta=0))
+            continue
         keep = keep_sources and span.source is not None
         top = keys.shape[0] if keep else layer
         source = replace(span.source, resumed=True) if keep and span.source else None

@@ -176,13 +176,21 @@ class _Staged:
         self.first = CallPlan(
             reused.token_ids, tuple(spans), subsets=(rule,), capture_layers=(self.checks[0],)
         )
+        # what precedes the first stale answer never attends to one: a pass computes it
+        # exactly through every layer, and later passes read it instead of computing it
+        self.exact_until = min(
+            s.start for s in spans if s.source is not None and not s.source.exact
+        )
 
     def run(self) -> PrefilledPlan:
         plan, result, failed = self.first, None, []
         for stage, check in enumerate(self.checks):
             if result is not None:
                 rule = blend_rule(replace(self.config.blend, check_layer=check))
-                spans = resumed_spans(plan, result, self.checks[stage - 1], keep_sources=True)
+                spans = resumed_spans(
+                    plan, result, self.checks[stage - 1], keep_sources=True,
+                    exact_until=self.exact_until,
+                )  # fmt: skip
                 plan = replace(plan, spans=spans, subsets=(rule,), capture_layers=(check,))
             result = self._run(plan)
             margin = decision_margin(result.logits_last, self.choices)
@@ -192,7 +200,9 @@ class _Staged:
                 return PrefilledPlan(plan, result)
             failed.append(verdict % "<")
         assert result is not None  # at least one stage
-        spans = resumed_spans(plan, result, self.checks[-1], keep_sources=False)
+        spans = resumed_spans(
+            plan, result, self.checks[-1], keep_sources=False, exact_until=self.exact_until
+        )
         dense = replace(plan, spans=spans, subsets=(), capture_layers=())
         self._decide(f"dense: {failed.pop()}, computed on from there", failed)
         return PrefilledPlan(dense, self._run(dense))
