@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from kvsplice.client.execute.call_executor import CallExecutor, build_cache
+from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.splice import build_cache, dense_prefill
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import install_layers, model_cache
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.eval.measure.stopwatch import median_seconds
@@ -137,7 +139,9 @@ def _bench(
     repeats: int,
 ) -> CoreBenchRow:
     ids = _token_ids(loaded, num_tokens)
-    dense_s, _ = median_seconds(lambda: dense_prefill(loaded.model, ids), repeats)
+    executor = CallExecutor(loaded.model, loaded.layout, loaded.rope)
+    dense = CallPlan.all_compute(ids)
+    dense_s, _ = median_seconds(lambda: executor.prefill(dense, CallTimings()), repeats)
     reuse_s, _ = median_seconds(lambda: _reuse_path(loaded, payload), repeats)
     decode_s, _ = median_seconds(_fused_decode(loaded, payload), repeats)
     two_step_s, _ = median_seconds(_two_step_decode(loaded, payload), repeats)

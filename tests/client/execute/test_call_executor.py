@@ -193,3 +193,18 @@ def test_teacher_forced_answer_has_the_kv_its_generation_had() -> None:
     torch.testing.assert_close(taught.values, reference.values, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="forced tokens"):
         GenerationConfig(2, forced_ids=(1, 2, 3))
+
+
+def test_splice_path_equals_the_layerwise_loop_on_the_same_plan() -> None:
+    """The two paths of one executor agree on a plan both can run (exact and Δ-shifted reuse)."""
+    model, ids = make_tiny_llama(), make_prompt(40)
+    plan = CallPlan.tiled(ids, [reuse(model, ids, 0, 12), reuse(model, ids, 20, 33, offset=7)])
+    assert splices_only(plan)
+    executor = make_executor(model)
+    spliced = executor.prefill(plan, CallTimings())
+    looped = executor.layerwise.run(plan)
+    assert (spliced.logits_first - looped.logits_last).abs().max() <= 1e-5
+    assert spliced.reuse == reuse_map(plan, model.config.num_hidden_layers, looped.kept_slots)
+    assert [(r.start, r.end, r.layers) for r in spliced.reuse.reused] == [
+        (0, 12, (0, 2)), (20, 33, (0, 2)),
+    ]  # fmt: skip

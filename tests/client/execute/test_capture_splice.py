@@ -1,4 +1,4 @@
-"""Capture and splice oracles on tiny random Llama / Gemma3 models (fast)."""
+"""Capture, executor splice and `build_cache` oracles on tiny random Llama / Gemma3 models (fast)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ from hypothesis import strategies as st
 from model_factories import make_prompt, make_tiny_gemma3, make_tiny_llama
 from transformers import PreTrainedModel
 
+from kvsplice.client.execute.call_executor import CallExecutor, SpliceSource, build_cache
+from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.splice import (
-    SplicedSegment,
-    build_cache,
-    dense_prefill,
-    greedy_generate,
-    prefill_with_segments,
-)
+from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
+from kvsplice.client.execute.plan import CallPlan, Source, segment_span
 from kvsplice.client.model.models import kv_layout
-from kvsplice.common.errors import InvalidRequest, LayoutMismatch
+from kvsplice.common.errors import LayoutMismatch
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -30,24 +27,43 @@ LLAMA = make_tiny_llama()
 GEMMA3 = make_tiny_gemma3(sliding_window=4)
 
 
-def make_spliced(model: PreTrainedModel, ids: list[int], cuts: list[int]) -> list[SplicedSegment]:
+def make_spliced(model: PreTrainedModel, ids: list[int], cuts: list[int]) -> list[SegmentKV]:
     """Segments for ids[cuts[i]:cuts[i+1]], all cut from one dense pass over ids[:cuts[-1]]."""
     spans = list(itertools.pairwise(cuts))
-    capture = capture_segments(model, ids[: cuts[-1]], spans)
-    return [
-        SplicedSegment(seg, tuple(ids[a:b]))
-        for seg, (a, b) in zip(capture.segments, spans, strict=True)
-    ]
+    return capture_segments(model, ids[: cuts[-1]], spans).segments
 
 
-def through_payload(segment: SplicedSegment) -> SplicedSegment:
-    data = encode_payload(segment.kv, model_fingerprint=FINGERPRINT, quant="none")
-    return SplicedSegment(decode_payload(data, expect_fingerprint=FINGERPRINT), segment.token_ids)
+def through_payload(segment: SegmentKV) -> SegmentKV:
+    data = encode_payload(segment, model_fingerprint=FINGERPRINT, quant="none")
+    return decode_payload(data, expect_fingerprint=FINGERPRINT)
 
 
-def splice(model: PreTrainedModel, ids: list[int], segments: list[SplicedSegment]):
-    rope = RopeSpec.from_hf_config(model.config)
-    return prefill_with_segments(model, ids, segments, kv_layout(model), rope)
+def make_executor(model: PreTrainedModel) -> CallExecutor:
+    return CallExecutor(model, kv_layout(model), RopeSpec.from_hf_config(model.config))
+
+
+def run(model: PreTrainedModel, ids: list[int], segments: list[SegmentKV], num_new: int = 1):
+    """The executor over `ids` with `segments` back to back from slot 0 (dense if none)."""
+    spans, start = [], 0
+    for segment in segments:
+        source = Source("exact", True, start, start - segment.start_position)
+        spans.append(segment_span(segment, start, start_layer=segment.num_layers, source=source))
+        start += segment.num_tokens
+    executor = make_executor(model)
+    state = executor.prefill(CallPlan.tiled(ids, spans), CallTimings())
+    executor.generate(state, GenerationConfig(num_new, ignore_stop=True), CallTimings())
+    return state
+
+
+def splice_cache(model: PreTrainedModel, ids: list[int], segments: list[SpliceSource]):
+    """`build_cache` of `segments`, then the rest of `ids` prefilled on top: (logits [V], cache)."""
+    cache = build_cache(model, segments, kv_layout(model), RopeSpec.from_hf_config(model.config))
+    reused = sum(s.num_tokens for s in segments)
+    return make_executor(model).forward(ids[reused:], reused, cache), cache
+
+
+def logits_delta(a: ExecutionState, b: ExecutionState) -> float:
+    return float((a.logits_first - b.logits_first).abs().max())
 
 
 def test_spans_from_one_pass_are_slices_of_the_full_capture() -> None:
@@ -95,7 +111,7 @@ def test_dense_prefill_equals_a_plain_forward() -> None:
     ids = make_prompt(20)
     with torch.inference_mode():
         reference = LLAMA(input_ids=torch.tensor([ids])).logits[0, -1]
-    torch.testing.assert_close(dense_prefill(LLAMA, ids).logits_last, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(run(LLAMA, ids, []).logits_first, reference, atol=1e-6, rtol=0)
 
 
 @settings(max_examples=8, deadline=None)
@@ -109,32 +125,35 @@ def test_exact_splice_through_payload_equals_dense(num_tokens: int, data: st.Dat
     inner = data.draw(st.lists(st.integers(1, prefix), max_size=3, unique=True), label="cuts")
     cuts = sorted({0, prefix, *inner})
     segments = [through_payload(s) for s in make_spliced(LLAMA, ids, cuts)]
-    spliced = splice(LLAMA, ids, segments)
-    dense = dense_prefill(LLAMA, ids)
-    assert spliced.num_reused_tokens == prefix
-    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-5
-    assert greedy_generate(LLAMA, ids, 4, spliced) == greedy_generate(LLAMA, ids, 4, dense)
+    spliced, dense = run(LLAMA, ids, segments, 4), run(LLAMA, ids, [], 4)
+    assert spliced.reuse.num_reused_tokens == prefix
+    assert logits_delta(spliced, dense) <= 1e-5
+    assert spliced.generated == dense.generated
 
 
 @pytest.mark.parametrize("prefix", [2, 3, 4, 5, 11, 19])
 def test_exact_splice_into_sliding_window_layers_equals_dense(prefix: int) -> None:
     ids = make_prompt(20, seed=3)
-    spliced = splice(GEMMA3, ids, make_spliced(GEMMA3, ids, [0, prefix]))
-    dense = dense_prefill(GEMMA3, ids)
-    sliding_lengths = [layer.keys.shape[-2] for layer in spliced.cache.layers[:2]]
+    segments = make_spliced(GEMMA3, ids, [0, prefix])
+    spliced, dense = run(GEMMA3, ids, segments, 8), run(GEMMA3, ids, [], 8)
+    assert logits_delta(spliced, dense) <= 1e-5
+    assert spliced.generated == dense.generated
+    # build_cache builds the model's own cache: sliding layers crop to their window
+    logits, cache = splice_cache(GEMMA3, ids, segments)
+    sliding_lengths = [layer.keys.shape[-2] for layer in cache.layers[:2]]
     assert sliding_lengths == [3, 3]  # window - 1, cropped by the cache itself
-    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-5
-    assert greedy_generate(GEMMA3, ids, 8, spliced) == greedy_generate(GEMMA3, ids, 8, dense)
+    assert float((logits - dense.logits_first).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
 def test_segment_captured_at_another_position_is_shifted_into_place(model: PreTrainedModel) -> None:
     ids = make_prompt(30, seed=5)
     moved = capture_segments(model, ids[:18], [(0, 18)], position_offset=300).segments[0]
-    spliced = splice(model, ids, [SplicedSegment(moved, tuple(ids[:18]))])
-    dense = dense_prefill(model, ids)
+    spliced, dense = run(model, ids, [moved]), run(model, ids, [])
     # fp32 RoPE angles round differently at positions p and p + 300 (~|p·θ|·2^-24).
-    assert float((spliced.logits_last - dense.logits_last).abs().max()) <= 1e-4
+    assert logits_delta(spliced, dense) <= 1e-4
+    logits, _ = splice_cache(model, ids, [moved])
+    assert float((logits - dense.logits_first).abs().max()) <= 1e-4
 
 
 @pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
@@ -147,22 +166,20 @@ def test_stored_int8_segments_splice_like_their_decoded_form(model: PreTrainedMo
     payloads = [
         encode_payload(s, model_fingerprint=FINGERPRINT, quant="int8") for s in (moved, rest)
     ]
-    decoded = [decode_payload(payload) for payload in payloads]
+    decoded: list[SpliceSource] = [decode_payload(payload) for payload in payloads]
     stored = [decode_stored(payloads[0]), decoded[1]]
-    tokens = (tuple(ids[:12]), tuple(ids[12:18]))
-    via_decoded = splice(
-        model, ids, [SplicedSegment(s, t) for s, t in zip(decoded, tokens, strict=True)]
-    )
-    via_stored = splice(
-        model, ids, [SplicedSegment(s, t) for s, t in zip(stored, tokens, strict=True)]
-    )
-    for fused, reference in zip(via_stored.cache.layers, via_decoded.cache.layers, strict=True):
+    decoded_logits, decoded_cache = splice_cache(model, ids, decoded)
+    stored_logits, stored_cache = splice_cache(model, ids, stored)
+    for fused, reference in zip(stored_cache.layers, decoded_cache.layers, strict=True):
         # Spliced tokens: values bit-equal, keys within fp32 rounding of the shift.
         torch.testing.assert_close(
             fused.keys[..., :18, :], reference.keys[..., :18, :], atol=2e-5, rtol=0
         )
         assert torch.equal(fused.values[..., :18, :], reference.values[..., :18, :])
-    assert float((via_stored.logits_last - via_decoded.logits_last).abs().max()) <= 1e-4
+    assert float((stored_logits - decoded_logits).abs().max()) <= 1e-4
+    # the executor's splice path builds the same cache from decoded segments
+    executed = run(model, ids, decoded)  # type: ignore[arg-type]
+    assert float((executed.logits_first - decoded_logits).abs().max()) <= 1e-4
 
 
 def test_build_cache_lays_segments_back_to_back() -> None:
@@ -187,37 +204,23 @@ def test_standalone_segments_are_shifted_to_their_targets() -> None:
     torch.testing.assert_close(cache.layers[0].keys[0], dense.keys[0], atol=1e-5, rtol=0)
 
 
-def test_greedy_generate_stops_at_eos_and_includes_it() -> None:
-    ids = make_prompt(10)
-    free = greedy_generate(LLAMA, ids, 6)
-    assert greedy_generate(LLAMA, ids, 6, eos_token_id=free[2]) == free[: free.index(free[2]) + 1]
-
-
-def test_tokens_that_differ_from_the_prompt_are_rejected() -> None:
+def test_segments_covering_the_whole_prompt_leave_the_last_token_computed() -> None:
     ids = make_prompt(12)
-    segment = make_spliced(LLAMA, ids, [0, 6])[0]
-    other = [*ids[:5], (ids[5] + 1) % 97, *ids[6:]]
-    with pytest.raises(InvalidRequest, match="differ"):
-        splice(LLAMA, other, [segment])
-
-
-def test_segments_covering_the_whole_prompt_are_rejected() -> None:
-    ids = make_prompt(12)
-    with pytest.raises(InvalidRequest, match="at least one token"):
-        splice(LLAMA, ids, make_spliced(LLAMA, ids, [0, 12]))
+    state = run(LLAMA, ids, make_spliced(LLAMA, ids, [0, 12]))
+    assert state.reuse.num_reused_tokens == 11
+    assert logits_delta(state, run(LLAMA, ids, [])) <= 1e-5
 
 
 def test_partial_depth_or_foreign_geometry_is_a_layout_mismatch() -> None:
     ids = make_prompt(8)
     full = make_spliced(LLAMA, ids, [0, 4])[0]
-    shallow = SegmentKV(full.kv.keys[:1], full.kv.values[:1], 0)
-    with pytest.raises(LayoutMismatch, match="layers"):
-        splice(LLAMA, ids, [SplicedSegment(shallow, full.token_ids)])
+    shallow = SegmentKV(full.keys[:1], full.values[:1], 0)
     wide = SegmentKV(torch.zeros(2, 3, 4, 16), torch.zeros(2, 3, 4, 16), 0)
-    with pytest.raises(LayoutMismatch, match="heads"):
-        splice(LLAMA, ids, [SplicedSegment(wide, full.token_ids)])
-    with pytest.raises(LayoutMismatch, match="token ids"):
-        SplicedSegment(full.kv, full.token_ids[:-1])
+    for segment, match in ((shallow, "layers"), (wide, "heads")):
+        with pytest.raises(LayoutMismatch, match=match):
+            run(LLAMA, ids, [segment])
+        with pytest.raises(LayoutMismatch, match=match):
+            splice_cache(LLAMA, ids, [segment])
 
 
 @pytest.mark.gpu
@@ -228,8 +231,7 @@ def test_stored_segments_splice_on_cuda_through_pinned_staging() -> None:
     ids = make_prompt(24, seed=8)
     moved = capture_segments(LLAMA, ids[:16], [(0, 16)], position_offset=64).segments[0]
     payload = encode_payload(moved, model_fingerprint=FINGERPRINT, quant="int8")
-    tokens = tuple(ids[:16])
-    on_gpu = splice(model, ids, [SplicedSegment(decode_stored(payload), tokens)])
-    on_cpu = splice(LLAMA, ids, [SplicedSegment(decode_stored(payload), tokens)])
-    assert on_gpu.cache.layers[0].keys.device.type == "cuda"
-    torch.testing.assert_close(on_gpu.logits_last.cpu(), on_cpu.logits_last, atol=1e-3, rtol=0)
+    on_gpu, gpu_cache = splice_cache(model, ids, [decode_stored(payload)])
+    on_cpu, _ = splice_cache(LLAMA, ids, [decode_stored(payload)])
+    assert gpu_cache.layers[0].keys.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-3, rtol=0)

@@ -9,16 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvsplice.client.execute.call_executor import CallExecutor, build_cache
+from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.splice import (
-    SplicedSegment,
-    build_cache,
-    dense_prefill,
-    greedy_generate,
-    prefill_with_segments,
-)
+from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.plan import CallPlan, segment_span
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.kvmath.payload import decode_payload, encode_payload
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 pytestmark = pytest.mark.slow
 
@@ -46,23 +44,30 @@ def make_prompt_ids(loaded: LoadedModel, question: str, system: str = SYSTEM) ->
     return list(encoded["input_ids"])
 
 
-def make_prefix_segment(
-    loaded: LoadedModel, ids: list[int], prefix: int, quant: str
-) -> SplicedSegment:
+def make_prefix_segment(loaded: LoadedModel, ids: list[int], prefix: int, quant: str) -> SegmentKV:
     """Capture ids[:prefix] densely and round-trip it through the payload format."""
     captured = capture_segments(loaded.model, ids[:prefix], [(0, prefix)]).segments[0]
     data = encode_payload(captured, model_fingerprint=loaded.fingerprint, quant=quant)
-    segment = decode_payload(data, expect_fingerprint=loaded.fingerprint)
-    return SplicedSegment(segment, tuple(ids[:prefix]))
+    return decode_payload(data, expect_fingerprint=loaded.fingerprint)
+
+
+def prefill_and_greedy(
+    loaded: LoadedModel, plan: CallPlan, num_new: int = 32
+) -> tuple[torch.Tensor, list[int]]:
+    """The executor's first-token logits [V] and `num_new` greedy tokens for `plan`."""
+    executor = CallExecutor(loaded.model, loaded.layout, loaded.rope)
+    state = executor.prefill(plan, CallTimings())
+    executor.generate(state, GenerationConfig(num_new, ignore_stop=True), CallTimings())
+    return state.logits_first, state.generated
 
 
 def max_abs_logit_delta(
-    loaded: LoadedModel, ids: list[int], segment: SplicedSegment
+    loaded: LoadedModel, ids: list[int], segment: SegmentKV
 ) -> tuple[float, list[int]]:
-    spliced = prefill_with_segments(loaded.model, ids, [segment], loaded.layout, loaded.rope)
-    dense = dense_prefill(loaded.model, ids)
-    delta = float((spliced.logits_last - dense.logits_last).abs().max())
-    return delta, greedy_generate(loaded.model, ids, 32, spliced)
+    span = segment_span(segment, 0, start_layer=segment.num_layers)
+    spliced, tokens = prefill_and_greedy(loaded, CallPlan.tiled(ids, [span]))
+    dense, _ = prefill_and_greedy(loaded, CallPlan.all_compute(ids), num_new=1)
+    return float((spliced - dense).abs().max()), tokens
 
 
 @pytest.mark.parametrize("question", QUESTIONS[:3])
@@ -70,7 +75,7 @@ def test_exact_splice_matches_dense_logits_and_32_greedy_tokens(
     smollm2: LoadedModel, question: str
 ) -> None:
     ids = make_prompt_ids(smollm2, question)
-    dense_tokens = greedy_generate(smollm2.model, ids, 32)
+    _, dense_tokens = prefill_and_greedy(smollm2, CallPlan.all_compute(ids))
     for prefix in (1, len(ids) // 2, len(ids) - 1):
         delta, tokens = max_abs_logit_delta(
             smollm2, ids, make_prefix_segment(smollm2, ids, prefix, "none")
@@ -80,11 +85,11 @@ def test_exact_splice_matches_dense_logits_and_32_greedy_tokens(
 
 
 def suffix_log_probs(
-    loaded: LoadedModel, ids: list[int], segments: list[SplicedSegment]
+    loaded: LoadedModel, ids: list[int], segments: list[SegmentKV]
 ) -> torch.Tensor:
     """Log-probabilities [S, V] at every suffix position, after splicing (dense if none)."""
-    reused = sum(s.kv.num_tokens for s in segments)
-    cache = build_cache(loaded.model, [s.kv for s in segments], loaded.layout, loaded.rope)
+    reused = sum(s.num_tokens for s in segments)
+    cache = build_cache(loaded.model, segments, loaded.layout, loaded.rope)
     suffix = torch.tensor([ids[reused:]])
     positions = torch.arange(reused, len(ids)).unsqueeze(0)
     with torch.inference_mode():
