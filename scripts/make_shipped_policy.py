@@ -1,8 +1,9 @@
 """Write the admission policy the package ships for SmolLM2-135M (client/modes/shipped/).
 
-It is `kvsplice calibrate`'s judge probes alone (no execution-agent probes: the shipped
-policy admits no approximate mode for ordinary calls, which then run `exact`): what the
-probes admit for judges, with its guard margin and its measured JCR. Run:
+It is `kvsplice calibrate`'s judge probes alone, on the shipped judge sample × 4 shuffled
+orders (no execution-agent probes: the shipped policy admits no approximate mode for
+ordinary calls, which then run `exact`): what the probes admit for judges, with its
+guard margins and its measured JCR. Run:
     .venv/bin/python scripts/make_shipped_policy.py
 """
 
@@ -26,7 +27,7 @@ def main() -> None:
     torch.set_num_threads(1)
     console = Console()
     loaded = load_model(ModelConfig())
-    config = CalibrationConfig(modes=())
+    config = CalibrationConfig(modes=(), judge_seeds=(0, 1, 2, 3))
     result = run_calibration(config, progress=console.log, loaded=loaded)
     console.print(render_judge_probes(result))
     policy = replace(result.policy, created_at=result.policy.created_at)
