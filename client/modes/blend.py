@@ -28,14 +28,12 @@ from typing import Literal
 
 import torch
 
-from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan, KVPair, SubsetRule, segment_span, tile_spans
-from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.execute.spans import reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
+from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -120,7 +118,7 @@ def blend_plan(
 MODE = "blend"
 
 
-class BlendPolicy:
+class BlendPolicy(WholeSpanRecordingPolicy):
     mode = MODE
 
     def __init__(self, config: BlendConfig | None = None) -> None:
@@ -132,17 +130,6 @@ class BlendPolicy:
             return naive  # exact reuse or nothing: no token to blend
         spans = reuse_spans(naive, approx_start_layer=0, mode=MODE)
         return CallPlan(naive.token_ids, tuple(spans), subsets=(blend_rule(self.config),))
-
-    def after_call(
-        self,
-        prompt: SpannedPrompt,
-        reuse: ReuseMap,
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
-    ) -> None:
-        records = call_records(prompt, reuse, state, ctx, response_ids)
-        put_records(ctx, whole_span_records(records, prompt.spans))
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.execute.spans import resumed_spans, reuse_spans
 from kvsplice.client.modes.base import (
     CallContext,
@@ -50,7 +48,7 @@ from kvsplice.client.modes.blend import BlendConfig, blend_rule
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.naive import same_tokens_segment
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
+from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +111,7 @@ def decision_margin(logits: torch.Tensor, choices: Sequence[int]) -> float:
     return first_token_margin(logits[list(choices)])
 
 
-class CrossfixPolicy:
+class CrossfixPolicy(WholeSpanRecordingPolicy):
     mode = MODE
 
     def __init__(self, config: CrossfixConfig | None = None) -> None:
@@ -135,17 +133,6 @@ class CrossfixPolicy:
             ctx.decisions[MODE] = "nothing to reuse"
             return exact
         return _Staged(self.config, ctx, reused, declared_choices(prompt)).run()
-
-    def after_call(
-        self,
-        prompt: SpannedPrompt,
-        reuse: ReuseMap,
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
-    ) -> None:
-        records = call_records(prompt, reuse, state, ctx, response_ids)
-        put_records(ctx, whole_span_records(records, prompt.spans))
 
 
 class _Staged:

@@ -32,16 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
-from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.execute.spans import is_reused, replace_spans, reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import call_records, put_records, whole_span_records
+from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +188,7 @@ class HaloConfig:
             raise ValueError(f"num_halo {self.num_halo} must be >= 0")
 
 
-class HaloPolicy:
+class HaloPolicy(WholeSpanRecordingPolicy):
     mode = MODE
 
     def __init__(self, config: HaloConfig | None = None) -> None:
@@ -218,17 +216,6 @@ class HaloPolicy:
             return exact_only(naive)
         probed, _ = probed_plan(plan, acceptance.num_probe, exact_names)
         return PrefilledPlan(probed, verdict.reuse)
-
-    def after_call(
-        self,
-        prompt: SpannedPrompt,
-        reuse: ReuseMap,
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
-    ) -> None:
-        records = call_records(prompt, reuse, state, ctx, response_ids)
-        put_records(ctx, whole_span_records(records, prompt.spans))
 
 
 def exact_only(plan: CallPlan) -> CallPlan:

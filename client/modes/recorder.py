@@ -177,6 +177,23 @@ class RecordingPolicy:
         record_call(prompt, reuse, state, ctx, response_ids)
 
 
+class WholeSpanRecordingPolicy:
+    """Base of the policies that compute scattered tokens inside reused spans (blend, halo,
+    crossfix): after a call, put its segments but the partial approximate prompt pieces
+    (`whole_span_records`), synchronously."""
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        reuse: ReuseMap,
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        records = call_records(prompt, reuse, state, ctx, response_ids)
+        put_records(ctx, whole_span_records(records, prompt.spans))
+
+
 def whole_span_records(
     records: Sequence[SpanRecord], prompt_spans: Sequence[PromptSpan]
 ) -> list[SpanRecord]:
