@@ -25,10 +25,12 @@ from kvsplice.client.execute.reuse_map import ReusedRange
 from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
-from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt
+from kvsplice.client.modes.base import ReusePolicy, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import SegmentStore
+from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.client.store.segment_writer import SegmentWriter
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES
@@ -94,7 +96,7 @@ class CallOutcome:
     output_ids: generated ids without a trailing stop token (what downstream
     agents see); generated_ids: as generated. logits_first: [V] float32 logits of
     the last prompt token (the first token's distribution). decisions: the
-    policy's gate outcomes (`CallContext.decisions`). text: the decoded answer (`chat` calls).
+    policy's gate outcomes (`PlannedCall.decisions`). text: the decoded answer (`chat` calls).
     """
 
     mode: str
@@ -183,7 +185,8 @@ class ReuseEngine:
         start_s = time.perf_counter() if started_at_s is None else started_at_s
         ctx = self._context(CallTimings())
         with self._prefilling():
-            state = self.executor.prefill(self.policy.plan(prompt, ctx), ctx.timings)
+            planned = self.policy.plan(prompt, ctx)
+            state = self.executor.prefill(planned.plan, ctx.timings, planned.result)
         ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
         if on_prefill is not None:
             on_prefill(state)
@@ -191,9 +194,9 @@ class ReuseEngine:
         output = content_tokens(state.generated, generation)
         if self.config.store_segments:
             store_start_s = time.perf_counter()
-            self.policy.after_call(prompt, state.reuse, state, ctx, output)
+            self.policy.after_call(prompt, planned, state, ctx, output)
             ctx.timings.add("store_s", time.perf_counter() - store_start_s)
-        return _outcome(self.mode, prompt, state, output, ttft_s, ctx.timings, ctx.decisions)
+        return _outcome(self.mode, prompt, state, output, ttft_s, ctx.timings, planned.decisions)
 
     def chat(
         self,
@@ -232,9 +235,10 @@ class ReuseEngine:
         """Background puts hold off until the first token (they would slow the prefill)."""
         return nullcontext() if self.writer is None else self.writer.paused()
 
-    def _local_tier(self) -> LocalTier | None:
+    def _local_tier(self) -> LocalTier:
         if self.store is None or self.config.local_tier_bytes == 0:
-            return None
+            # NOTE: 0 bytes keep nothing; on the CPU, where payloads decode, it moves nothing.
+            return LocalTier(0)
         return LocalTier(self.config.local_tier_bytes, self.loaded.model.device)
 
     def _writer(self) -> SegmentWriter | None:
@@ -250,9 +254,9 @@ class ReuseEngine:
         )
 
     def _context(self, timings: CallTimings) -> CallContext:
+        """The call's context: a `StoreContext` when the engine has a store."""
         tokenizer = self.loaded.tokenizer
-        return CallContext(
-            store=self.store,
+        ctx = CallContext(
             fingerprint=self.loaded.fingerprint,
             executor=self.executor,
             # Decoded in fp32 so a half-precision model's keys are shifted, then cast, once.
@@ -262,9 +266,15 @@ class ReuseEngine:
             encode_text=lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
             quant=self.config.quant,
             rope=self.loaded.rope,
-            local=self.local,
-            writer=self.writer,
         )
+        if self.store is None:
+            return ctx
+        if self.writer is not None:
+            return StoreContext.of(ctx, self.store, self.local, self.writer)
+        puts = DirectPuts(
+            self.store, fingerprint=ctx.fingerprint, quant=ctx.quant, local=self.local
+        )
+        return StoreContext.of(ctx, self.store, self.local, puts)
 
 
 def _outcome(

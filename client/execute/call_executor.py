@@ -24,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_result import PrefilledPlan
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.model.hf_cache import (
@@ -61,15 +61,18 @@ class CallExecutor:
         """The decoder-layer loop, built on first use (only approximate plans need it)."""
         return LayerwiseExecutor(self._model, self._rope)
 
-    def prefill(self, planned: CallPlan | PrefilledPlan, timings: CallTimings) -> ExecutionState:
-        """Run `planned` and pick the first token (`state.generated == [first]`)."""
-        if isinstance(planned, CallPlan) and splices_only(planned):
-            return self._splice_prefill(planned, timings)
-        plan = planned.plan if isinstance(planned, PrefilledPlan) else planned
+    def prefill(
+        self, plan: CallPlan, timings: CallTimings, ran: LayerwiseResult | None = None
+    ) -> ExecutionState:
+        """Run `plan` and pick the first token (`state.generated == [first]`).
+
+        `ran`: `plan`'s run when the caller already made it (to test it); the state
+        continues from it and nothing runs again.
+        """
+        if ran is None and splices_only(plan):
+            return self._splice_prefill(plan, timings)
         with timed(timings, "prefill_s"):
-            result = (
-                planned.result if isinstance(planned, PrefilledPlan) else self.layerwise.run(plan)
-            )
+            result = self.layerwise.run(plan) if ran is None else ran
         reuse = reuse_map(plan, self.num_layers, result.kept_slots)
         with timed(timings, "splice_s"):
             cache = result.kv.to_dynamic_cache()

@@ -1,6 +1,6 @@
 """What a layerwise run returns: logits, the filled K/V buffer, captured hidden states.
 
-Owns the result types only (and `PrefilledPlan`, a plan with its run); the executor builds them.
+Owns the result types only; the executor builds them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.kv_buffer import KVBuffer
-from kvsplice.client.execute.plan import CallPlan
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +57,3 @@ class LayerwiseResult:
     def logits_last(self) -> torch.Tensor:
         """[V] float32: the highest requested slot's logits (the last prompt token by default)."""
         return self.logits[-1]
-
-
-@dataclass(frozen=True, eq=False)
-class PrefilledPlan:
-    """A plan a policy already ran through the decoder layers (to test it), and that run.
-
-    The executor continues from `result` instead of running `plan` again.
-    """
-
-    plan: CallPlan
-    result: LayerwiseResult

@@ -1,30 +1,23 @@
-"""The reuse-policy interface, the per-call context a policy works in, and plan assembly.
+"""The reuse-policy interface, the prompts it plans for, and plan assembly.
 
-Owns `ReusePolicy`, `CallContext`, the prompt protocols the client accepts (the
-agents' `RenderedPrompt` satisfies them), `span_role` and `PlanBuilder`. The
-rules of each mode live in their own modules; storing after a call in `recorder`.
+Owns `ReusePolicy`, the prompt protocols the client accepts (the agents'
+`RenderedPrompt` satisfies them), `span_role` and `PlanBuilder`. The context a policy
+works in is `call_context`'s, what its plan returns `planned_call`'s; the rules of each
+mode live in their own modules; storing after a call in `recorder`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import torch
-
-from kvsplice.client.execute.call_executor import CallExecutor
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.layerwise_result import PrefilledPlan
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
-from kvsplice.client.execute.reuse_map import ReuseMap
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentStore, SpanRecord
-from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.client.modes.call_context import CallContext
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.common.errors import LayoutMismatch
-from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -65,54 +58,23 @@ def span_role(span: PromptSpan) -> SpanRole:
     return "condition"
 
 
-@dataclass(frozen=True)
-class CallContext:
-    """What a policy may use during one call (built by the engine, never changed).
-
-    `store` None: the engine has no store at all; `local` None: no worker tier;
-    `writer` None: segments are put synchronously after the first token.
-    `executor` runs plans of both kinds (its `layerwise` loop for approximate
-    ones); `rope` moves keys; `decode_dtype`: what fetched payloads decode to
-    (fp32: shift first, cast once). What the run produced comes back in the
-    `ExecutionState` `after_call` gets. The call's records: `pending` collects K/V
-    a policy computed while planning (a placeholder's standalone base), put after
-    the first token; `notes` is what a policy's `plan` leaves for its `after_call`;
-    `decisions` what it decided and why, for the call's outcome (e.g.
-    {"anchor_gate": "ambiguous"}, {"halo_acceptance": "rejected"}).
-    """
-
-    store: SegmentStore | None
-    fingerprint: str
-    executor: CallExecutor
-    rope: RopeSpec
-    decode_dtype: torch.dtype
-    timings: CallTimings
-    decode_text: Callable[[Sequence[int]], str]
-    encode_text: Callable[[str], tuple[int, ...]]
-    quant: str
-    local: LocalTier | None
-    writer: SegmentWriter | None
-    pending: list[SpanRecord] = field(default_factory=list)
-    notes: dict[str, Any] = field(default_factory=dict)
-    decisions: dict[str, str] = field(default_factory=dict)
-
-
 class ReusePolicy(Protocol):
     """Decides a call's plan, and stores what the call produced once it is done.
 
     `plan` may run its plan already (to test it) and return it with its run.
-    `after_call` gets what the run reused per prompt range.
+    `after_call` gets the planned call back, and the run's state (what it
+    reused per prompt range is `state.reuse`).
     """
 
     @property
     def mode(self) -> str: ...
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan: ...
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[Any]: ...
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        reuse: ReuseMap,
+        planned: PlannedCall[Any],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],

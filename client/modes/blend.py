@@ -30,9 +30,11 @@ import torch
 
 from kvsplice.client.execute.plan import CallPlan, KVPair, SubsetRule, segment_span, tile_spans
 from kvsplice.client.execute.spans import reuse_spans
-from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -124,12 +126,13 @@ class BlendPolicy(WholeSpanRecordingPolicy):
     def __init__(self, config: BlendConfig | None = None) -> None:
         self.config = config or BlendConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         naive = NaivePolicy().plan(prompt, ctx)
-        if not any(s.source is not None and not s.source.exact for s in naive.spans):
+        if not any(s.source is not None and not s.source.exact for s in naive.plan.spans):
             return naive  # exact reuse or nothing: no token to blend
-        spans = reuse_spans(naive, approx_start_layer=0, mode=MODE)
-        return CallPlan(naive.token_ids, tuple(spans), subsets=(blend_rule(self.config),))
+        spans = reuse_spans(naive.plan, approx_start_layer=0, mode=MODE)
+        plan = CallPlan(naive.plan.token_ids, tuple(spans), subsets=(blend_rule(self.config),))
+        return PlannedCall(plan, records=naive.records)
 
 
 @dataclass(frozen=True)

@@ -34,20 +34,16 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.execute.spans import resumed_spans, reuse_spans
-from kvsplice.client.modes.base import (
-    CallContext,
-    ModeSpec,
-    PlanBuilder,
-    SpannedPrompt,
-    candidate_blocks,
-)
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, SpannedPrompt, candidate_blocks
 from kvsplice.client.modes.blend import BlendConfig, blend_rule
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.naive import same_tokens_segment
 from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 
 logger = logging.getLogger(__name__)
@@ -117,7 +113,7 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
     def __init__(self, config: CrossfixConfig | None = None) -> None:
         self.config = config or CrossfixConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
@@ -130,8 +126,7 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
                 builder.reuse(block.start, kv, MODE, exact=False, name=block.candidate_id)
         reused = builder.build()
         if not any(s.source is not None and not s.source.exact for s in reused.spans):
-            ctx.decisions[MODE] = "nothing to reuse"
-            return exact
+            return PlannedCall(exact, decisions={MODE: "nothing to reuse"})
         return _Staged(self.config, ctx, reused, declared_choices(prompt)).run()
 
 
@@ -169,7 +164,7 @@ class _Staged:
             s.start for s in spans if s.source is not None and not s.source.exact
         )
 
-    def run(self) -> PrefilledPlan:
+    def run(self) -> PlannedCall[None]:
         plan, result, failed = self.first, None, []
         for stage, check in enumerate(self.checks):
             if result is not None:
@@ -183,20 +178,20 @@ class _Staged:
             margin = decision_margin(result.logits_last, self.choices)
             verdict = f"margin {margin:.2f} %s {self.margins[stage]:g} at check {check}"
             if margin >= self.margins[stage]:
-                self._decide(f"kept: {verdict % '>='}", failed)
-                return PrefilledPlan(plan, result)
+                decisions = self._decide(f"kept: {verdict % '>='}", failed)
+                return PlannedCall(plan, result, decisions=decisions)
             failed.append(verdict % "<")
         assert result is not None  # at least one stage
         spans = resumed_spans(
             plan, result, self.checks[-1], keep_sources=False, exact_until=self.exact_until
         )
         dense = replace(plan, spans=spans, subsets=(), capture_layers=())
-        self._decide(f"dense: {failed.pop()}, computed on from there", failed)
-        return PrefilledPlan(dense, self._run(dense))
+        decisions = self._decide(f"dense: {failed.pop()}, computed on from there", failed)
+        return PlannedCall(dense, self._run(dense), decisions=decisions)
 
-    def _decide(self, decision: str, earlier: Sequence[str]) -> None:
+    def _decide(self, decision: str, earlier: Sequence[str]) -> dict[str, str]:
         after = f" (after {'; '.join(earlier)})" if earlier else ""
-        self.ctx.decisions[MODE] = decision + after
+        return {MODE: decision + after}
 
     def _run(self, plan: CallPlan) -> LayerwiseResult:
         with timed(self.ctx.timings, "prefill_s"):

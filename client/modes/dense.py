@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 
 logger = logging.getLogger(__name__)
@@ -19,8 +21,8 @@ logger = logging.getLogger(__name__)
 class DensePolicy(RecordingPolicy):
     mode = "dense"
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
-        return CallPlan.all_compute(prompt.token_ids)
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
+        return PlannedCall(CallPlan.all_compute(prompt.token_ids))
 
 
 SPEC = ModeSpec("dense", NoParams, lambda _: DensePolicy(), chain_only=True, drifts=False)

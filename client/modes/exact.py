@@ -12,9 +12,10 @@ import logging
 import time
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.modes.base import CallContext, ModeSpec, PlanBuilder, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.client.store.local_tier import on_device
 from kvsplice.client.store.segment_io import fetch_segment
@@ -29,10 +30,10 @@ logger = logging.getLogger(__name__)
 class ExactPolicy(RecordingPolicy):
     mode = "exact"
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
-        return builder.build()
+        return PlannedCall(builder.build())
 
 
 def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuilder) -> bytes:
@@ -47,7 +48,7 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
     the context key of the reused run (the root key when nothing matched).
     """
     parent = root_key(ctx.fingerprint)
-    if ctx.store is None:
+    if not isinstance(ctx, StoreContext):
         return parent
     listed_at_s = time.monotonic()
     with timed(ctx.timings, "lookup_s"):
@@ -69,7 +70,7 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
 
 
 def _next_link(
-    ctx: CallContext,
+    ctx: StoreContext,
     ref: SegmentRef | None,
     parent: bytes,
     token_ids: tuple[int, ...],
@@ -79,25 +80,24 @@ def _next_link(
     """The segment continuing the chain at `position`, from the local tier or the sidecar."""
     local = ctx.local
     if ref is None:  # the sidecar's run ended: only puts newer than its listing may go on
-        key = None if local is None else local.child(parent, token_ids, position)
-        entry = None if key is None or local is None else local.get(key)
+        key = local.child(parent, token_ids, position)
+        entry = None if key is None else local.get(key)
         if entry is None:
             return None
         if entry.unlisted_is_stale(listed_at_s):
-            local.invalidate(entry.meta.context_key)  # type: ignore[union-attr]
+            local.invalidate(entry.meta.context_key)
             return None
         return entry.meta, entry.kv
     tokens = token_ids[position : position + ref.num_tokens]
-    entry = None if local is None else local.get(ref.context_key)
+    entry = local.get(ref.context_key)
     if entry is not None and _continues(entry.meta, parent, tokens, position):
         return entry.meta, entry.kv
     return _fetch(ctx, ref, parent, tokens, position)
 
 
 def _fetch(
-    ctx: CallContext, ref: SegmentRef, parent: bytes, tokens: tuple[int, ...], position: int
+    ctx: StoreContext, ref: SegmentRef, parent: bytes, tokens: tuple[int, ...], position: int
 ) -> tuple[SegmentMeta, SegmentKV] | None:
-    assert ctx.store is not None
     fetched = fetch_segment(
         ctx.store,
         ref.segment_id,
@@ -107,8 +107,6 @@ def _fetch(
     )
     if fetched is None or not _continues(fetched.meta, parent, tokens, position):
         return None
-    if ctx.local is None:
-        return fetched.meta, fetched.kv
     kv = on_device(fetched.kv, ctx.local.device)
     ctx.local.put(fetched.meta, kv)
     return fetched.meta, kv

@@ -5,23 +5,22 @@ call is classified first (`risk_gate.classify`). An ordinary call runs the polic
 serving mode. A judge-like call never runs an approximate mode that calibration did
 not admit for judges: it runs the judge mode calibration admitted (an interaction-
 preserving one), or `exact` — dense prefill after the exact prefix, zero drift. The
-verdict and the route land in the call's decisions (`gated`). Each routed policy is
-built once and keeps its state across calls.
+verdict and the route land in the call's decisions (`gated`, before the routed policy's
+own). Each routed policy is built once and keeps its state across calls.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.layerwise_result import PrefilledPlan
-from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.reuse_map import ReuseMap
-from kvsplice.client.modes.base import CallContext, ModeSpec, ReusePolicy, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, ReusePolicy, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.risk_gate import classify
 
 logger = logging.getLogger(__name__)
@@ -37,6 +36,14 @@ class Route:
 
     mode: str
     reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class _Routed:
+    """What the gate's `plan` leaves for its `after_call`: the policy it ran and its call."""
+
+    policy: ReusePolicy
+    planned: PlannedCall[Any]
 
 
 class GatedPolicy:
@@ -80,23 +87,25 @@ class GatedPolicy:
             why = f"{self.ordinary.mode} not admitted for judges"
         return policy, Route(policy.mode, f"judge ({verdict.reason}) -> {policy.mode}: {why}")
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[_Routed]:
+        """The routed policy's planned call, the route first among its decisions."""
         policy, route = self.route(prompt, ctx)
-        ctx.decisions[MODE] = route.reason
-        ctx.notes[MODE] = policy
         logger.debug("risk gate: %s", route.reason)
-        return policy.plan(prompt, ctx)
+        planned = policy.plan(prompt, ctx)
+        decisions = {MODE: route.reason, **planned.decisions}
+        return replace(planned, decisions=decisions, memo=_Routed(policy, planned))
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        plan: ReuseMap,
+        planned: PlannedCall[_Routed],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        policy = ctx.notes.get(MODE, self.ordinary)
-        policy.after_call(prompt, plan, state, ctx, response_ids)
+        routed = planned.memo
+        assert routed is not None  # `plan` always routes
+        routed.policy.after_call(prompt, routed.planned, state, ctx, response_ids)
 
 
 class AdmittedModes(Protocol):

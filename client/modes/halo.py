@@ -33,12 +33,14 @@ import torch
 
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_result import LayerwiseResult, PrefilledPlan
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
 from kvsplice.client.execute.spans import is_reused, replace_spans, reuse_spans
-from kvsplice.client.modes.base import CallContext, ModeSpec, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 
 logger = logging.getLogger(__name__)
@@ -194,28 +196,28 @@ class HaloPolicy(WholeSpanRecordingPolicy):
     def __init__(self, config: HaloConfig | None = None) -> None:
         self.config = config or HaloConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan | PrefilledPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         naive = NaivePolicy().plan(prompt, ctx)
-        if all(s.source is None or s.source.exact for s in naive.spans):
+        if all(s.source is None or s.source.exact for s in naive.plan.spans):
             return naive  # exact reuse or nothing: no junction to repair
         executor = ctx.executor.layerwise
-        spans = reuse_spans(naive, approx_start_layer=executor.num_layers, mode=MODE)
+        spans = reuse_spans(naive.plan, approx_start_layer=executor.num_layers, mode=MODE)
         exact_names = {s.name for s in spans if s.source is not None and s.source.exact}
-        reused = CallPlan(naive.token_ids, tuple(spans))
+        reused = CallPlan(naive.plan.token_ids, tuple(spans))
         plan = halo_plan(reused, self.config.num_halo, exact_names)
         acceptance = self.config.acceptance
         if acceptance is None:
-            return plan
+            return PlannedCall(plan, records=naive.records)
         with timed(ctx.timings, "prefill_s"):
             verdict = check_acceptance(executor, plan, acceptance, exact_names)
-        ctx.decisions["halo_acceptance"] = "accepted" if verdict.accepted else "rejected"
+        decisions = {"halo_acceptance": "accepted" if verdict.accepted else "rejected"}
         if not verdict.accepted:
             logger.debug(
                 "halo rejected: boundary KL %s > %s", verdict.kl_nats, acceptance.epsilon_nats
             )
-            return exact_only(naive)
+            return PlannedCall(exact_only(naive.plan), records=naive.records, decisions=decisions)
         probed, _ = probed_plan(plan, acceptance.num_probe, exact_names)
-        return PrefilledPlan(probed, verdict.reuse)
+        return PlannedCall(probed, verdict.reuse, records=naive.records, decisions=decisions)
 
 
 def exact_only(plan: CallPlan) -> CallPlan:

@@ -17,14 +17,10 @@ import logging
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers, truncate
-from kvsplice.client.modes.base import (
-    CallContext,
-    ModeSpec,
-    PlanBuilder,
-    SpannedPrompt,
-    candidate_blocks,
-)
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, SpannedPrompt, candidate_blocks
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -39,10 +35,10 @@ class MaskPolicy(RecordingPolicy):
     def __init__(self, params: NoParams | None = None) -> None:
         self.params = params or NoParams()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         blocks = candidate_blocks(prompt)
         if not blocks:
-            return CallPlan.all_compute(prompt.token_ids)
+            return PlannedCall(CallPlan.all_compute(prompt.token_ids))
         builder = PlanBuilder(prompt.token_ids)
         prefix_len = blocks[0].start
         with timed(ctx.timings, "base_prefill_s"):
@@ -57,7 +53,7 @@ class MaskPolicy(RecordingPolicy):
                 truncate(cache, prefix_len)
                 kv = SegmentKV(keys, values, start_position=prefix_len)
                 builder.reuse(block.start, kv, MODE, exact=False, name=block.candidate_id)
-        return builder.build()
+        return PlannedCall(builder.build())
 
 
 SPEC = ModeSpec(MODE, NoParams, MaskPolicy, ablation=True)

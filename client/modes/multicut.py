@@ -21,7 +21,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -29,10 +29,11 @@ from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_result import CapturedStates
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, segment_span, tile_spans
-from kvsplice.client.execute.reuse_map import ReuseMap
-from kvsplice.client.modes.base import CallContext, ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.store.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
 from kvsplice.client.store.store_types import SimilarCandidate
@@ -205,12 +206,12 @@ class MulticutPolicy(RecordingPolicy):
     def __init__(self, config: MulticutConfig | None = None) -> None:
         self.config = config or MulticutConfig()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
-        if ctx.store is None:
-            return exact  # nothing to find and nowhere to store boundary states
+        if not isinstance(ctx, StoreContext):
+            return PlannedCall(exact)  # nothing to find and nowhere to store boundary states
         num_layers = ctx.executor.num_layers
         reused = [s for s in exact.spans if s.keys is not None]
         for span in prompt.spans:
@@ -220,31 +221,30 @@ class MulticutPolicy(RecordingPolicy):
             if placed is not None:
                 reused.append(placed)
         cuts = self.config.cut_layers(num_layers)
-        return CallPlan.tiled(prompt.token_ids, reused, capture_layers=cuts)
+        return PlannedCall(CallPlan.tiled(prompt.token_ids, reused, capture_layers=cuts))
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        reuse: ReuseMap,
+        planned: PlannedCall[Any],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
         """Store this call's segments with boundary states at every cut layer."""
         captured = state.layerwise.hidden_states if state.layerwise else None
-        if ctx.store is None or captured is None:
-            super().after_call(prompt, reuse, state, ctx, response_ids)
+        if not isinstance(ctx, StoreContext) or captured is None:
+            super().after_call(prompt, planned, state, ctx, response_ids)
             return
-        records = call_records(prompt, reuse, state, ctx, response_ids)
+        records = call_records(prompt, planned, state, ctx, response_ids)
         exact_response = any(_exact_kind(r) == "response" for r in records)
-        response = self._response_states(reuse, state, ctx, response_ids) if exact_response else {}
+        response = self._response_states(state, ctx, response_ids) if exact_response else {}
         put_records(ctx, [_with_states(r, captured, response) for r in records])
 
     def _place(
-        self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext, num_layers: int
+        self, span: PromptSpan, prompt: SpannedPrompt, ctx: StoreContext, num_layers: int
     ) -> PlanSpan | None:
         """A multicut span for `span` (its source the stored segment it reads), or None."""
-        assert ctx.store is not None
         tokens = prompt.token_ids[span.start : span.end]
         with timed(ctx.timings, "lookup_s"):
             candidates = ctx.store.find_similar(
@@ -292,15 +292,12 @@ class MulticutPolicy(RecordingPolicy):
         return cut or None
 
     def _response_states(
-        self,
-        reuse: ReuseMap,
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
+        self, state: ExecutionState, ctx: CallContext, response_ids: Sequence[int]
     ) -> dict[int, torch.Tensor]:
         """cut -> [R, hidden] states of the response tokens, from one pass over the call's cache."""
         if not response_ids:
             return {}
+        reuse = state.reuse
         executor = ctx.executor.layerwise
         prompt_kv = ctx.executor.read_kv(state, 0, reuse.num_tokens)
         num_layers, end = executor.num_layers, reuse.num_tokens + len(response_ids)

@@ -13,18 +13,12 @@ from __future__ import annotations
 import logging
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
-from kvsplice.client.modes.base import (
-    CallContext,
-    ModeSpec,
-    PlanBuilder,
-    PromptSpan,
-    SpannedPrompt,
-    span_role,
-)
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt, span_role
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, left_tail
 from kvsplice.common.keys import context_key, root_key
@@ -38,37 +32,41 @@ MODE = "naive"
 class NaivePolicy(RecordingPolicy):
     mode = MODE
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
+        bases: list[SpanRecord] = []
         for span in prompt.spans:
             if span.start < builder.covered_until:
                 continue  # inside the exact prefix, or straddling its end: computed
-            kv = self._segment_for(span, prompt, ctx)
+            kv = self._segment_for(span, prompt, ctx, bases)
             if kv is not None:
                 builder.reuse(span.start, kv, MODE, exact=False, name=span.name)
-        return builder.build()
+        return PlannedCall(builder.build(), records=tuple(bases))
 
     def _segment_for(
-        self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext
+        self, span: PromptSpan, prompt: SpannedPrompt, ctx: CallContext, bases: list[SpanRecord]
     ) -> SegmentKV | None:
         tokens = prompt.token_ids[span.start : span.end]
         if span_role(span) == "question":
-            return question_base(tokens, ctx)
+            return question_base(tokens, ctx, bases)
         return same_tokens_segment(tokens, prompt, span.start, ctx)
 
 
 def question_base(
-    tokens: tuple[int, ...], ctx: CallContext, lead: tuple[int, ...] = ()
+    tokens: tuple[int, ...],
+    ctx: CallContext,
+    bases: list[SpanRecord],
+    lead: tuple[int, ...] = (),
 ) -> SegmentKV | None:
     """The question's K/V prefilled alone after `lead` (none: at position 0): fetched, or
-    computed and queued.
+    computed and its record appended to `bases` (to put after the first token).
 
     Its key is the chained key of the question after `lead` from the root, which
     is exactly what that prefill computes; keys sit at positions len(lead)…
     Without a reachable store there is no base: the span is computed densely.
     """
-    if ctx.store is None:
+    if not isinstance(ctx, StoreContext):
         return None
     num_degraded = ctx.store.counters.num_degraded_calls
     parent = context_key(root_key(ctx.fingerprint), lead) if lead else root_key(ctx.fingerprint)
@@ -89,7 +87,7 @@ def question_base(
         keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
     kv = SegmentKV(keys, values, start_position=len(lead))
     record = SpanRecord(kv, tokens, parent, lead, ctx.decode_text(tokens), "base", exact=True)
-    ctx.pending.append(record)
+    bases.append(record)
     return kv
 
 
@@ -97,7 +95,7 @@ def same_tokens_segment(
     tokens: tuple[int, ...], prompt: SpannedPrompt, start: int, ctx: CallContext
 ) -> SegmentKV | None:
     """Any stored segment with exactly `tokens`, wherever it was captured (best ranked first)."""
-    if ctx.store is None:
+    if not isinstance(ctx, StoreContext):
         return None
     with timed(ctx.timings, "lookup_s"):
         candidates = ctx.store.find_similar(

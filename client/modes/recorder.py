@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.reuse_map import ReusedRange, ReuseMap
-from kvsplice.client.modes.base import CallContext, PromptSpan, SpannedPrompt
-from kvsplice.client.store.segment_io import (
-    SpanRecord,
-    left_tail,
-    put_meta,
-    span_meta,
-)
-from kvsplice.common.errors import ResourceExhausted
+from kvsplice.client.execute.reuse_map import ReusedRange
+from kvsplice.client.modes.base import PromptSpan, SpannedPrompt
+from kvsplice.client.modes.call_context import CallContext, StoreContext
+from kvsplice.client.modes.planned_call import PlannedCall
+from kvsplice.client.store.segment_io import SpanRecord, left_tail
+from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.common.keys import context_key, off_chain_key, root_key
 
 logger = logging.getLogger(__name__)
@@ -75,69 +73,43 @@ class _Chain:
 
 def record_call(
     prompt: SpannedPrompt,
-    reuse: ReuseMap,
+    planned: PlannedCall[Any],
     state: ExecutionState,
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> int:
-    """Put this call's new segments (and `ctx.pending`); returns how many were stored,
-    or, with `ctx.writer`, how many were queued for the writer thread.
+    """Hand this call's records (`call_records`) to `ctx.writer`; returns how many it stored,
+    or, with the engine's writer thread, queued (0 without a store).
     """
-    if ctx.store is None:
+    if not isinstance(ctx, StoreContext):
         return 0
-    records = call_records(prompt, reuse, state, ctx, response_ids)
-    if ctx.writer is not None:
-        return len(ctx.writer.submit(records))
-    return put_records(ctx, records)
+    records = call_records(prompt, planned, state, ctx, response_ids)
+    return len(ctx.writer.submit(records))
 
 
 def call_records(
     prompt: SpannedPrompt,
-    reuse: ReuseMap,
+    planned: PlannedCall[Any],
     state: ExecutionState,
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> list[SpanRecord]:
-    """What `record_call` would put: `ctx.pending`, then this call's new segments, in order."""
-    return list(ctx.pending) + _new_records(prompt, reuse, state, ctx, response_ids)
+    """What `record_call` would put: `planned.records`, then this call's new segments, in order."""
+    return list(planned.records) + _new_records(prompt, state, ctx, response_ids)
 
 
 def put_records(ctx: CallContext, records: Sequence[SpanRecord]) -> int:
-    """Put `records` in order until one fails; returns how many were stored."""
-    if ctx.store is None:
+    """Put `records` now, in order until one fails; returns how many were stored."""
+    if not isinstance(ctx, StoreContext):
         return 0
-    num_stored = 0
-    for record in records:
-        if not _put(ctx, record):
-            logger.info("%d of %d segments not stored", len(records) - num_stored, len(records))
-            break
-        num_stored += 1
-    return num_stored
-
-
-def _put(ctx: CallContext, record: SpanRecord) -> bool:
-    """Put one record (and keep it in the local tier once stored); False when the store
-    is unreachable or full (the answer stands).
-    """
-    assert ctx.store is not None
-    meta = span_meta(ctx.store.namespace, record, fingerprint=ctx.fingerprint)
-    try:
-        stored = put_meta(ctx.store, meta, record.kv, quant=ctx.quant)
-    except ResourceExhausted as error:  # a full store costs later hits, never this call
-        logger.warning("store is full, segment not stored: %s", error)
-        return False
-    if stored and ctx.local is not None:
-        ctx.local.put(meta, record.kv)
-    return stored
+    puts = DirectPuts(ctx.store, fingerprint=ctx.fingerprint, quant=ctx.quant, local=ctx.local)
+    return len(puts.submit(records))
 
 
 def _new_records(
-    prompt: SpannedPrompt,
-    reuse: ReuseMap,
-    state: ExecutionState,
-    ctx: CallContext,
-    response_ids: Sequence[int],
+    prompt: SpannedPrompt, state: ExecutionState, ctx: CallContext, response_ids: Sequence[int]
 ) -> list[SpanRecord]:
+    reuse = state.reuse
     chain = _Chain(ctx.fingerprint)
     records: list[SpanRecord] = []
     for span in reuse.ranges:
@@ -169,12 +141,12 @@ class RecordingPolicy:
     def after_call(
         self,
         prompt: SpannedPrompt,
-        reuse: ReuseMap,
+        planned: PlannedCall[Any],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        record_call(prompt, reuse, state, ctx, response_ids)
+        record_call(prompt, planned, state, ctx, response_ids)
 
 
 class WholeSpanRecordingPolicy:
@@ -185,12 +157,12 @@ class WholeSpanRecordingPolicy:
     def after_call(
         self,
         prompt: SpannedPrompt,
-        reuse: ReuseMap,
+        planned: PlannedCall[Any],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        records = call_records(prompt, reuse, state, ctx, response_ids)
+        records = call_records(prompt, planned, state, ctx, response_ids)
         put_records(ctx, whole_span_records(records, prompt.spans))
 
 

@@ -15,9 +15,8 @@ to receiver; a question (or tool output) is prefilled after a neutral lead
 
 NOTE: past 600 lines since issue 14 added pooled judge anchors (PAL-KV, `pool`) on
 top of the mode folded from client/modes + client/policies (issue 13). The next
-split is the base handling (`_base`, sender bases, question bases) into its own
-module of this folder, once the planned `PlannedCall` stops threading `ctx.pending`
-through it.
+split is the base handling (`_base`, sender bases, question bases, and the `bases`
+they append what they compute to) into its own module of this folder.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import xxhash
 from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
-from kvsplice.client.execute.reuse_map import ReuseMap
 from kvsplice.client.execute.spans import replace_spans
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, Metric, kv_offset
 from kvsplice.client.modes.anchor.cache import AnchorKey, DecodedAnchors
@@ -52,11 +50,13 @@ from kvsplice.client.modes.anchor.codec import (
 from kvsplice.client.modes.anchor.correction import AnchorQuery, anchor_spans, correct
 from kvsplice.client.modes.anchor.gate import GateConfig, GateDecision, decide
 from kvsplice.client.modes.anchor.weights import WeightConfig
-from kvsplice.client.modes.base import CallContext, ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
+from kvsplice.client.modes.base import ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
 from kvsplice.client.modes.blend import BlendConfig, blend_plan
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.exact import plan_exact_prefix
 from kvsplice.client.modes.naive import question_base
 from kvsplice.client.modes.params import check_ranges, knob
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, slice_segment
@@ -132,13 +132,13 @@ class _Gated:
     pool: tuple[Anchor, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class _Notes:
     """What `plan` leaves for `after_call`: anchors to add, activations to count."""
 
     agent_id: str
-    to_anchor: list[PromptSpan] = field(default_factory=list)
-    activated: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    to_anchor: tuple[PromptSpan, ...] = ()
+    activated: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pooled: tuple[str, ...] = ()  # PAL-KV: the answer pools a judge-like call retrieves from
 
 
@@ -163,80 +163,89 @@ class AnchorPolicy(RecordingPolicy):
         self.config = config or AnchorConfig()
         self._decoded = DecodedAnchors(self.config.decoded_cache_bytes)
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> CallPlan:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[_Notes]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
         placeholders = [
             s for s in prompt.spans if s.kind == "placeholder" and s.start >= builder.covered_until
         ]
-        if ctx.store is None or not placeholders:
-            return exact
-        notes = ctx.notes[MODE] = _Notes(agent_key(prompt), pooled=self._pooled_ids(prompt, ctx))
+        if not isinstance(ctx, StoreContext) or not placeholders:
+            return PlannedCall(exact)
+        decisions: dict[str, str] = {}
+        notes = _Notes(agent_key(prompt), pooled=self._pooled_ids(prompt, ctx, decisions))
+        bases: list[SpanRecord] = []  # the bases this plan computes, put after the call
         gated: list[_Gated] = []
         for index, span in enumerate(placeholders):
-            outcome = self._gate(span, prompt, ctx, notes, plan_time=True)
+            outcome = self._gate(span, prompt, ctx, notes, bases, plan_time=True)
             if outcome is None:
-                ctx.decisions["anchor_gate"] = "no_base"
-                return exact  # store unreachable, or the sender's answer K/V is missing
+                decisions["anchor_gate"] = "no_base"
+                # store unreachable, or the sender's answer K/V is missing
+                return PlannedCall(exact, records=tuple(bases), decisions=decisions, memo=notes)
             if not outcome.decision.reuse:
-                ctx.decisions["anchor_gate"] = outcome.decision.reason
-                notes.to_anchor = placeholders[index:]
-                return exact
+                decisions["anchor_gate"] = outcome.decision.reason
+                notes = replace(notes, to_anchor=tuple(placeholders[index:]))
+                return PlannedCall(exact, records=tuple(bases), decisions=decisions, memo=notes)
             gated.append(outcome)
-        ctx.decisions["anchor_gate"] = "confident"
+        decisions["anchor_gate"] = "confident"
         if self.config.min_coverage < 1:
             partial = any(g.base is not None and g.base.num_tokens < g.span.end - g.span.start
                           for g in gated)  # fmt: skip
-            ctx.decisions["anchor_cover"] = "partial" if partial else "whole"
+            decisions["anchor_cover"] = "partial" if partial else "whole"
         if not notes.pooled:  # pooled anchors may sit in other placeholders' pools
-            notes.activated = [(g.placeholder_id, g.decision.activated_ids) for g in gated]
-        return self._reuse_call(exact, gated, prompt, ctx, notes.agent_id)
+            activated = tuple((g.placeholder_id, g.decision.activated_ids) for g in gated)
+            notes = replace(notes, activated=activated)
+        plan = self._reuse_call(exact, gated, prompt, ctx, notes.agent_id, bases)
+        return PlannedCall(plan, records=tuple(bases), decisions=decisions, memo=notes)
 
-    def _pooled_ids(self, prompt: SpannedPrompt, ctx: CallContext) -> tuple[str, ...]:
+    def _pooled_ids(
+        self, prompt: SpannedPrompt, ctx: CallContext, decisions: dict[str, str]
+    ) -> tuple[str, ...]:
         """PAL-KV's union: the pool ids of the prompt's answer placeholders, when the call is
-        judge-like and pooling is on (else none)."""
+        judge-like and pooling is on (else none; `decisions` says when it pools)."""
         if not self.config.pool_judges or not classify(prompt, ctx.decode_text).judge_like:
             return ()
         ids = tuple(dict.fromkeys(
             placeholder_id_of(s.name) for s in prompt.spans
             if s.kind == "placeholder" and is_agent_output(s.name)
         ))  # fmt: skip
-        ctx.decisions["anchor_pool"] = f"pooled over {len(ids)} answer placeholders (judge)"
+        decisions["anchor_pool"] = f"pooled over {len(ids)} answer placeholders (judge)"
         return ids
 
     def after_call(
         self,
         prompt: SpannedPrompt,
-        reuse: ReuseMap,
+        planned: PlannedCall[_Notes],
         state: ExecutionState,
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        if ctx.store is None:
+        if not isinstance(ctx, StoreContext):
             return
-        records = call_records(prompt, reuse, state, ctx, response_ids)  # bases first
+        records = call_records(prompt, planned, state, ctx, response_ids)  # bases first
         if response_ids and self.config.sender_bases:
             records.append(_sender_base_record(records[-1], ctx.fingerprint))
         put_records(ctx, records)
-        notes = ctx.notes.get(MODE)
-        if not isinstance(notes, _Notes) or ctx.store is None:
+        notes = planned.memo
+        if notes is None:
             return
         store = cast(AnchorStore, ctx.store)
         for placeholder_id, anchor_ids in notes.activated:
             store.touch_anchors(ctx.fingerprint, placeholder_id, anchor_ids)
         # After the first token: its costs are the call's store_s, not TTFT stages.
-        after = replace(ctx, timings=CallTimings(), pending=[])
+        after = replace(ctx, timings=CallTimings())
+        bases: list[SpanRecord] = []
         for span in notes.to_anchor:
-            self._add_anchor(span, prompt, state, after, notes)
-        put_records(after, after.pending)  # bases first computed for the anchors
+            self._add_anchor(span, prompt, state, after, notes, bases)
+        put_records(after, bases)  # bases first computed for the anchors
 
     def _gate(
         self,
         span: PromptSpan,
         prompt: SpannedPrompt,
-        ctx: CallContext,
+        ctx: StoreContext,
         notes: _Notes,
+        bases: list[SpanRecord],
         *,
         plan_time: bool,
     ) -> _Gated | None:
@@ -262,7 +271,7 @@ class AnchorPolicy(RecordingPolicy):
         )
         if plan_time and len(usable) <= 1:
             return _Gated(span, placeholder_id, GateDecision(False, "too_few_eligible"))
-        base = self._placeholder_base(span, tokens, ctx)
+        base = self._placeholder_base(span, tokens, ctx, bases)
         if base is None:
             return None
         if covered < base.num_tokens:  # causal: the first tokens' base is the base's start
@@ -303,7 +312,7 @@ class AnchorPolicy(RecordingPolicy):
         return covered, [(p, e) for p, e in own if e.num_tokens >= covered]
 
     def _pooled_anchors(
-        self, listed: Sequence[tuple[str, AnchorEntry]], agent_id: str, ctx: CallContext
+        self, listed: Sequence[tuple[str, AnchorEntry]], agent_id: str, ctx: StoreContext
     ) -> tuple[Anchor, ...]:
         """PAL-KV's pool: each listed anchor (once per id, its own pool first) with one
         agent's offsets — this agent's when it has them, else another's — filed under
@@ -331,7 +340,7 @@ class AnchorPolicy(RecordingPolicy):
         return tuple(pool.values())
 
     def _pool(
-        self, placeholder_id: str, listed: Sequence[AnchorEntry], agent_id: str, ctx: CallContext
+        self, placeholder_id: str, listed: Sequence[AnchorEntry], agent_id: str, ctx: StoreContext
     ) -> tuple[Anchor, ...]:
         """The listed anchors this agent can use, decoded: from the worker's cache, or
         fetched one by one (an answer holds at most one anchor's worth of payloads)
@@ -367,11 +376,11 @@ class AnchorPolicy(RecordingPolicy):
         return tuple(a for a in cached.values() if a is not None)
 
     def _placeholder_base(
-        self, span: PromptSpan, tokens: Sequence[int], ctx: CallContext
+        self, span: PromptSpan, tokens: Sequence[int], ctx: StoreContext, bases: list[SpanRecord]
     ) -> SegmentKV | None:
         if self.config.sender_bases and is_agent_output(span.name):
             return _sender_base(tokens, ctx)
-        return _base(tokens, ctx, self._lead(ctx))
+        return _base(tokens, ctx, self._lead(ctx), bases)
 
     def _lead(self, ctx: CallContext) -> tuple[int, ...]:
         if not self.config.base_lead:
@@ -393,12 +402,13 @@ class AnchorPolicy(RecordingPolicy):
         prompt: SpannedPrompt,
         ctx: CallContext,
         agent_id: str,
+        bases: list[SpanRecord],
     ) -> CallPlan:
         """Exact prefix, corrected placeholders and next texts, the rest computed."""
         reused = [s for s in exact.spans if s.keys is not None]
         corrected: list[PlanSpan] = []
         for outcome in gated:
-            corrected += self._corrected(outcome, prompt, ctx, agent_id)
+            corrected += self._corrected(outcome, prompt, ctx, agent_id, bases)
         if self.config.repair is not None:
             return self._repaired_call(prompt, reused, corrected)
         return CallPlan.tiled(prompt.token_ids, reused + corrected)
@@ -425,7 +435,12 @@ class AnchorPolicy(RecordingPolicy):
         return replace_spans(blended, tile_spans(len(prompt.token_ids), [*exact, *chunk_spans]))
 
     def _corrected(
-        self, outcome: _Gated, prompt: SpannedPrompt, ctx: CallContext, agent_id: str
+        self,
+        outcome: _Gated,
+        prompt: SpannedPrompt,
+        ctx: CallContext,
+        agent_id: str,
+        bases: list[SpanRecord],
     ) -> tuple[PlanSpan, ...]:
         """The placeholder's (and its next text's) corrected spans, each with its source."""
         assert outcome.base is not None
@@ -435,7 +450,7 @@ class AnchorPolicy(RecordingPolicy):
         next_base = None
         if next_span is not None and _all_have_prefix(outcome.pool, agent_id, next_span):
             next_base = _base(
-                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx)
+                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx), bases
             )
         query = AnchorQuery(agent_id, base, span.start, next_base)
         with timed(ctx.timings, "shift_s"):
@@ -455,13 +470,14 @@ class AnchorPolicy(RecordingPolicy):
         span: PromptSpan,
         prompt: SpannedPrompt,
         state: ExecutionState,
-        ctx: CallContext,
+        ctx: StoreContext,
         notes: _Notes,
+        bases: list[SpanRecord],
     ) -> None:
         """Gate again (now with the base) and, if still dense, store this agent's offsets
         (in the placeholder's own pool, pooled retrieval or not)."""
         agent_id = notes.agent_id
-        outcome = self._gate(span, prompt, ctx, notes, plan_time=False)
+        outcome = self._gate(span, prompt, ctx, notes, bases, plan_time=False)
         if outcome is None or outcome.decision.reuse or outcome.base is None:
             return
         tokens = prompt.token_ids[span.start : span.end]
@@ -474,7 +490,7 @@ class AnchorPolicy(RecordingPolicy):
         next_span = _following_text(prompt, span)
         if next_span is not None:
             next_base = _base(
-                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx)
+                prompt.token_ids[next_span.start : next_span.end], ctx, self._lead(ctx), bases
             )
             next_real = ctx.executor.read_kv(state, next_span.start, next_span.end)
             if next_base is not None:
@@ -482,7 +498,7 @@ class AnchorPolicy(RecordingPolicy):
         self._put_anchor(outcome.placeholder_id, tokens, base, offsets, agent_id, ctx)
 
     def _stored_base(
-        self, placeholder_id: str, tokens: Sequence[int], agent_id: str, ctx: CallContext
+        self, placeholder_id: str, tokens: Sequence[int], agent_id: str, ctx: StoreContext
     ) -> SegmentKV | None:
         """The base of the pooled anchor of `tokens`, if there is one (fp32, model device)."""
         store = cast(AnchorStore, ctx.store)
@@ -505,7 +521,7 @@ class AnchorPolicy(RecordingPolicy):
         base: SegmentKV,
         offsets: AgentOffsets,
         agent_id: str,
-        ctx: CallContext,
+        ctx: StoreContext,
     ) -> None:
         """Put this agent's offsets for the anchor of `tokens` (the store keeps the other
         agents' offsets and, if the anchor is pooled already, its base)."""
@@ -532,11 +548,13 @@ def _device(ctx: CallContext) -> torch.device:
     return ctx.executor.layerwise.adapter.device
 
 
-def _base(tokens: Sequence[int], ctx: CallContext, lead: tuple[int, ...]) -> SegmentKV | None:
-    """The base K/V of `tokens` prefilled after `lead` (fetched or computed, see
-    `question_base`), fp32 on the model's device: where the call's real K/V are, so
-    offsets and corrections mix them."""
-    base = question_base(tuple(tokens), ctx, lead)
+def _base(
+    tokens: Sequence[int], ctx: CallContext, lead: tuple[int, ...], bases: list[SpanRecord]
+) -> SegmentKV | None:
+    """The base K/V of `tokens` prefilled after `lead` (fetched, or computed and appended
+    to `bases`, see `question_base`), fp32 on the model's device: where the call's real K/V
+    are, so offsets and corrections mix them."""
+    base = question_base(tuple(tokens), ctx, bases, lead)
     if base is None:
         return None
     return on_device(
@@ -544,13 +562,12 @@ def _base(tokens: Sequence[int], ctx: CallContext, lead: tuple[int, ...]) -> Seg
     )
 
 
-def _sender_base(tokens: Sequence[int], ctx: CallContext) -> SegmentKV | None:
+def _sender_base(tokens: Sequence[int], ctx: StoreContext) -> SegmentKV | None:
     """The answer's K/V as its sender stored it (fp32, on the model's device); None if absent.
 
     Never computed here: a standalone prefill would be a base of another kind,
     and offsets against one kind do not correct the other.
     """
-    assert ctx.store is not None
     ids = tuple(int(t) for t in tokens)
     key = context_key(sender_base_parent(ctx.fingerprint), ids)
     fetched = fetch_segment(

@@ -208,3 +208,16 @@ def test_splice_path_equals_the_layerwise_loop_on_the_same_plan() -> None:
     assert [(r.start, r.end, r.layers) for r in spliced.reuse.reused] == [
         (0, 12, (0, 2)), (20, 33, (0, 2)),
     ]  # fmt: skip
+
+
+def test_a_run_handed_to_prefill_is_continued_not_run_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, ids = make_tiny_llama(), make_prompt(20)
+    plan = CallPlan.tiled(ids, [reuse(model, ids, 0, 12)])
+    executor = make_executor(model)
+    ran = executor.layerwise.run(plan)
+    monkeypatch.setattr(executor.layerwise, "run", lambda _: pytest.fail("ran again"))
+    state = executor.prefill(plan, CallTimings(), ran)
+    assert state.layerwise is ran and torch.equal(state.logits_first, ran.logits_last)
+    assert state.generated == [int(torch.argmax(ran.logits_last))]

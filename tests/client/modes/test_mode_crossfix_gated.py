@@ -5,7 +5,7 @@ and anchor's pooled judge anchors (PAL-KV)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -13,10 +13,13 @@ import torch
 from approx_factories import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
 from client_factories import FakePrompt, make_prompt
 
+from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.policy import AnchorConfig, AnchorPolicy
-from kvsplice.client.modes.base import ReusePolicy
+from kvsplice.client.modes.base import ReusePolicy, SpannedPrompt
 from kvsplice.client.modes.blend import BlendConfig
+from kvsplice.client.modes.call_context import CallContext
 from kvsplice.client.modes.crossfix import (
     CrossfixConfig,
     CrossfixPolicy,
@@ -27,6 +30,7 @@ from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
 from kvsplice.client.modes.gated import GatedPolicy
 from kvsplice.client.modes.naive import NaivePolicy
+from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
@@ -311,3 +315,38 @@ def test_pooled_anchors_serve_a_judge_from_other_agents_and_placeholders(
     # an ordinary call is never pooled
     _, second = run_chain(pooled, QUESTIONS[0])[1]
     assert "anchor_pool" not in second.decisions
+
+
+class _Remembering:
+    """Plans densely with a decision and a memo of its own; remembers what `after_call` got."""
+
+    mode = "naive"
+
+    def __init__(self) -> None:
+        self.after: list[PlannedCall[str]] = []
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[str]:
+        plan = CallPlan.all_compute(prompt.token_ids)
+        return PlannedCall(plan, decisions={"inner": "planned"}, memo="inner memo")
+
+    def after_call(
+        self,
+        prompt: SpannedPrompt,
+        planned: PlannedCall[str],
+        state: ExecutionState,
+        ctx: CallContext,
+        response_ids: Sequence[int],
+    ) -> None:
+        self.after.append(planned)
+
+
+def test_the_gate_hands_the_routed_policy_its_own_planned_call(loaded: LoadedModel) -> None:
+    inner = _Remembering()
+    engine = ReuseEngine(loaded, _gated(inner, None, ()), None, EngineConfig())
+    outcome = engine.run(_comparing([(40, 41), (50, 51)], CONTINUE), GENERATION)
+    assert list(outcome.decisions.items()) == [
+        ("gated", "ordinary (answers=2+no-selection) -> naive"), ("inner", "planned"),
+    ]  # fmt: skip
+    assert [(p.memo, dict(p.decisions)) for p in inner.after] == [
+        ("inner memo", {"inner": "planned"})
+    ]

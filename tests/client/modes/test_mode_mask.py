@@ -71,7 +71,7 @@ def test_each_block_is_its_standalone_prefill_after_the_prefix_rotated_into_plac
     loaded: LoadedModel, engine: ReuseEngine
 ) -> None:
     prompt = judge_prompt({"2": "it is four", "1": "five", "3": "4"})
-    plan = MaskPolicy().plan(prompt, engine._context(CallTimings()))
+    plan = MaskPolicy().plan(prompt, engine._context(CallTimings())).plan
     blocks = [s for s in prompt.spans if s.name.startswith("agent_")]
     prefix_len = blocks[0].start  # the judge's text and the first label
     reused = [s for s in plan.spans if s.source is not None]
@@ -91,8 +91,8 @@ def test_each_block_is_its_standalone_prefill_after_the_prefix_rotated_into_plac
 
 def test_a_block_cannot_attend_to_another_block(engine: ReuseEngine) -> None:
     context = engine._context(CallTimings())
-    one = MaskPolicy().plan(judge_prompt({"1": "five", "2": "four"}), context)
-    other = MaskPolicy().plan(judge_prompt({"1": "nine", "2": "four"}), context)
+    one = MaskPolicy().plan(judge_prompt({"1": "five", "2": "four"}), context).plan
+    other = MaskPolicy().plan(judge_prompt({"1": "nine", "2": "four"}), context).plan
     # agent 1's answer differs, agent 2's block (same length before it) does not change
     # plan: prefix, block 1, its label computed, block 2, the rest computed
     second = [one.spans[3], other.spans[3]]

@@ -49,6 +49,7 @@ from kvsplice.client.modes.multicut import ExactWindow, MulticutConfig, Multicut
 from kvsplice.client.modes.naive import question_base
 from kvsplice.client.modes.recorder import put_records
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.client.store.segment_io import SpanRecord
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import context_key, root_key
@@ -422,19 +423,20 @@ def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
     engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-base-lead")
     lead, tokens = (5, 6, 7), (10, 11, 12, 13)
     ctx = engine._context(CallTimings())
-    base = question_base(tokens, ctx, lead)
+    computed: list[SpanRecord] = []
+    base = question_base(tokens, ctx, computed, lead)
     cache = full_length_cache()
     engine.executor.forward((*lead, *tokens), 0, cache)
     keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
     assert base is not None and base.start_position == len(lead)
     assert torch.equal(base.keys, keys) and torch.equal(base.values, values)
-    assert put_records(ctx, ctx.pending) == 1
-    later = engine._context(CallTimings())
-    fetched = question_base(tokens, later, lead)
-    assert later.pending == [] and fetched is not None
+    assert put_records(ctx, computed) == 1
+    later: list[SpanRecord] = []
+    fetched = question_base(tokens, ctx, later, lead)
+    assert later == [] and fetched is not None
     assert torch.equal(fetched.values, values)
-    alone = question_base(tokens, later, ())  # another key: no lead, computed at position 0
-    assert alone is not None and alone.start_position == 0 and len(later.pending) == 1
+    alone = question_base(tokens, ctx, later, ())  # another key: no lead, computed at position 0
+    assert alone is not None and alone.start_position == 0 and len(later) == 1
     assert not torch.allclose(alone.values[1:], values[1:])  # the lead changes every layer > 0
 
 

@@ -1,4 +1,7 @@
-"""The background writer: puts in order, stops a batch at its first failure, counts everything."""
+"""The background writer: puts in order, stops a batch at its first failure, counts everything.
+
+And `DirectPuts`, which puts the same way before it returns.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from store_client_factories import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import SpanRecord
+from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.client.store.segment_writer import SegmentWriter
 from kvsplice.client.store.store_types import ClientCounters
 from kvsplice.common.errors import ResourceExhausted
@@ -106,3 +110,18 @@ def test_no_put_starts_while_paused() -> None:
     writer.flush()
     assert len(store.metas) == 2
     writer.close()
+
+
+def test_direct_puts_store_in_order_until_one_fails_and_keep_the_stored_ones() -> None:
+    store, local, records = RecordingStore(fail_from=2), LocalTier(1 << 20), make_records(3)
+    puts = DirectPuts(store, fingerprint=FINGERPRINT, quant="none", local=local)
+    stored = puts.submit(records)
+    assert keys_of(stored) == keys_of(store.metas) == [r.context_key for r in records[:2]]
+    held = [local.get(r.context_key) for r in records]
+    assert [entry is not None and not entry.pending for entry in held] == [True, True, False]
+
+
+def test_direct_puts_take_a_full_store_as_a_failed_put() -> None:
+    store = RecordingStore(fail_from=1, raise_full=True)
+    puts = DirectPuts(store, fingerprint=FINGERPRINT, quant="none", local=LocalTier(0))
+    assert len(puts.submit(make_records(3))) == 1
