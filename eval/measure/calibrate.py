@@ -37,7 +37,7 @@ from kvsplice.eval.measure.calibrate_probes import (
 )
 from kvsplice.eval.measure.fidelity import DenseReferences
 from kvsplice.eval.measure.judge_probes import JudgeProbe, JudgeThresholds, probe_judge_modes
-from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, load_judge_data
+from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, JudgeExample, load_judge_data
 from kvsplice.eval.workloads.math_problems import MathWorkload
 from kvsplice.eval.workloads.workload import Workload
 
@@ -86,9 +86,10 @@ class CalibrationConfig:
     At least 3 probes for `anchor` to be measured at all: a placeholder's first
     two samples only fill its pool (the gate needs two anchors to compare).
 
-    Judge probes (`judge_probes` examples of the shipped judge sample × `judge_seeds`
-    shuffled orders; 0: none) try each judge mode's grid and admit it for judges when
-    its guarded JCR clears `judge_thresholds` (`eval.measure.judge_probes`).
+    Judge probes (the first `judge_probes` examples of `judge_data` — a `bench judge
+    --data` file, the shipped judge sample by default — × `judge_seeds` shuffled orders;
+    0: none) try each judge mode's grid and admit it for judges when its guarded JCR
+    clears `judge_thresholds` (`eval.measure.judge_probes`).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -101,6 +102,7 @@ class CalibrationConfig:
     namespace: str = "kvsplice-calibrate"
     judge_probes: int = 6
     judge_seeds: tuple[int, ...] = (0, 1)
+    judge_data: Path = JUDGE_SAMPLE
     judge_modes: tuple[str, ...] = JUDGE_CAPABLE_MODES
     judge_thresholds: JudgeThresholds = field(default_factory=JudgeThresholds)
 
@@ -228,13 +230,19 @@ def run_calibration(
     return CalibrationResult(tuple(measurements), chosen, config.thresholds, policy, tuple(judges))
 
 
+def judge_examples(config: CalibrationConfig) -> list[JudgeExample]:
+    """The judge probes' candidate sets: the first `judge_probes` of `judge_data`
+    (`ValueError` naming the file and line of a malformed one)."""
+    return load_judge_data(config.judge_data)[: config.judge_probes]
+
+
 def _judge_probes(
     config: CalibrationConfig, loaded: LoadedModel, progress: ProgressFn | None
 ) -> list[JudgeProbe]:
     candidates = config.judge_candidates()
     if not config.judge_probes or not candidates:
         return []
-    examples = load_judge_data(JUDGE_SAMPLE)[: config.judge_probes]
+    examples = judge_examples(config)
     with open_store(None) as store:
         return probe_judge_modes(
             loaded, candidates, examples, config.judge_seeds, store.target,

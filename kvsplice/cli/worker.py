@@ -290,10 +290,25 @@ def calibrate(
         int,
         typer.Option(
             min=0,
-            help="Judge probes: examples of the shipped judge sample (x2 shuffled orders) on "
-            "which each judge mode's grid is tried; 0: none (no mode admitted for judges).",
+            help="Judge probes: the first examples of --judge-data (each judged in "
+            "--judge-orders shuffled orders) on which each judge mode's grid is tried; "
+            "0: none (no mode admitted for judges).",
         ),
     ] = 6,
+    judge_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--judge-data",
+            exists=True,
+            dir_okay=False,
+            help="Your own candidate sets for the judge probes, in bench judge's --data "
+            "format (one {id, task, question, candidates, answer?} per line); default: "
+            "the shipped judge sample.",
+        ),
+    ] = None,
+    judge_orders: Annotated[
+        int, typer.Option(min=1, max=64, help="Shuffled orders (seeds 0..N-1) per judge probe.")
+    ] = 2,
     min_jcr: Annotated[
         float,
         typer.Option(
@@ -309,6 +324,7 @@ def calibrate(
     from kvsplice.eval.measure.calibrate import (
         CalibrationConfig,
         Thresholds,
+        judge_examples,
         render_calibration,
         render_judge_probes,
         run_calibration,
@@ -324,8 +340,11 @@ def calibrate(
             num_agents=agents,
             thresholds=Thresholds(max_mean_kl=max_kl, min_first_token_agreement=min_agreement),
             judge_probes=judge_probes,
+            judge_seeds=tuple(range(judge_orders)),
             judge_thresholds=JudgeThresholds(min_jcr=min_jcr),
+            **({} if judge_data is None else {"judge_data": judge_data}),
         )
+        judge_examples(config)  # a malformed --judge-data fails here, before the model loads
     except ValueError as error:
         fail(f"invalid settings: {error}", 2)
     out_console = console()

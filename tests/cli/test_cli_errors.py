@@ -163,3 +163,17 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     assert tuple(Quant) == QUANT_SCHEMES
     assert tuple(Layout) == tuple(LAYOUTS)
     assert tuple(MemoryPolicy) == tuple(EVICTION_POLICIES)
+
+
+def test_calibrate_names_the_line_of_a_malformed_judge_data_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "judge.jsonl"
+    good = '{"id": "a", "task": "gsm8k", "question": "1 + 1?", "candidates": ["2", "3"]}'
+    data.write_text(good + '\n{"id": "b", "task": "gsm8k", "question": "q"}\n')
+    code, _, err = run_cli(
+        ["calibrate", "--judge-data", str(data), "--out", str(tmp_path / "p")], capsys
+    )
+    line = one_error_line(err)
+    assert code == 2 and "record 2" in line and "candidates" in line
+    assert not (tmp_path / "p").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from kvsplice.eval.measure.calibrate import (
     CalibrationConfig,
     Thresholds,
     build_policy,
+    judge_examples,
     render_calibration,
     render_judge_probes,
     run_calibration,
@@ -35,6 +37,7 @@ from kvsplice.eval.measure.calibrate_probes import (
     percentile,
 )
 from kvsplice.eval.measure.judge_probes import JudgeProbe, JudgeThresholds
+from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, load_judge_data
 
 FP = "kvfp1-" + "a" * 32
 OTHER_FP = "kvfp1-" + "b" * 32
@@ -228,3 +231,13 @@ def test_only_a_judge_probe_that_cleared_the_bar_is_admitted_for_judges() -> Non
     assert policy.judge_modes == ("crossfix",)
     params = policy.params_of("crossfix")
     assert (params.ratio, params.min_margin) == (0.45, 0.65)
+
+
+def test_judge_probes_read_the_deployments_own_candidate_sets(tmp_path: Path) -> None:
+    data = tmp_path / "judge.jsonl"
+    record = {"task": "mmlu", "question": "Which?", "candidates": ["A", "B", "C"]}
+    data.write_text("".join(json.dumps({"id": i, **record}) + "\n" for i in ("q1", "q2", "q3")))
+    config = CalibrationConfig(modes=(), judge_probes=2, judge_data=data)
+    assert [e.example_id for e in judge_examples(config)] == ["q1", "q2"]
+    shipped = judge_examples(CalibrationConfig(modes=(), judge_probes=100))
+    assert [e.example_id for e in shipped] == [e.example_id for e in load_judge_data(JUDGE_SAMPLE)]
