@@ -291,16 +291,20 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses")
+    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts")
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_MISSES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REFUSED_PUTS_FIELD_NUMBER: _ClassVar[int]
     num_segments: int
     num_bytes: int
     num_hits: int
     num_misses: int
-    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ...) -> None: ...
+    num_evictions: int
+    num_refused_puts: int
+    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_refused_puts: _Optional[int] = ...) -> None: ...
 
 class DescribeDataPlaneRequest(_message.Message):
     __slots__ = ("namespace",)

@@ -246,4 +246,6 @@ def stats_response(stats: NamespaceStats) -> pb.StatsResponse:
         num_bytes=stats.stored_bytes,
         num_hits=stats.num_hits,
         num_misses=stats.num_misses,
+        num_evictions=stats.num_evictions,
+        num_refused_puts=stats.num_refused_puts,
     )

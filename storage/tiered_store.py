@@ -415,6 +415,9 @@ class TieredStore:
         durable = self._stack.durable
         capacity = durable.capacity_bytes()
         if capacity is not None and len(body) > capacity:
+            if namespace is not None:
+                with self._lock:
+                    self._pressure.refused(namespace, "capacity")
             raise ResourceExhausted(f"{len(body)} bytes exceed {durable.name}'s {capacity} bytes")
         while True:
             try:

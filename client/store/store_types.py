@@ -78,6 +78,8 @@ class StoreStats:
     num_bytes: int
     num_hits: int
     num_misses: int
+    num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
+    num_refused_puts: int = 0  # puts the store turned away (quota or capacity)
 
 
 @dataclass

@@ -340,4 +340,6 @@ def stats_result(response: pb.StatsResponse) -> StoreStats:
         num_bytes=response.num_bytes,
         num_hits=response.num_hits,
         num_misses=response.num_misses,
+        num_evictions=response.num_evictions,
+        num_refused_puts=response.num_refused_puts,
     )

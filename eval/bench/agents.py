@@ -21,7 +21,7 @@ from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
 from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
-from kvsplice.eval.bench.store_session import open_store
+from kvsplice.eval.bench.store_session import namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
 from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
@@ -111,7 +111,24 @@ class BenchResult:
     aggregates: Aggregates
     wall_s: float
     namespaces: dict[str, str]
+    # mode → its namespace's `StoreStats` as a dict at the end of the run (None: no answer)
+    store_stats: dict[str, dict[str, int] | None] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
+
+    def capacity_losses(self) -> dict[str, tuple[int, int]]:
+        """mode → (evictions, refused puts), for the modes whose namespace lost any.
+
+        A segment evicted before a later sample could hit it, or never admitted,
+        makes that mode's reuse (and speedup) lower than the mode itself would give.
+        """
+        losses = {}
+        for mode, stats in self.store_stats.items():
+            if stats is None:
+                continue
+            lost = (stats.get("num_evictions", 0), stats.get("num_refused_puts", 0))
+            if any(lost):
+                losses[mode] = lost
+        return losses
 
     def to_dict(self) -> dict[str, object]:
         config = asdict(self.config)
@@ -126,6 +143,7 @@ class BenchResult:
             "environment": self.environment,
             "wall_s": self.wall_s,
             "namespaces": self.namespaces,
+            "store_stats": self.store_stats,
             "aggregates": self.aggregates.to_dict(),
             "records": [r.to_dict() for r in self.records],
         }
@@ -170,14 +188,23 @@ def run_bench_agents(
     start_s = time.perf_counter()
     with open_store(config.store_target, memory_bytes=config.store_memory_mib << 20) as store:
         records = run_modes(loaded, workload, problems, run_config, store.target, progress)
+        namespaces = {m: run_config.namespace_of(m) for m in run_config.modes if m != DENSE}
+        by_namespace = namespace_stats(store.target, list(namespaces.values()), config.store_token)
     result = BenchResult(
         config=config,
         environment=environment_info(loaded),
         records=records,
         aggregates=aggregate(records),
         wall_s=time.perf_counter() - start_s,
-        namespaces={m: run_config.namespace_of(m) for m in run_config.modes if m != DENSE},
+        namespaces=namespaces,
+        store_stats={mode: by_namespace[ns] for mode, ns in namespaces.items()},
     )
+    for mode, (evicted, refused) in result.capacity_losses().items():
+        logger.warning(
+            "%s: the store evicted %d and refused %d of its segments during the run; its reuse is "
+            "understated (raise --store-memory-mib, now %d)", mode, evicted, refused,
+            config.store_memory_mib,
+        )  # fmt: skip
     result.files = write_bench_files(result, config.out_dir)
     return result
 

@@ -280,18 +280,21 @@ def _agent_table(result: DemoResult, reuse_modes: list[str]) -> Table:
     return table
 
 
+STATS_COLUMNS = (
+    "num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts",
+)  # fmt: skip
+
+
 def _stats_table(result: DemoResult) -> Table:
     table = Table(
-        "mode", "namespace", "segments", "bytes", "hits", "misses", title="Store, per namespace"
-    )
+        "mode", "namespace", "segments", "bytes", "hits", "misses", "evicted", "refused",
+        title="Store, per namespace",
+    )  # fmt: skip
     for mode, namespace in result.namespaces.items():
         stats = result.store_stats.get(namespace) or {}
         table.add_row(
             mode,
             namespace,
-            *(
-                str(stats.get(k, "-"))
-                for k in ("num_segments", "num_bytes", "num_hits", "num_misses")
-            ),
+            *(str(stats.get(k, "-")) for k in STATS_COLUMNS),
         )
     return table

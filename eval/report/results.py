@@ -166,8 +166,27 @@ def results_markdown(result: BenchResult) -> str:
         "## Per sample (token reuse · 1st-token agreement; pools and prefixes fill first)",
         markdown_table(*sample_rows(result.records)),
         *decision_lines(result.aggregates),
+        *capacity_lines(result),
         f"Wall time {result.wall_s:.0f} s.",
     ]) + "\n"  # fmt: skip
+
+
+def capacity_warning(result: BenchResult) -> str | None:
+    """One sentence naming the modes whose store namespace evicted or refused segments."""
+    losses = result.capacity_losses()
+    if not losses:
+        return None
+    modes = ", ".join(f"{m} ({e} evicted, {r} refused)" for m, (e, r) in losses.items())
+    return (
+        f"The store lost segments during the run: {modes}. Those modes' reuse and speedup are "
+        f"understated; rerun with a larger --store-memory-mib (this run: "
+        f"{result.config.store_memory_mib})."
+    )
+
+
+def capacity_lines(result: BenchResult) -> list[str]:
+    warning = capacity_warning(result)
+    return [] if warning is None else ["## Store capacity", f"**{warning}**"]
 
 
 def decision_lines(aggregates: Aggregates) -> list[str]:
@@ -215,5 +234,6 @@ def render_bench_agents(result: BenchResult) -> list[RenderableType]:
                    position_rows(result.aggregates, result.records)),
         rich_table("Fidelity per mode (vs dense prefill of the same prompt)", MODE_HEADERS,
                    mode_rows(result.aggregates)),
+        *([] if (warning := capacity_warning(result)) is None else [Text(warning, style="bold yellow")]),
         Text(f"wall time {result.wall_s:.0f} s; files:\n{files}"),
     ]  # fmt: skip

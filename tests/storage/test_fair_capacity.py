@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvsplice.common.errors import ResourceExhausted, StoreUnavailable
-from kvsplice.storage.config import LMDBTierConfig, StoreConfig, build_store
+from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig, build_store
 from kvsplice.storage.lmdb_tier import LMDBTier
 from kvsplice.storage.tiered_store import TieredStore
 
@@ -71,6 +71,18 @@ def test_quota_evictions_and_refusals_are_counted_per_namespace(
             store.put(big, payload)
         pressure = store.namespace_pressure()["small"]
         assert pressure.removals["quota"] >= 2 and pressure.refusals == {"quota": 1}
+    finally:
+        store.close()
+
+
+def test_a_segment_larger_than_the_whole_tier_is_a_counted_refusal(make_segment) -> None:
+    store = build_store(StoreConfig(memory=MemoryTierConfig(max_bytes=2 * SEGMENT_NBYTES)))
+    try:
+        meta, payload = make_segment(namespace="wide", nbytes=3 * SEGMENT_NBYTES)
+        with pytest.raises(ResourceExhausted, match="exceed"):
+            store.put(meta, payload)
+        assert store.get_meta("wide", meta.context_key) is None
+        assert store.namespace_pressure()["wide"].refusals == {"capacity": 1}
     finally:
         store.close()
 

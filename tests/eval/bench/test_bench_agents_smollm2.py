@@ -86,6 +86,30 @@ def test_files_written(bench) -> None:
     data = json.loads(result.files["json"].read_text())
     assert data["environment"]["model_fingerprint"] == result.environment["model_fingerprint"]
     assert len(data["records"]) == len(result.records)
+    stats = data["store_stats"]
+    assert set(stats) == set(result.namespaces) and all(s is not None for s in stats.values())
+    assert stats["exact"]["num_segments"] > 0
+    assert result.capacity_losses() == {}  # the default 2 GiB holds a reduced run
+    assert "Store capacity" not in result.files["markdown"].read_text()
+
+
+def test_a_store_too_small_for_the_run_is_reported(
+    smollm2: LoadedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 1 MiB store cannot keep a call's K/V (46 KB a token): the run still completes,
+    exact reuses nothing, and the lost segments are named in results.md, the JSON and the log."""
+    config = BenchAgentsConfig(
+        workload="synthetic", num_agents=2, samples=2, prefix_len=24, input_len=16,
+        response_len=6, max_new_tokens=4, warmup=False, modes=("dense", "exact"),
+        store_memory_mib=1, out_dir=tmp_path,
+    )  # fmt: skip
+    result = run_bench_agents(config, smollm2)
+    assert all(r.num_reused_tokens == 0 for r in result.records)
+    evicted, refused = result.capacity_losses()["exact"]
+    assert evicted + refused > 0
+    markdown = result.files["markdown"].read_text()
+    assert "## Store capacity" in markdown and "exact (" in markdown
+    assert "--store-memory-mib" in caplog.text
 
 
 APPROX_VARIANTS = ("anchor:gamma=1", "multicut:cut=16", "blend:r=0.43", "halo:h=4")
