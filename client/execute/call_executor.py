@@ -29,6 +29,7 @@ from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.model.hf_cache import (
     append_layer_runs,
+    cache_kwarg,
     full_length_cache,
     install_layers,
     model_cache,
@@ -118,7 +119,7 @@ class CallExecutor:
         positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
         with torch.inference_mode():
             out = self._model(
-                input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                input_ids=ids, position_ids=positions, **cache_kwarg(self._model, cache), use_cache=True,
                 logits_to_keep=1,
             )  # fmt: skip
         return out.logits[0, -1].float()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from kvsplice.client.model.hf_cache import full_length_cache, read_layers
+from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_layers
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def capture_segments(
     positions = torch.arange(num_tokens, device=ids.device).unsqueeze(0) + position_offset
     with torch.inference_mode(), _record_boundaries(model, boundary_layers) as states:
         out = model(
-            input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+            input_ids=ids, position_ids=positions, **cache_kwarg(model, cache), use_cache=True,
             logits_to_keep=1,
         )  # fmt: skip
     segments = [_cut(cache, states, span, position_offset) for span in spans]

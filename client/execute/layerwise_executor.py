@@ -21,6 +21,7 @@ from kvsplice.client.execute.plan import CallPlan, check_fits
 from kvsplice.client.execute.slot_cache import SlotWriteCache
 from kvsplice.client.execute.slots import TokenSlots
 from kvsplice.client.execute.subset import PendingSelection
+from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.model_adapter import DecoderAdapter
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -82,7 +83,7 @@ class _Run:
             return  # every token's K/V at this layer was provided
         self.cache.begin_layer(active.slots, self._pending_selection(layer))
         out = self.adapter.layers[layer](
-            active.h, past_key_values=self.cache, **active.layer_inputs(layer)
+            active.h, **cache_kwarg(self.adapter.layers[layer], self.cache), **active.layer_inputs(layer)
         )  # fmt: skip
         active.h = out[0] if isinstance(out, tuple) else out  # v4-style layers return tuples
         if self.cache.kept_local is not None:

@@ -7,8 +7,10 @@ used. It knows nothing about segments, positions or RoPE.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -17,6 +19,18 @@ from transformers.cache_utils import DynamicLayer
 from kvsplice.common.errors import LayoutMismatch
 
 logger = logging.getLogger(__name__)
+
+
+def cache_kwarg(module: torch.nn.Module, kv_cache: object) -> dict[str, object]:
+    """`kv_cache` as the keyword `module.forward` takes it: `cache` (transformers >= 5.24,
+    where `past_key_values` is deprecated) or `past_key_values` (earlier releases)."""
+    return {_cache_parameter(type(module)): kv_cache}
+
+
+@cache
+def _cache_parameter(module_type: type) -> str:
+    parameters = inspect.signature(module_type.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def full_length_cache() -> DynamicCache:

@@ -22,7 +22,12 @@ import torch
 from kvsplice.agents.render import RenderedPrompt
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.reuse_map import ReuseMap
-from kvsplice.client.model.hf_cache import append_layer_runs, full_length_cache, read_layers
+from kvsplice.client.model.hf_cache import (
+    append_layer_runs,
+    cache_kwarg,
+    full_length_cache,
+    read_layers,
+)
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.base import CandidateBlock, candidate_blocks
 from kvsplice.eval.workloads.judge_examples import JudgeExample
@@ -108,7 +113,7 @@ def decision_attention(
         ids = torch.tensor([[prompt.token_ids[last]]], device=model.device)
         with torch.inference_mode():
             model(input_ids=ids, position_ids=torch.tensor([[last]], device=model.device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+                  **cache_kwarg(model, cache), use_cache=True, logits_to_keep=1)  # fmt: skip
     # weights[l]: [H, 1, T] -> [T]
     rows = torch.stack([w[:, -1].mean(0) for w in weights])
     return _regions(rows, prompt)

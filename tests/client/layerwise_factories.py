@@ -15,6 +15,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from kvsplice.client.model.hf_cache import cache_kwarg
+
 VOCAB = 101
 NUM_LAYERS = 4
 GEMMA_WINDOW = 4
@@ -59,7 +61,7 @@ def dense_forward(
     positions = torch.arange(len(ids)).unsqueeze(0) + position_offset
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([list(ids)]), position_ids=positions,
-                    past_key_values=cache, use_cache=True)  # fmt: skip
+                    **cache_kwarg(model, cache), use_cache=True)  # fmt: skip
     return out.logits[0].float(), cache
 
 

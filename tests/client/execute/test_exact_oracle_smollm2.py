@@ -14,6 +14,7 @@ from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.execute.plan import CallPlan, segment_span
+from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -93,7 +94,9 @@ def suffix_log_probs(
     suffix = torch.tensor([ids[reused:]])
     positions = torch.arange(reused, len(ids)).unsqueeze(0)
     with torch.inference_mode():
-        out = loaded.model(input_ids=suffix, position_ids=positions, past_key_values=cache)
+        out = loaded.model(
+            input_ids=suffix, position_ids=positions, **cache_kwarg(loaded.model, cache)
+        )
     return torch.log_softmax(out.logits[0].double(), dim=-1)
 
 

@@ -14,6 +14,7 @@ from transformers import masking_utils
 from kvsplice.client.execute.attention_mask import additive_mask, allowed_keys
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan
+from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.model_adapter import DecoderAdapter
 
 ATOL = 1e-4  # measured: 0.0 (bit-identical) on every tiny model below
@@ -75,7 +76,7 @@ def test_dynamic_cache_continues_generation(arch: str) -> None:
     for cache in (result.kv.to_dynamic_cache(), result.kv.to_dynamic_cache(like_model=model)):
         with torch.inference_mode():
             out = model(input_ids=torch.tensor([[next_id]]), position_ids=torch.tensor([[len(ids)]]),
-                        past_key_values=cache, use_cache=True)  # fmt: skip
+                        **cache_kwarg(model, cache), use_cache=True)  # fmt: skip
         torch.testing.assert_close(out.logits[0, -1].float(), dense_logits[-1], atol=ATOL, rtol=0)
 
 

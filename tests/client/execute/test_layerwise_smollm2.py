@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, segment_span
+from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.models import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,9 @@ def make_ids(loaded: LoadedModel) -> tuple[int, ...]:
 def dense_last_logits(loaded: LoadedModel, ids: tuple[int, ...]) -> torch.Tensor:
     with torch.inference_mode():
         out = loaded.model(
-            input_ids=torch.tensor([ids]), past_key_values=DynamicCache(), logits_to_keep=1
+            input_ids=torch.tensor([ids]),
+            **cache_kwarg(loaded.model, DynamicCache()),
+            logits_to_keep=1,
         )
     return out.logits[0, -1].float()
 

@@ -1,12 +1,14 @@
-"""Appending several reused runs at once equals appending them one by one."""
+"""Appending several reused runs at once equals appending them one by one; the cache keyword."""
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from kvsplice.client.model.hf_cache import (
     append_layer_runs,
     append_layers,
+    cache_kwarg,
     full_length_cache,
     layer_kv,
 )
@@ -39,3 +41,19 @@ def test_the_cache_never_aliases_the_runs() -> None:
     cache_k, _ = layer_kv(cache, 0)
     keys[0][0].zero_()
     assert cache_k.abs().sum() > 0
+
+
+class _NewStyleLayer(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor, cache: object = None) -> torch.Tensor:
+        return hidden
+
+
+class _OldStyleLayer(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor, past_key_values: object = None) -> torch.Tensor:
+        return hidden
+
+
+def test_the_cache_goes_by_the_keyword_the_module_takes() -> None:
+    kv = DynamicCache()
+    assert cache_kwarg(_NewStyleLayer(), kv) == {"cache": kv}
+    assert cache_kwarg(_OldStyleLayer(), kv) == {"past_key_values": kv}

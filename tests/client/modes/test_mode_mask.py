@@ -8,7 +8,7 @@ from client_factories import CharTokenizer, FakePrompt, make_loaded, make_prompt
 
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import GenerationConfig
-from kvsplice.client.model.hf_cache import full_length_cache, read_layers
+from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.mask import MaskPolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
@@ -42,7 +42,7 @@ def standalone_kv(loaded: LoadedModel, tokens: tuple[int, ...], start: int, end:
     cache = full_length_cache()
     ids = torch.tensor([list(tokens)])
     with torch.inference_mode():
-        loaded.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        loaded.model(input_ids=ids, **cache_kwarg(loaded.model, cache), use_cache=True)
     return read_layers(cache, start, end)
 
 
