@@ -213,7 +213,9 @@ def bench_agents(
         typer.Option(
             min=1,
             help="Embedded store's memory (every variant's namespace shares it; when full, "
-            "the least recently used segments and anchors go).",
+            "the least recently used segments and anchors go, and the run names each mode "
+            "that lost any: its reuse is then understated). Every mode of the README's "
+            "synthetic run needs ~8192.",
         ),
     ] = 2048,
     auth_token: AuthTokenOpt = None,
