@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from kvsplice.client.execute.call_executor import CallExecutor, splices_only
+from kvsplice.client.execute.call_executor import CallExecutor, splices_only, takes_splice_path
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import GenerationConfig, content_tokens
@@ -201,7 +201,7 @@ def test_splice_path_equals_the_layerwise_loop_on_the_same_plan() -> None:
     plan = CallPlan.tiled(ids, [reuse(model, ids, 0, 12), reuse(model, ids, 20, 33, offset=7)])
     assert splices_only(plan)
     executor = make_executor(model)
-    spliced = executor.prefill(plan, CallTimings())
+    spliced = executor.splice_prefill(plan, CallTimings())
     looped = executor.layerwise.run(plan)
     assert (spliced.logits_first - looped.logits_last).abs().max() <= 1e-5
     assert spliced.reuse == reuse_map(plan, model.config.num_hidden_layers, looped.kept_slots)
@@ -221,3 +221,20 @@ def test_a_run_handed_to_prefill_is_continued_not_run_again(
     state = executor.prefill(plan, CallTimings(), ran)
     assert state.layerwise is ran and torch.equal(state.logits_first, ran.logits_last)
     assert state.generated == [int(torch.argmax(ran.logits_last))]
+
+
+def test_computed_tokens_in_several_places_take_the_layer_loop() -> None:
+    """One computed run (the tail) is spliced and run once; computed runs between reused
+    spans go through the decoder-layer loop in one pass per layer, with the same logits."""
+    model, ids = make_tiny_llama(), make_prompt(40)
+    tail_only = CallPlan.tiled(ids, [reuse(model, ids, 0, 30)])
+    several = CallPlan.tiled(ids, [reuse(model, ids, 0, 12), reuse(model, ids, 20, 33, offset=7)])
+    assert takes_splice_path(tail_only) and splices_only(several)
+    assert not takes_splice_path(several)
+    executor = make_executor(model)
+    assert executor.prefill(tail_only, CallTimings()).layerwise is None
+    looped = executor.prefill(several, CallTimings())
+    assert looped.layerwise is not None
+    spliced = executor.splice_prefill(several, CallTimings())
+    assert (spliced.logits_first - looped.logits_first).abs().max() <= 1e-5
+    assert spliced.generated == looped.generated

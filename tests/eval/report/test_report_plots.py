@@ -93,7 +93,9 @@ def test_bench_files_exist_with_the_json_schema(written: tuple[Path, dict[str, P
     tmp_path, files = written
     assert set(files) == {"json", "markdown", *PLOTS}
     data = json.loads((tmp_path / RESULTS_JSON).read_text())
-    assert set(data) == {"config", "environment", "wall_s", "namespaces", "aggregates", "records"}
+    assert set(data) == {
+        "config", "environment", "wall_s", "namespaces", "store_stats", "aggregates", "records",
+    }  # fmt: skip
     assert set(data["aggregates"]) == {"by_position", "by_mode"}
     assert len(data["records"]) == 9 and "first_token_logits" not in data["records"][0]
     assert data["config"]["workload"] == "math" and data["config"]["modes"] == [
