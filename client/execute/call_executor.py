@@ -9,8 +9,8 @@ layers, subset rules, captured states) runs through the decoder-layer loop
 (`LayerwiseExecutor`), all its computed tokens in one pass per layer, whose K/V
 continue in an HF cache. (The splice path could run several computed runs, one
 model forward each, but that costs a forward's fixed overhead per run: a halo
-call with ten 4-token halos ran at 1.1× dense that way and 3.1× in the loop.) Either way what the
-run reused comes back as the state's `ReuseMap`. Also owns `build_cache`: stored
+call with ten 4-token halos ran at 1.1× dense that way and 3.1× in the loop.)
+Either way what the run reused comes back as the state's `ReuseMap`. Also owns `build_cache`: stored
 segments laid into a fresh model cache from position 0, int8 payloads dequantized,
 shifted and written in one fused pass. It never decides what to reuse.
 """

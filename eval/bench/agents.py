@@ -25,7 +25,7 @@ from kvsplice.eval.bench.store_session import namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
 from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
-from kvsplice.eval.report.results import write_bench_files
+from kvsplice.eval.report.results import capacity_warning, write_bench_files
 from kvsplice.eval.workloads.humaneval import HumanEvalWorkload
 from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, MathWorkload
 from kvsplice.eval.workloads.multiple_choice import MC_SAMPLE, MultipleChoiceWorkload
@@ -199,12 +199,8 @@ def run_bench_agents(
         namespaces=namespaces,
         store_stats={mode: by_namespace[ns] for mode, ns in namespaces.items()},
     )
-    for mode, (evicted, refused) in result.capacity_losses().items():
-        logger.warning(
-            "%s: the store evicted %d and refused %d of its segments during the run; its reuse is "
-            "understated (raise --store-memory-mib, now %d)", mode, evicted, refused,
-            config.store_memory_mib,
-        )  # fmt: skip
+    if (warning := capacity_warning(result)) is not None:
+        logger.warning("%s", warning)
     result.files = write_bench_files(result, config.out_dir)
     return result
 
