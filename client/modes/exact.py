@@ -20,6 +20,7 @@ from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.client.store.local_tier import on_device
 from kvsplice.client.store.segment_io import fetch_segment
 from kvsplice.client.store.store_types import SegmentRef
+from kvsplice.common.chain import continues
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -90,7 +91,7 @@ def _next_link(
         return entry.meta, entry.kv
     tokens = token_ids[position : position + ref.num_tokens]
     entry = local.get(ref.context_key)
-    if entry is not None and _continues(entry.meta, parent, tokens, position):
+    if entry is not None and continues(entry.meta, parent, tokens, position):
         return entry.meta, entry.kv
     return _fetch(ctx, ref, parent, tokens, position)
 
@@ -105,18 +106,11 @@ def _fetch(
         dtype=ctx.decode_dtype,
         timings=ctx.timings,
     )
-    if fetched is None or not _continues(fetched.meta, parent, tokens, position):
+    if fetched is None or not continues(fetched.meta, parent, tokens, position):
         return None
     kv = on_device(fetched.kv, ctx.local.device)
     ctx.local.put(fetched.meta, kv)
     return fetched.meta, kv
-
-
-def _continues(meta: SegmentMeta, parent: bytes, tokens: tuple[int, ...], position: int) -> bool:
-    """The segment really is the next link: same parent, tokens and position."""
-    return (
-        meta.parent_key == parent and meta.token_ids == tokens and meta.start_position == position
-    )
 
 
 SPEC = ModeSpec("exact", NoParams, lambda _: ExactPolicy(), chain_only=True, drifts=False)

@@ -21,17 +21,17 @@ from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.store.segment_io import SpanRecord, left_tail
 from kvsplice.client.store.segment_puts import DirectPuts
-from kvsplice.common.keys import context_key, off_chain_key, root_key
+from kvsplice.common.chain import KeyChain
+from kvsplice.common.keys import context_key
 
 logger = logging.getLogger(__name__)
 
 
-class _Chain:
-    """The context key of everything left of the cursor, and whether it is exact."""
+class _Chain(KeyChain):
+    """The key chain of a call's prompt, and how much of it stored segments already cover."""
 
     def __init__(self, fingerprint: str) -> None:
-        self.parent = root_key(fingerprint)
-        self.exact = True
+        super().__init__(fingerprint)
         self.stored_until = 0  # prompt tokens already covered by stored segments
 
     def follow_reuse(self, reused: ReusedRange, tokens: Sequence[int]) -> None:
@@ -43,10 +43,6 @@ class _Chain:
             return
         self.leave_exact()
         self.parent = context_key(self.parent, tokens)
-
-    def leave_exact(self) -> None:
-        if self.exact:
-            self.parent, self.exact = off_chain_key(self.parent), False
 
     def record(
         self,

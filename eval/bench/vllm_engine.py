@@ -1,0 +1,245 @@
+"""vLLM OpenAI servers and a kvsplice sidecar as child processes, for tests and `bench vllm`.
+
+Owns starting, readiness, stopping and one streamed completion (TTFT, output ids,
+cached prompt tokens). Knows nothing of workloads; never imports vLLM (the server
+runs in its own process and virtualenv, this module only speaks HTTP to it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 900.0  # a 2-core host under load took 6 minutes once
+REQUEST_TIMEOUT_S = 600.0
+# Pinned alike for every engine we compare: with vLLM's "auto", a configured
+# connector makes it reserve a core, and the baseline would run on another count.
+DEFAULT_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "LMCACHE_TRACK_USAGE": "false",
+}
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EngineError(RuntimeError):
+    """An engine or sidecar process failed to start or answer."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One `vllm.entrypoints.openai.api_server` process."""
+
+    name: str
+    model_dir: str
+    port: int
+    kv_transfer_config: dict[str, Any] | None = None
+    enable_prefix_caching: bool = False
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model_dir, "--port", str(self.port), "--host", "127.0.0.1",
+            "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+            "--enforce-eager", "--enable-prompt-tokens-details", "--disable-log-stats",
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]  # fmt: skip
+        if self.kv_transfer_config is not None:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        return cmd
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: tuple[int, ...]
+    ttft_s: float
+    total_s: float
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+class Child:
+    """A child process whose output goes to a log file; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.command = command
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+
+    def check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            tail = (
+                self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+            )
+            raise EngineError(f"{self.name} exited; the end of {self.log_path}:\n{tail}")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout_s)
+
+
+class Engine(Child):
+    """A vLLM OpenAI server; `complete` streams one completion of a token-id prompt."""
+
+    def __init__(self, spec: EngineSpec, log_dir: Path) -> None:
+        super().__init__(spec.name, spec.command(), {**DEFAULT_ENV, **spec.env}, log_dir)
+        self.spec = spec
+        self.url = f"http://127.0.0.1:{spec.port}"
+        self._http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+
+    def start(self) -> Engine:
+        self.spawn()
+        return self
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> Engine:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if self._http.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise EngineError(f"{self.name} not ready after {timeout_s:.0f} s (log {self.log_path})")
+
+    def complete(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        min_tokens: int = 0,
+        cache_salt: str | None = None,
+    ) -> Completion:
+        """Greedy completion, streamed: TTFT is the time to the first generated token."""
+        body: dict[str, Any] = {
+            "model": self.spec.model_dir, "prompt": prompt_ids, "max_tokens": max_tokens,
+            "min_tokens": min_tokens, "temperature": 0.0, "stream": True,
+            "return_token_ids": True, "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        token_ids: list[int] = []
+        usage: dict[str, Any] = {}
+        ttft_s = None
+        start = time.perf_counter()
+        with self._http.stream("POST", f"{self.url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                raise EngineError(
+                    f"{self.name}: HTTP {response.status_code}: {response.read()[:500]!r}"
+                )
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                for choice in chunk.get("choices", []):
+                    new = choice.get("token_ids") or []
+                    if new and ttft_s is None:
+                        ttft_s = time.perf_counter() - start
+                    token_ids.extend(new)
+                usage = chunk.get("usage") or usage
+        total_s = time.perf_counter() - start
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            tuple(token_ids), ttft_s if ttft_s is not None else total_s, total_s,
+            int(usage.get("prompt_tokens", len(prompt_ids))), int(details.get("cached_tokens") or 0),
+        )  # fmt: skip
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._http.close()
+        super().stop(timeout_s)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class Sidecar(Child):
+    """`kvsplice serve` with an LMDB tier: restartable, its data surviving a restart."""
+
+    def __init__(self, data_dir: Path, port: int, admin_port: int, log_dir: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
+        command = [
+            sys.executable, "-m", "kvsplice", "serve", "--listen", f"127.0.0.1:{port}",
+            "--admin-listen", f"127.0.0.1:{admin_port}", "--lmdb-path", str(data_dir),
+            "--no-lmdb-sync", *extra_args,
+        ]  # fmt: skip
+        super().__init__(f"sidecar-{port}", command, {}, log_dir)
+        self.data_dir = data_dir
+        self.target = f"127.0.0.1:{port}"
+        self.admin_url = f"http://127.0.0.1:{admin_port}"
+
+    def start(self, timeout_s: float = 120.0) -> Sidecar:
+        self.spawn()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.admin_url}/readyz", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise EngineError(f"{self.name} not ready after {timeout_s:.0f} s (log {self.log_path})")
+
+    def restart(self) -> Sidecar:
+        self.stop()
+        return self.start()
+
+    def namespace_stats(self, namespace: str) -> dict[str, Any]:
+        response = httpx.get(
+            f"{self.admin_url}/v1/stats", params={"namespace": namespace}, timeout=10.0
+        )
+        response.raise_for_status()
+        rows = response.json()["namespaces"]
+        return rows[0] if rows else {}

@@ -1,0 +1,79 @@
+"""The transcript layout at the token level, for engines driven by token ids (vLLM).
+
+Agent k's prompt is agent k-1's prompt, then k-1's answer exactly as the engine
+generated it, then agent k's instruction as a new chat turn: every earlier token
+is a prefix, so exact reuse covers all of it (DESIGN: prompt layouts). The chat
+template renders the turn markup, so this works for any chat model's tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_MARK = "\u2063kvsplice-answer\u2063"
+
+PIPELINE_ROLES: tuple[tuple[str, str], ...] = (
+    ("planner", "Read the task above carefully. Write a numbered plan of the steps a careful "
+     "engineer would take to solve it: the inputs and outputs, the edge cases to handle, the data "
+     "structures to use and how to test the result. Do not write the code yet."),
+    ("solver", "Follow the plan above and write the complete Python solution. Keep the function "
+     "signature exactly as given, handle every edge case the plan lists, and explain each part of "
+     "the code in a short comment."),
+    ("critic", "Review the solution above line by line as a strict code reviewer. List every bug, "
+     "missed edge case, wrong assumption and performance problem you can find, and say for each "
+     "one how it should be fixed."),
+    ("reviser", "Rewrite the solution so that it addresses every point of the review above. Give "
+     "the full corrected function, then two or three example calls with their expected results."),
+    ("judge", "Decide whether the final solution above is correct. Answer with one word, PASS or "
+     "FAIL, then justify the verdict in two sentences that cite the relevant lines."),
+)  # fmt: skip
+SYSTEM_PROMPT = (
+    "You are one agent in a team of programming assistants that solve a task together. Each agent "
+    "sees the whole conversation so far: the task, the earlier agents' instructions and their "
+    "answers. Be precise, keep to your own role, and build on what the earlier agents wrote."
+)
+
+
+@dataclass(frozen=True)
+class TokenTranscript:
+    """Builds each agent's prompt ids from the previous prompt and answer ids."""
+
+    tokenizer: Any  # a transformers tokenizer with a chat template
+    system: str = SYSTEM_PROMPT
+
+    def first_prompt(self, task: str, instruction: str) -> list[int]:
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": f"{task}\n\n{instruction}"},
+        ]
+        return list(self._render(messages, tokenize=True))
+
+    def next_prompt(
+        self, prompt_ids: Sequence[int], answer_ids: Sequence[int], instruction: str
+    ) -> list[int]:
+        """`prompt_ids + answer_ids` (its end-of-turn token dropped) + the next user turn."""
+        answer = list(answer_ids)
+        if answer and answer[-1] == self.tokenizer.eos_token_id:
+            answer = answer[:-1]  # the turn markup below closes the answer itself
+        return [*prompt_ids, *answer, *self._turn_after_answer(instruction)]
+
+    def _turn_after_answer(self, instruction: str) -> list[int]:
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": "task"},
+            {"role": "assistant", "content": _MARK},
+            {"role": "user", "content": instruction},
+        ]
+        text = self._render(messages, tokenize=False)
+        suffix = text[text.index(_MARK) + len(_MARK) :]
+        return list(self.tokenizer.encode(suffix, add_special_tokens=False))
+
+    def _render(self, messages: list[dict[str, str]], *, tokenize: bool) -> Any:
+        rendered = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=tokenize
+        )
+        if tokenize and hasattr(rendered, "keys"):  # transformers >= 5: a BatchEncoding
+            return rendered["input_ids"]
+        return rendered

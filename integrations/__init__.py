@@ -1,0 +1,1 @@
+"""Engines kvsplice plugs into (each in a subpackage that imports its engine)."""

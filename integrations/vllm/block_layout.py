@@ -1,0 +1,181 @@
+"""vLLM's paged KV blocks <-> kvsplice's token-major K/V, one class per attention backend.
+
+A layout moves whole blocks of one layer's cache: `gather` copies blocks out as
+`k, v: [H_kv, n_blocks * block_size, D]`, `scatter` writes such tensors into
+blocks. kvsplice's payloads stay token-major (`[L, H_kv, T, D]`) whatever the engine.
+
+- CPU (`CPU_ATTN`): a layer's cache is `[num_blocks, H_kv, block_size, 2 * D]`; how
+  K and V sit inside one (block, head) slab depends on the kernel's ISA (K is
+  stored transposed on `vec`). Rather than hard-code that, `CpuBlockLayout.probe`
+  asks vLLM's own cache-write op where each (token, head, dim) lands, once.
+- CUDA flash-attention layout: `[2, num_blocks, block_size, H_kv, D]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedLayout(Exception):
+    """The engine's KV cache has a layout this connector cannot read (it then stays idle)."""
+
+
+class BlockLayout(Protocol):
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    def gather(
+        self, cache: torch.Tensor, block_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def scatter(
+        self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class CpuBlockLayout:
+    """Where K and V of each (head, token, dim) sit in one CPU block (flat offsets).
+
+    k_offsets, v_offsets: [H_kv, block_size, D] int64 offsets into a block's
+    `H_kv * block_size * 2 * D` elements.
+    """
+
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    k_offsets: torch.Tensor
+    v_offsets: torch.Tensor
+
+    @classmethod
+    def probe(cls, cache: torch.Tensor, isa: str) -> CpuBlockLayout:
+        """Learn the layout of `cache` ([num_blocks, H_kv, block_size, 2 * D]) from vLLM's
+        own `cpu_attn_reshape_and_cache`, writing coordinates into a scratch block."""
+        _, heads, block_size, twice_dim = cache.shape
+        head_dim = twice_dim // 2
+        coords = _coordinates(heads, block_size, head_dim)  # [3, T, H, D]: token, head, dim
+        where = [_written(cache.dtype, c, heads, block_size, head_dim, isa) for c in coords]
+        return cls._from_probes(where, heads, block_size, head_dim)
+
+    @classmethod
+    def _from_probes(
+        cls, where: list[tuple[torch.Tensor, torch.Tensor]], heads: int, block_size: int, dim: int
+    ) -> CpuBlockLayout:
+        offsets = []
+        for part in (0, 1):  # 0: K, 1: V
+            token, head, d = (where[i][part] for i in range(3))  # each [block elements], -1: unset
+            written = (token >= 0).nonzero().squeeze(1)
+            table = torch.full((heads, block_size, dim), -1, dtype=torch.int64)
+            table[head[written], token[written], d[written]] = written
+            if (table < 0).any() or written.numel() != heads * block_size * dim:
+                raise UnsupportedLayout("the CPU cache-write op is not a permutation of K/V slots")
+            offsets.append(table)
+        return cls(block_size, heads, dim, offsets[0], offsets[1])
+
+    def gather(
+        self, cache: torch.Tensor, block_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = cache.index_select(0, block_ids).reshape(len(block_ids), -1)  # [n, block elems]
+        return self._tokens(flat[:, self.k_offsets]), self._tokens(flat[:, self.v_offsets])
+
+    def scatter(
+        self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        n = len(block_ids)
+        flat = torch.empty((n, cache[0].numel()), dtype=cache.dtype)
+        flat[:, self.k_offsets] = self._blocks(k, n)
+        flat[:, self.v_offsets] = self._blocks(v, n)
+        cache.index_copy_(0, block_ids, flat.view(n, *cache.shape[1:]))
+
+    def _tokens(self, per_block: torch.Tensor) -> torch.Tensor:
+        # [n, H, bs, D] -> [H, n * bs, D]
+        n = per_block.shape[0]
+        return per_block.permute(1, 0, 2, 3).reshape(self.num_kv_heads, n * self.block_size, -1)
+
+    def _blocks(self, tokens: torch.Tensor, n: int) -> torch.Tensor:
+        # [H, n * bs, D] -> [n, H, bs, D]
+        return tokens.reshape(self.num_kv_heads, n, self.block_size, -1).permute(1, 0, 2, 3)
+
+
+@dataclass(frozen=True)
+class FlashBlockLayout:
+    """CUDA flash-attention: a layer's cache is `[2, num_blocks, block_size, H_kv, D]`."""
+
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    def gather(
+        self, cache: torch.Tensor, block_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = cache.index_select(1, block_ids.to(cache.device))  # [2, n, bs, H, D]
+        k, v = (
+            part.reshape(-1, self.num_kv_heads, self.head_dim).transpose(0, 1) for part in blocks
+        )
+        return k.contiguous(), v.contiguous()
+
+    def scatter(
+        self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        n = len(block_ids)
+        shape = (n, self.block_size, self.num_kv_heads, self.head_dim)
+        both = torch.stack([k.transpose(0, 1).reshape(shape), v.transpose(0, 1).reshape(shape)])
+        cache.index_copy_(1, block_ids.to(cache.device), both.to(cache.device, cache.dtype))
+
+
+def layout_for(cache: torch.Tensor, block_size: int, cpu_isa: str | None) -> BlockLayout:
+    """The layout of one layer's `cache` tensor as vLLM registered it."""
+    if cache.device.type == "cpu" and cache.dim() == 4:
+        if cpu_isa is None:
+            raise UnsupportedLayout("the CPU attention kernel's ISA is unknown")
+        return CpuBlockLayout.probe(cache, cpu_isa)
+    if cache.device.type == "cuda" and cache.dim() == 5 and cache.shape[0] == 2:
+        return FlashBlockLayout(int(cache.shape[2]), int(cache.shape[3]), int(cache.shape[4]))
+    raise UnsupportedLayout(
+        f"KV cache of shape {tuple(cache.shape)} on {cache.device.type} (block size {block_size})"
+    )
+
+
+def _coordinates(heads: int, block_size: int, dim: int) -> list[torch.Tensor]:
+    shape = (block_size, heads, dim)
+    token = torch.arange(block_size).view(-1, 1, 1).expand(shape)
+    head = torch.arange(heads).view(1, -1, 1).expand(shape)
+    d = torch.arange(dim).view(1, 1, -1).expand(shape)
+    return [token, head, d]
+
+
+def _written(
+    dtype: torch.dtype, coord: torch.Tensor, heads: int, block_size: int, dim: int, isa: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per element of one scratch block: which `coord` value the op wrote there, as K and as V.
+
+    Returns (k_part, v_part), each [block elements] with -1 outside its half (vLLM
+    splits each head's slab into a K half and a V half) and where nothing was
+    written. Coordinates go in as `c + 1` in base-64 digits (exact in bf16 and fp16).
+    """
+    from vllm import _custom_ops as ops
+
+    total = torch.zeros(heads * block_size * 2 * dim, dtype=torch.int64)
+    for scale in (1, 64, 4096):
+        digit = ((coord + 1) // scale) % 64
+        cache = torch.zeros((1, heads, block_size, 2 * dim), dtype=dtype)
+        k_cache, v_cache = cache.view(1, heads, 2 * block_size, dim).chunk(2, dim=2)
+        values = digit.to(dtype).contiguous()
+        slots = torch.arange(block_size, dtype=torch.int64)
+        ops.cpu_attn_reshape_and_cache(
+            values, values, k_cache, v_cache, slots, isa,
+            k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
+        )  # fmt: skip
+        total += scale * cache.reshape(-1).to(torch.int64)
+    per_head = (total - 1).view(heads, 2, block_size * dim)  # [H, K|V, bs * D]
+    unset = torch.full_like(per_head[:, 0], -1)
+    k_part = torch.stack([per_head[:, 0], unset], dim=1).reshape(-1)
+    v_part = torch.stack([unset, per_head[:, 1]], dim=1).reshape(-1)
+    return k_part, v_part

@@ -1,0 +1,120 @@
+"""The background putter: encodes gathered chunks and puts them into the sidecar.
+
+The forward pass only copies a chunk's blocks out and enqueues them; encoding,
+checksumming and the put run on this thread. A full queue drops the chunk (counted,
+logged once a while): a dropped save is a future miss, never a stall.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from kvsplice.common.keys import content_key, context_key
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.integrations.vllm.store_clients import StoreClients
+from kvsplice.integrations.vllm.transfer_specs import SaveSpec
+from kvsplice.kvmath.payload import encode_payload
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+WARN_INTERVAL_S = 30.0
+
+
+@dataclass(frozen=True)
+class GatheredChunk:
+    spec: SaveSpec
+    kv: SegmentKV  # keys/values [L, H_kv, T, D] on the CPU, copies of the engine's blocks
+
+
+@dataclass
+class PutterCounters:
+    num_put: int = 0
+    num_failed: int = 0
+    num_dropped: int = 0
+
+
+class ChunkPutter:
+    def __init__(
+        self, clients: StoreClients, fingerprint: str, quant: str, max_pending: int
+    ) -> None:
+        self.clients = clients
+        self.fingerprint = fingerprint
+        self.quant = quant
+        self.counters = PutterCounters()
+        self._queue: queue.Queue[GatheredChunk | None] = queue.Queue(max_pending)
+        self._last_warning_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="kvsplice-putter", daemon=True)
+        self._thread.start()
+
+    def submit(self, chunk: GatheredChunk) -> bool:
+        try:
+            self._queue.put_nowait(chunk)
+            return True
+        except queue.Full:
+            self.counters.num_dropped += 1
+            self._warn(
+                "the sidecar is not keeping up: dropped a chunk (%d so far)",
+                self.counters.num_dropped,
+            )
+            return False
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every submitted chunk was put or failed; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._queue.unfinished_tasks
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.flush(timeout_s)
+        try:
+            self._queue.put(None, timeout=1.0)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            chunk = self._queue.get()
+            try:
+                if chunk is None:
+                    return
+                self._put(chunk)
+            except Exception:
+                self.counters.num_failed += 1
+                logger.exception("storing a chunk failed")
+            finally:
+                self._queue.task_done()
+
+    def _put(self, chunk: GatheredChunk) -> None:
+        spec = chunk.spec
+        meta = SegmentMeta(
+            namespace=spec.namespace,
+            model_fingerprint=self.fingerprint,
+            context_key=context_key(spec.parent_key, spec.token_ids),
+            parent_key=spec.parent_key,
+            content_key=content_key(spec.token_ids),
+            token_ids=spec.token_ids,
+            start_position=spec.start,
+            layer_start=0,
+            layer_end=chunk.kv.num_layers,
+            created_at_s=time.time(),
+            kind="prompt",
+            exact=True,
+        )
+        payload = encode_payload(chunk.kv, model_fingerprint=self.fingerprint, quant=self.quant)
+        if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
+            self.counters.num_put += 1
+        else:
+            self.counters.num_failed += 1
+            self._warn("the sidecar is unreachable: %d chunks not stored", self.counters.num_failed)
+
+    def _warn(self, message: str, count: int) -> None:
+        now = time.monotonic()
+        if now - self._last_warning_s >= WARN_INTERVAL_S:
+            self._last_warning_s = now
+            logger.warning(message, count)

@@ -1,0 +1,216 @@
+"""`KvspliceConnector`: vLLM's KV connector API (v1, vLLM 0.32) over the kvsplice sidecar.
+
+Wiring only: the scheduler half (`scheduler_side`) and the worker half
+(`worker_side`) do the work; this class maps vLLM's hooks onto them. Loads are
+synchronous (done in `start_load_kv`, before the forward pass reads a block);
+saves copy blocks out after the step and put them from a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvsplice.integrations.vllm.block_layout import UnsupportedLayout, layout_for
+from kvsplice.integrations.vllm.chunk_putter import ChunkPutter
+from kvsplice.integrations.vllm.connector_config import ConnectorConfig
+from kvsplice.integrations.vllm.engine_fingerprint import engine_fingerprint
+from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
+from kvsplice.integrations.vllm.store_clients import StoreClients
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec
+from kvsplice.integrations.vllm.worker_side import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class KvspliceMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+class KvspliceConnector(KVConnectorBase_V1):
+    """Exact-prefix KV shared through a kvsplice sidecar (`kv_role` "kv_both")."""
+
+    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.config = ConnectorConfig.from_extra_config(transfer.kv_connector_extra_config or {})
+        _check_parallelism(vllm_config)
+        self.block_size = vllm_config.cache_config.block_size
+        self.chunk_tokens = self.config.chunk_tokens_for(self.block_size)
+        self.fingerprint = engine_fingerprint(_model_dir(vllm_config), _kv_dtype(vllm_config))
+        self.clients = StoreClients(self.config)
+        self.scheduler: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        self._load_errors: set[int] = set()
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = SchedulerSide(
+                self.clients, self.fingerprint, self.block_size, self.chunk_tokens
+            )
+            _recompute_on_load_failure(transfer)
+        logger.info(
+            "kvsplice connector (%s) -> %s namespace %r, chunks of %d tokens, fingerprint %s",
+            role.name, self.config.target, self.config.namespace, self.chunk_tokens, self.fingerprint,
+        )  # fmt: skip
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is a future miss
+
+    # ---- worker side -------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        first = next(iter(kv_caches.values()))
+        try:
+            layout = layout_for(first, self.block_size, _cpu_isa(self._vllm_config, first))
+        except UnsupportedLayout as error:
+            logger.error("kvsplice connector disabled on this worker: %s", error)
+            return
+        putter = ChunkPutter(
+            self.clients, self.fingerprint, self.config.quant, self.config.max_pending_saves
+        )
+        self.worker = WorkerSide(
+            self.clients, self.fingerprint, self.block_size, kv_caches, layout, putter
+        )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvspliceMetadata)
+        for spec in meta.loads:
+            if self.worker is None:
+                self._load_errors.update(spec.block_ids)
+            else:
+                self._load_errors.update(self.worker.load(spec))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return  # every layer's blocks are copied out once, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self.worker is None or not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvspliceMetadata)
+        for spec in meta.saves:
+            self.worker.save(spec)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.putter.close()
+        self.clients.close()
+
+    # ---- scheduler side ----------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self.scheduler is not None
+        return self.scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        assert self.scheduler is not None
+        if num_external_tokens > 0:
+            block_ids = blocks.get_block_ids()[0]
+            self.scheduler.after_alloc(request, block_ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self.scheduler is not None
+        loads, saves = self.scheduler.build_step(scheduler_output)
+        return KvspliceMetadata(loads, saves)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if self.scheduler is not None:
+            self.scheduler.finished(request)
+        return False, None
+
+
+def _check_parallelism(vllm_config: VllmConfig) -> None:
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+        raise ValueError(
+            "KvspliceConnector supports tensor_parallel_size=1 and pipeline_parallel_size=1 "
+            f"(got {parallel.tensor_parallel_size} and {parallel.pipeline_parallel_size})"
+        )
+
+
+def _model_dir(vllm_config: VllmConfig) -> Path:
+    """The local directory of the served model (a hub id resolves in the local cache only)."""
+    model = vllm_config.model_config.model
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    revision = vllm_config.model_config.revision
+    return Path(snapshot_download(model, revision=revision, local_files_only=True))
+
+
+def _kv_dtype(vllm_config: VllmConfig) -> str:
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in ("auto", None):
+        raise ValueError(
+            f"KvspliceConnector stores unquantized KV only (cache_dtype {cache_dtype!r})"
+        )
+    return str(vllm_config.model_config.dtype).removeprefix("torch.")
+
+
+def _cpu_isa(vllm_config: VllmConfig, cache: torch.Tensor) -> str | None:
+    if cache.device.type != "cpu":
+        return None
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    head_dim = cache.shape[-1] // 2
+    return _get_attn_isa(cache.dtype, int(cache.shape[2]), head_dim, "auto")
+
+
+def _recompute_on_load_failure(transfer: Any) -> None:
+    """A store fault must cost a recompute, never a failed request."""
+    if transfer.kv_load_failure_policy != "recompute":
+        logger.warning(
+            "kv_load_failure_policy %r would fail requests when the sidecar faults; "
+            "the kvsplice connector uses 'recompute' (set it to silence this)",
+            transfer.kv_load_failure_policy,
+        )
+        transfer.kv_load_failure_policy = "recompute"

@@ -1,0 +1,107 @@
+"""The connector's settings: `kv_connector_extra_config` read once into a frozen config.
+
+Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
+`token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`,
+`lookup_timeout_ms`, `max_pending_saves`. Knows nothing of vLLM's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvsplice.common.segment import validate_namespace
+
+# Only lossless payloads by default: KV that enters an engine's prefix cache must be
+# what the engine would have computed. int8 halves the bytes and is an approximation.
+QUANTS = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """Where the sidecar is and how to use it.
+
+    `chunk_tokens` (None: the engine's block size) cuts the key chain; it must be a
+    multiple of the block size so chunk edges fall on block edges. `namespace` is
+    the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
+    `max_pending_saves` bounds chunks waiting for the background putter: past it a
+    chunk is dropped (counted, logged), never waited for.
+    """
+
+    target: str
+    namespace: str = "default"
+    token: str | None = None
+    tls_ca: str | None = None
+    chunk_tokens: int | None = None
+    quant: str = "none"
+    same_host_reads: bool = True
+    lookup_timeout_ms: int = 500
+    max_pending_saves: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str) or not self.target:
+            raise ValueError(
+                "kv_connector_extra_config['target'] (host:port or unix:path) is required"
+            )
+        validate_namespace(self.namespace)
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens {self.chunk_tokens} must be >= 1")
+        if self.quant not in QUANTS:
+            raise ValueError(f"quant {self.quant!r} not in {QUANTS}")
+        if not 1 <= self.lookup_timeout_ms <= 60_000:
+            raise ValueError(f"lookup_timeout_ms {self.lookup_timeout_ms} not in [1, 60000]")
+        if self.max_pending_saves < 1:
+            raise ValueError(f"max_pending_saves {self.max_pending_saves} must be >= 1")
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
+        """Read vLLM's `kv_connector_extra_config`; unknown keys are a ValueError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}"
+            )
+        if not extra.get("target"):
+            raise ValueError(
+                "kv_connector_extra_config['target'] (the sidecar's host:port or unix:path) is required"
+            )
+        values = dict(extra)
+        for name in ("chunk_tokens", "lookup_timeout_ms", "max_pending_saves"):
+            if values.get(name) is not None:
+                values[name] = int(values[name])
+        if "same_host_reads" in values:
+            values["same_host_reads"] = _as_bool(values["same_host_reads"])
+        return cls(**values)
+
+    def chunk_tokens_for(self, block_size: int) -> int:
+        """The chunk length for an engine with `block_size`-token blocks."""
+        chunk = self.chunk_tokens or block_size
+        if chunk % block_size:
+            raise ValueError(
+                f"chunk_tokens {chunk} is not a multiple of the block size {block_size}"
+            )
+        return chunk
+
+
+def salted_namespace(namespace: str, cache_salt: str | None) -> str:
+    """The namespace a request's KV lives in: its `cache_salt` keeps tenants apart.
+
+    The salt is hashed (it may be any string, even a secret) and appended, so two
+    salts never share KV and a salted request never reads unsalted KV.
+    """
+    if not cache_salt:
+        return namespace
+    import hashlib
+
+    digest = hashlib.blake2b(f"{namespace}\0{cache_salt}".encode(), digest_size=8).hexdigest()
+    return validate_namespace(f"{namespace[:106]}.salt-{digest}")  # 128 characters at most
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"expected a boolean, got {value!r}")

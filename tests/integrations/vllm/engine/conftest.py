@@ -1,0 +1,72 @@
+"""Real vLLM engines (separate processes) and a real sidecar, shared by this folder's tests.
+
+Runs only where vLLM is installed (`make vllm` builds `.venv-vllm`; `make test` runs
+this folder there). Engines take 25-60 s each to start on 2 cores, so one module
+starts them once, all at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (make vllm; make test runs it)")
+
+from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
+
+NAMESPACE = "pipeline"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    explicit = os.environ.get("KVSPLICE_VLLM_MODEL_DIR")
+    if explicit:
+        return explicit
+    from kvsplice.client.model.models import DEFAULT_CACHE_DIR, converted_smollm2_dir
+
+    return str(converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()))
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[Sidecar]:
+    data = tmp_path_factory.mktemp("sidecar-lmdb")
+    sidecar = Sidecar(data, free_port(), free_port(), log_dir).start()
+    yield sidecar
+    sidecar.stop()
+
+
+def connector_config(target: str, namespace: str = NAMESPACE) -> dict:
+    return {
+        "kv_connector": "KvspliceConnector",
+        "kv_connector_module_path": "kvsplice.integrations.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"target": target, "namespace": namespace},
+    }
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir: str, sidecar: Sidecar, log_dir: Path) -> Iterator[dict[str, Engine]]:
+    """`reference` (no connector), `a` and `b` (the connector, one namespace): three processes."""
+    specs = [
+        EngineSpec("reference", model_dir, free_port()),
+        EngineSpec("a", model_dir, free_port(), connector_config(sidecar.target)),
+        EngineSpec("b", model_dir, free_port(), connector_config(sidecar.target)),
+    ]
+    engines = {spec.name: Engine(spec, log_dir).start() for spec in specs}
+    try:
+        with ThreadPoolExecutor(len(engines)) as pool:
+            list(pool.map(lambda engine: engine.wait_ready(), engines.values()))
+        yield engines
+    finally:
+        for engine in engines.values():
+            engine.stop()

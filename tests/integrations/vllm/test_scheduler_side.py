@@ -1,0 +1,152 @@
+"""The scheduler half without vLLM: what it promises, loads and saves, driven by fake requests.
+
+The fakes carry only the attributes the connector reads from vLLM's `Request`
+and `SchedulerOutput` (vLLM 0.32); the engine tests run the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
+from kvsplice.common.chain import chunk_links
+from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
+from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
+
+FINGERPRINT = "kvfp1-" + "cd" * 16
+BLOCK = 4
+
+
+@dataclass
+class FakeStore:
+    stored_tokens: list[int]  # the sidecar holds the chunk chain over these tokens
+    lookups: list[tuple[str, int]] = field(default_factory=list)
+    namespace: str = ""
+
+    def lookup_prefix(self, fingerprint: str, token_ids: list[int]) -> PrefixLookup:
+        self.lookups.append((self.namespace, len(token_ids)))
+        refs = []
+        for link in chunk_links(fingerprint, self.stored_tokens, BLOCK):
+            if list(token_ids[link.start : link.end]) != self.stored_tokens[link.start : link.end]:
+                break
+            refs.append(SegmentRef(link.key.hex(), link.start, link.num_tokens, 0, 2, 100))
+        return PrefixLookup(tuple(refs), refs[-1].end_position if refs else 0)
+
+
+class FakeClients:
+    def __init__(self, store: FakeStore) -> None:
+        self.config = ConnectorConfig("h:1", namespace="ns")
+        self.store = store
+
+    def for_namespace(self, namespace: str) -> FakeStore:
+        self.store.namespace = namespace
+        return self.store
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    all_token_ids: list[int]
+    cache_salt: str | None = None
+
+
+@dataclass
+class NewReq:
+    req_id: str
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclass
+class Cached:
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)
+    new_block_ids: list = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    scheduled_new_reqs: list[NewReq] = field(default_factory=list)
+    scheduled_cached_reqs: Cached = field(default_factory=Cached)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+
+def make_side(stored: list[int]) -> tuple[SchedulerSide, FakeStore]:
+    store = FakeStore(stored)
+    return SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK), store  # type: ignore[arg-type]
+
+
+def test_promises_whole_stored_blocks_leaving_one_token_to_compute() -> None:
+    prompt = list(range(10, 22))  # 12 tokens = 3 blocks, all stored
+    side, store = make_side(prompt)
+    assert side.num_new_matched_tokens(FakeRequest("r", prompt), 0) == 8  # not all 12
+    assert side.num_new_matched_tokens(FakeRequest("r", prompt), 4) == 4  # beyond local hits
+    assert len(store.lookups) == 1  # asked again: the first answer, no second RPC
+    longer = [*prompt, 99, 98, 97]
+    assert make_side(prompt)[0].num_new_matched_tokens(FakeRequest("r", longer), 0) == 12
+
+
+def test_a_partly_stored_prompt_gets_its_stored_prefix_only() -> None:
+    side, _ = make_side(list(range(10, 22)))
+    prompt = [*range(10, 18), 0, 0, 0, 0, 5]  # diverges in block 3
+    assert side.num_new_matched_tokens(FakeRequest("r", prompt), 0) == 8
+
+
+def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> None:
+    prompt = list(range(10, 23))
+    side, _ = make_side(prompt)
+    request = FakeRequest("r", prompt)
+    assert side.num_new_matched_tokens(request, 0) == 12
+    side.after_alloc(request, [7, 3, 9, 1], 12)
+    loads, _ = side.build_step(
+        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
+    )
+    (load,) = loads
+    links = chunk_links(FINGERPRINT, prompt, BLOCK)
+    assert (load.start, load.end, load.block_ids) == (0, 12, (7, 3, 9))
+    assert [(p.start, p.parent_key) for p in load.pieces] == [(0, links[0].parent_key),
+        (4, links[1].parent_key), (8, links[2].parent_key)]  # fmt: skip
+    assert side.build_step(Step())[0] == []  # a load is handed over once
+
+
+def test_saves_each_new_full_chunk_once_never_stored_ones_nor_draft_tokens() -> None:
+    stored = list(range(10, 18))  # the sidecar holds two chunks
+    prompt = stored + list(range(30, 41))  # 19 tokens
+    side, _ = make_side(stored)
+    request = FakeRequest("r", prompt)
+    side.num_new_matched_tokens(request, 0)
+    step = Step([NewReq("r", ([0, 1, 2, 3, 4],), 0)], num_scheduled_tokens={"r": 14})
+    _, saves = side.build_step(step)
+    assert [(s.start, s.end) for s in saves] == [(8, 12)]  # 14 computed: chunk [12, 16) not full
+    links = chunk_links(FINGERPRINT, prompt, BLOCK)
+    assert saves[0].parent_key == links[1].key and saves[0].block_ids == (2,)
+    cached = Cached(["r"], set(), [None], [14])
+    step = Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 5},
+                scheduled_spec_decode_tokens={"r": [1, 2]})  # fmt: skip
+    _, saves = side.build_step(step)  # 19 scheduled, 2 of them drafts: K/V valid up to 17
+    assert [(s.start, s.end) for s in saves] == [(12, 16)]
+    request.all_token_ids += [50, 51]
+    cached = Cached(["r"], set(), [([5],)], [19])
+    _, saves = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 2}))
+    assert [(s.start, s.end, s.block_ids) for s in saves] == [(16, 20, (4,))]
+
+
+def test_a_second_request_does_not_put_chunks_this_engine_already_put() -> None:
+    prompt = list(range(10, 19))
+    side, _ = make_side([])
+    for request_id in ("r1", "r2"):
+        side.num_new_matched_tokens(FakeRequest(request_id, prompt), 0)
+        step = Step([NewReq(request_id, ([0, 1, 2],), 0)], num_scheduled_tokens={request_id: 9})
+        saves = side.build_step(step)[1]
+        assert len(saves) == (2 if request_id == "r1" else 0)
+
+
+def test_a_salted_request_looks_up_and_saves_in_its_own_namespace() -> None:
+    side, store = make_side(list(range(10, 22)))
+    request = FakeRequest("r", list(range(10, 22)), cache_salt="tenant-b")
+    side.num_new_matched_tokens(request, 0)
+    assert store.lookups[-1][0] == salted_namespace("ns", "tenant-b")
+    _, saves = side.build_step(Step([NewReq("r", ([0, 1, 2],), 0)], num_scheduled_tokens={"r": 12}))
+    assert {s.namespace for s in saves} <= {salted_namespace("ns", "tenant-b")}
