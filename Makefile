@@ -61,8 +61,12 @@ vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)
 
-test: $(STAMP)
+# The suite in .venv, then the vLLM engine tests in .venv-vllm (built when missing): real
+# engine processes on SmolLM2, started once and shared by the tests.
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	KVSPLICE_VLLM_MODEL_DIR="$$($(BIN)/kvsplice model-dir)" \
+	  $(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -73,4 +77,4 @@ proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -206,3 +206,9 @@ def _publish(tmp: Path, target: Path) -> None:
         if not (target / "config.json").is_file():
             raise
         logger.info("%s was converted concurrently; discarding this copy", target)
+
+
+def model_directory(config: ModelConfig) -> Path:
+    """The local HF directory of `config.source` (converting the bundled GGUF once): what an
+    engine such as vLLM is pointed at."""
+    return _resolve_model_dir(config)

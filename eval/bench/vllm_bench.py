@@ -268,3 +268,30 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "load_avg": list(os.getloadavg()),
         "num_cpus": os.cpu_count(),
     }
+
+
+def print_report(report: dict[str, Any], console: Any) -> None:
+    """The per-agent TTFT table and agent 5's ratios against recompute and local-apc."""
+    from rich.table import Table
+
+    rows = {row["name"]: row for row in report["configs"]}
+    base = rows["recompute"]["agent_ttft_s"][-1]
+    apc = rows["local-apc"]["agent_ttft_s"][-1] if "local-apc" in rows else None
+    table = Table(title="bench vllm: TTFT per agent (s); agent 5 vs recompute / vs local-apc")
+    for column in ("config", "a1", "a2", "a3", "a4", "a5", "vs rec", "vs apc", "hit tok",
+                   "match", "B/tok"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "config" else "right")
+    for name, row in rows.items():
+        ttft = row["agent_ttft_s"]
+        bpt = row["stored_bytes_per_token"]
+        table.add_row(
+            name, *(f"{t:.3f}" for t in ttft), f"{base / ttft[-1]:.2f}x",
+            "" if apc is None else f"{ttft[-1] / apc:.2f}x", str(row["external_hit_tokens"]),
+            f"{row['output_match']:.2f}", "" if bpt is None else f"{bpt:.0f}",
+        )  # fmt: skip
+    console.print(table)
+    prompts = rows["recompute"]["agent_prompt_tokens"]
+    console.print(
+        f"prompt tokens per agent {prompts}; load average {report['load_avg']}; "
+        f"threads pinned to {report['threads_bind']}"
+    )

@@ -60,6 +60,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _log_like_vllm()
         transfer = self._kv_transfer_config
         self.config = ConnectorConfig.from_extra_config(transfer.kv_connector_extra_config or {})
         _check_parallelism(vllm_config)
@@ -72,7 +73,11 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(
-                self.clients, self.fingerprint, self.block_size, self.chunk_tokens
+                self.clients,
+                self.fingerprint,
+                self.block_size,
+                self.chunk_tokens,
+                save_decode=self.config.save_decode,
             )
             _recompute_on_load_failure(transfer)
         logger.info(
@@ -165,6 +170,16 @@ class KvspliceConnector(KVConnectorBase_V1):
         if self.scheduler is not None:
             self.scheduler.finished(request)
         return False, None
+
+
+def _log_like_vllm() -> None:
+    """Send kvsplice's log records where vLLM's go (its handlers sit on the "vllm" logger)."""
+    ours, theirs = logging.getLogger("kvsplice"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(theirs.level or logging.INFO)
+        ours.propagate = False
 
 
 def _check_parallelism(vllm_config: VllmConfig) -> None:

@@ -1,7 +1,7 @@
 """The connector's settings: `kv_connector_extra_config` read once into a frozen config.
 
 Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
-`token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`,
+`token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `save_decode`,
 `lookup_timeout_ms`, `max_pending_saves`. Knows nothing of vLLM's objects.
 """
 
@@ -25,6 +25,7 @@ class ConnectorConfig:
     `chunk_tokens` (None: the engine's block size) cuts the key chain; it must be a
     multiple of the block size so chunk edges fall on block edges. `namespace` is
     the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
+    `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`).
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
     """
@@ -36,6 +37,7 @@ class ConnectorConfig:
     chunk_tokens: int | None = None
     quant: str = "none"
     same_host_reads: bool = True
+    save_decode: bool = False
     lookup_timeout_ms: int = 500
     max_pending_saves: int = 256
 
@@ -71,8 +73,9 @@ class ConnectorConfig:
         for name in ("chunk_tokens", "lookup_timeout_ms", "max_pending_saves"):
             if values.get(name) is not None:
                 values[name] = int(values[name])
-        if "same_host_reads" in values:
-            values["same_host_reads"] = _as_bool(values["same_host_reads"])
+        for name in ("same_host_reads", "save_decode"):
+            if name in values:
+                values[name] = _as_bool(values[name])
         return cls(**values)
 
     def chunk_tokens_for(self, block_size: int) -> int:

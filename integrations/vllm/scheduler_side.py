@@ -52,8 +52,10 @@ class SchedulerSide:
         fingerprint: str,
         block_size: int,
         chunk_tokens: int,
+        save_decode: bool = False,
     ) -> None:
         self.clients = clients
+        self.save_decode = save_decode
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.chunk_tokens = chunk_tokens
@@ -143,6 +145,12 @@ class SchedulerSide:
         """Chunks whose K/V exists after this step and whose tokens are known, not yet stored.
 
         Draft tokens of speculative decoding may be rejected: their K/V is never saved.
+        NOTE: by default only prompt positions are saved. K/V the engine wrote one token at
+        a time while decoding differs in its last bits from what a prefill of the same
+        tokens writes (other kernels), and in bf16 that is enough to change a later greedy
+        token; a transcript's next agent prefills those answer tokens and stores them then.
+        `save_decode` stores them at once (more reuse, outputs then match a recompute only
+        up to that rounding, as with vLLM's own prefix cache).
         """
         request_id = tracked.request.request_id
         num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()))
@@ -150,6 +158,8 @@ class SchedulerSide:
         ready = min(
             num_computed - num_draft, len(token_ids), len(tracked.block_ids) * self.block_size
         )
+        if not self.save_decode:
+            ready = min(ready, tracked.request.num_prompt_tokens)
         chain, saves = tracked.chain, []
         while chain.position + self.chunk_tokens <= ready:
             start = chain.position

@@ -16,6 +16,7 @@ import typer.main
 
 from kvsplice.cli import inspect, serve, tenants, worker
 from kvsplice.cli import judge as judge  # registers `bench judge` on worker.bench_app
+from kvsplice.cli import vllm as vllm_cli  # registers `bench vllm` on worker.bench_app
 from kvsplice.cli.common import CliError, debug_enabled
 
 EXIT_USAGE = 2
@@ -67,6 +68,7 @@ app.command()(inspect.delete)
 app.command()(inspect.flush)
 app.command()(worker.demo)
 app.command()(worker.calibrate)
+app.command("model-dir")(vllm_cli.model_dir)
 app.add_typer(worker.bench_app, name="bench")
 app.add_typer(tenants.tenants_app, name="tenants")
 

@@ -48,6 +48,10 @@ class FakeRequest:
     request_id: str
     all_token_ids: list[int]
     cache_salt: str | None = None
+    num_prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.all_token_ids)
 
 
 @dataclass
@@ -73,9 +77,11 @@ class Step:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
-def make_side(stored: list[int]) -> tuple[SchedulerSide, FakeStore]:
+def make_side(stored: list[int], save_decode: bool = True) -> tuple[SchedulerSide, FakeStore]:
     store = FakeStore(stored)
-    return SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK), store  # type: ignore[arg-type]
+    clients = FakeClients(store)
+    side = SchedulerSide(clients, FINGERPRINT, BLOCK, BLOCK, save_decode=save_decode)  # type: ignore[arg-type]
+    return side, store
 
 
 def test_promises_whole_stored_blocks_leaving_one_token_to_compute() -> None:
@@ -150,3 +156,14 @@ def test_a_salted_request_looks_up_and_saves_in_its_own_namespace() -> None:
     assert store.lookups[-1][0] == salted_namespace("ns", "tenant-b")
     _, saves = side.build_step(Step([NewReq("r", ([0, 1, 2],), 0)], num_scheduled_tokens={"r": 12}))
     assert {s.namespace for s in saves} <= {salted_namespace("ns", "tenant-b")}
+
+
+def test_by_default_only_prompt_positions_are_saved() -> None:
+    prompt = list(range(10, 16))  # 6 prompt tokens, then decoding
+    side, _ = make_side([], save_decode=False)
+    request = FakeRequest("r", list(prompt))
+    side.num_new_matched_tokens(request, 0)
+    assert side.build_step(Step([NewReq("r", ([0, 1],), 0)], num_scheduled_tokens={"r": 6}))[1]
+    request.all_token_ids += [1, 2, 3]  # decoded: positions 6..8 written one at a time
+    cached = Cached(["r"], set(), [None], [6])
+    assert side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3}))[1] == []
