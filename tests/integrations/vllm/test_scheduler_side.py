@@ -166,4 +166,6 @@ def test_by_default_only_prompt_positions_are_saved() -> None:
     assert side.build_step(Step([NewReq("r", ([0, 1],), 0)], num_scheduled_tokens={"r": 6}))[1]
     request.all_token_ids += [1, 2, 3]  # decoded: positions 6..8 written one at a time
     cached = Cached(["r"], set(), [None], [6])
-    assert side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3}))[1] == []
+    assert (
+        side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3}))[1] == []
+    )
