@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
-from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
+from kvsplice.eval.workloads.token_transcript import (
+    PIPELINE_ROLES,
+    SYSTEM_PROMPT,
+    TEAM_CONVENTIONS,
+    TokenTranscript,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ class VllmBenchConfig:
     out_json: Path
     work_dir: Path
     configs: tuple[str, ...] = CONFIGS
-    answer_tokens: int = 256
+    answer_tokens: int = 200
     problem_index: int = 0
     threads: str = "0-1"
 
@@ -81,7 +86,8 @@ class _Setup:
 def run_bench(config: VllmBenchConfig, task_text: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    transcript = TokenTranscript(AutoTokenizer.from_pretrained(config.model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    transcript = TokenTranscript(tokenizer, f"{SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
     results: list[ConfigResult] = []
     for name in config.configs:
         logger.info("configuration %s: starting its engines", name)

@@ -35,6 +35,27 @@ SYSTEM_PROMPT = (
     "answers. Be precise, keep to your own role, and build on what the earlier agents wrote."
 )
 
+# A team's standing instructions, as real pipelines carry them in every agent's system prompt
+# (coding standards, output format, tool rules): the shared context `bench vllm` uses.
+TEAM_CONVENTIONS = """
+Team conventions, which every agent follows:
+1. Python 3.11, standard library only unless the task says otherwise. Type hints on every
+   public function, a docstring that states what the function promises, not how it works.
+2. Functions stay short: one purpose each, at most about twenty lines; a helper gets a name that
+   says what it returns. No global state, no printing from library code, no bare except.
+3. Inputs are validated at the boundary: a wrong type or an out-of-range value raises ValueError
+   or TypeError with a message that names the bad value. Empty inputs are handled explicitly.
+4. Complexity matters: say the time and memory complexity of the solution and prefer an
+   O(n log n) or better approach when the input can be large. Never sort inside a loop.
+5. Tests: every edge case the plan lists gets a test with its expected value; the examples in the
+   task's docstring are tests too. Tests are deterministic and never depend on time or order.
+6. Reviews cite line numbers, separate bugs from style, and propose the smallest fix first.
+7. Answers use Markdown: code in fenced python blocks, explanations in short numbered points.
+8. When the task is ambiguous, state the assumption made and keep to it consistently.
+9. Never invent library functions; if unsure whether something exists, write it by hand.
+10. The final answer of the team is a single function that passes every test listed so far.
+""".strip()
+
 
 @dataclass(frozen=True)
 class TokenTranscript:

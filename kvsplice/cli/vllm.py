@@ -48,7 +48,7 @@ def bench_vllm(
     configs: Annotated[str, typer.Option("--configs", help=CONFIGS_HELP)] = "",
     answer_tokens: Annotated[
         int, typer.Option(min=16, max=1024, help="Tokens each agent generates (min = max).")
-    ] = 256,
+    ] = 200,
     problem: Annotated[int, typer.Option(min=0, max=163, help="HumanEval problem index.")] = 0,
     threads: Annotated[
         str, typer.Option(help="CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
