@@ -227,6 +227,7 @@ class SharedTierOut(BaseModel):
     num_trips: int
     pending_writes: int
     unshared_writes: int
+    caught_up: bool  # the streams' history was read (a sidecar serving before: False)
 
 
 class StatusOut(BaseModel):

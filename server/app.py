@@ -63,7 +63,7 @@ class StoreServer:
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
-        num_segments += await shared_follower.catch_up(self.store)
+        num_segments += await shared_follower.catch_up(self.store, self.config.catch_up_timeout_s)
         await self.server.start()
         self.sweeper = asyncio.create_task(self._sweep_expired(), name="kvsplice-ttl-sweeper")
         if self.store.shared is not None:

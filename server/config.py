@@ -100,6 +100,8 @@ class ServerConfig:
     `admin_port` is set, guarded by the same credentials and TLS.
     An upload silent for `stream_idle_timeout_s` is cut; uploads in flight may declare
     at most `max_inflight_upload_nbytes` payload bytes together.
+    With a shared tier, start waits up to `catch_up_timeout_s` for the streams' history
+    while the tier faults (a failover), before it reports ready.
     """
 
     listen_address: str = "127.0.0.1:50051"
@@ -116,6 +118,7 @@ class ServerConfig:
     chunk_nbytes: int = 4 * MIB
     grace_period_s: float = 10.0
     sweep_interval_s: float = 60.0
+    catch_up_timeout_s: float = 30.0
     max_concurrent_rpcs: int | None = None
     enable_reflection: bool = True
     admin_host: str = "127.0.0.1"
@@ -154,6 +157,10 @@ class ServerConfig:
         )
         _require(
             self.sweep_interval_s > 0, f"sweep_interval_s must be > 0, got {self.sweep_interval_s}"
+        )
+        _require(
+            0 <= self.catch_up_timeout_s < math.inf,
+            f"catch_up_timeout_s must be >= 0 and finite, got {self.catch_up_timeout_s}",
         )
         _require(
             self.max_concurrent_rpcs is None or self.max_concurrent_rpcs > 0,

@@ -19,7 +19,7 @@ from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfi
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # a shared tier's catch-up may wait out a failover (30 s)
 
 
 def loopback_config(

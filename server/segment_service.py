@@ -124,7 +124,7 @@ class SegmentService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         store.add_removal_listener(self._on_removed)
-        store.add_arrival_listener(self._index)  # another sidecar's put (shared tier)
+        store.add_arrival_listener(self._on_arrived)  # another sidecar's put (shared tier)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -250,12 +250,15 @@ class SegmentService:
             )
         return stored
 
-    def stored_nbytes(self, namespace: str, key: bytes) -> int:
-        """The payload size stored under `key` (0 if none or malformed): what a read moves."""
+    def stored_nbytes(self, namespace: str, key: bytes) -> int | None:
+        """The payload size stored under `key` (0 if malformed or held nowhere): what a read
+        moves; None if unknown here but a shared tier may hold it (a read-through)."""
         if len(key) != KEY_NBYTES:
             return 0
         meta = self._store.get_meta(namespace, key)
-        return 0 if meta is None else meta.payload_nbytes
+        if meta is None:
+            return None if self._store.shared is not None else 0
+        return meta.payload_nbytes
 
     def count_read(self, stored: StoredSegment | None) -> None:
         """Count one read of a fetched segment (the dashboard's most-read list). Loop only."""
@@ -371,6 +374,19 @@ class SegmentService:
     def _unindex(self, namespace: str, key: bytes) -> None:
         self._exact.remove(namespace, key)
         self._similar.remove(namespace, key)
+
+    def _on_arrived(self, meta: SegmentMeta) -> None:
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._index(meta)
+            return
+        # NOTE: a read through to the shared tier on a worker thread: indexed on the loop,
+        # unless the segment went meanwhile.
+        loop.call_soon_threadsafe(self._index_if_stored, meta)
+
+    def _index_if_stored(self, meta: SegmentMeta) -> None:
+        if self._store.get_meta(meta.namespace, meta.context_key) is not None:
+            self._index(meta)
 
     def _on_removed(self, meta: SegmentMeta) -> None:
         loop = self._loop

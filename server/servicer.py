@@ -214,9 +214,10 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         return self._data_plane.to_response()
 
 
-async def _offloaded(nbytes: int, function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)`, on a worker thread when it moves `nbytes` >= OFFLOAD_NBYTES."""
-    if nbytes >= OFFLOAD_NBYTES:
+async def _offloaded(nbytes: int | None, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)`, on a worker thread when it moves `nbytes` >= OFFLOAD_NBYTES or
+    an unknown amount (None: a read through to the shared tier)."""
+    if nbytes is None or nbytes >= OFFLOAD_NBYTES:
         return await asyncio.to_thread(function, *args)
     return function(*args)
 

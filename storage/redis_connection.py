@@ -94,6 +94,11 @@ class RedisConnection:
             self.breaker.trip(exc)
 
     @property
+    def is_connected(self) -> bool:
+        """True once a client was created (a server unreachable at start: False until then)."""
+        return self._client is not None
+
+    @property
     def is_cluster(self) -> bool:
         return self.config.cluster
 

@@ -67,18 +67,26 @@ class SharedCatalog:
     def adopt(self, key: bytes, body: Body) -> CatalogEntry | None:
         """Catalog `body`, another version of cataloged `key` (a twin put through another
         sidecar), in place of the current entry; None if it does not verify."""
-        try:
-            meta = read_meta(body)
-            if segment_key(meta.namespace, meta.context_key) != key:
-                return None
-            entry = CatalogEntry(meta, len(body), meta_digest(body))
-            segment_payload(body, meta)  # verifies the payload checksum
-        except CorruptPayload:
+        entry = _verified_entry(key, body)
+        if entry is None:
             return None
         with self._lock:
             if self._catalog.get(key) is None:
                 return None
             self._catalog.insert(key, entry)
+        return entry
+
+    def catalog_fetched(self, key: bytes, body: Body) -> CatalogEntry | None:
+        """Catalog `body`, read from the shared tier for a key this catalog did not know
+        (held remotely until cached); None if it does not verify or the key is known now."""
+        entry = _verified_entry(key, body)
+        if entry is None:
+            return None
+        with self._lock:
+            if self._catalog.get(key) is not None:
+                return None
+            self._catalog.insert(key, entry)
+            self._remote_keys.add(key)
         return entry
 
     def _apply_remove(self, event: SharedEvent, applied: Applied) -> None:
@@ -120,3 +128,16 @@ class SharedCatalog:
         for tier in self._stack.tiers:
             if tier.contains(key):
                 tier.delete(key)
+
+
+def _verified_entry(key: bytes, body: Body) -> CatalogEntry | None:
+    """The catalog entry of `body` stored under `key`; None unless it is `key`'s segment
+    and its payload checksum holds."""
+    try:
+        meta = read_meta(body)
+        if segment_key(meta.namespace, meta.context_key) != key:
+            return None
+        segment_payload(body, meta)  # verifies the payload checksum
+    except CorruptPayload:
+        return None
+    return CatalogEntry(meta, len(body), meta_digest(body))

@@ -50,6 +50,16 @@ class SharedStatus:
     num_pending: int  # writes not yet shared (waiting, or the tier is degraded)
     num_unshared: int  # writes dropped from sharing by the rule above
     cluster: bool
+    caught_up: bool  # every stream's history was read to its end at least once
+
+
+@dataclass(frozen=True)
+class Polled:
+    """What one `poll` read: other sidecars' events, and whether it reached the end of
+    every stream without a fault (False: degraded, or a call failed part-way)."""
+
+    events: list[SharedEvent]
+    at_end: bool
 
 
 class SharedTier:
@@ -66,8 +76,10 @@ class SharedTier:
         self._pending: OrderedDict[bytes, tuple[str, str]] = OrderedDict()
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._publishing: bytes | None = None  # the key the publisher writes now
         self._num_unshared = 0
         self._cursors: dict[str, bytes] = {}
+        self._caught_up = False
         self._discovered_at_s = 0.0
         self._shutdown = False
         self.connection.breaker.add_recovery_callback(self._wake)
@@ -94,7 +106,7 @@ class SharedTier:
     def is_pending(self, key: bytes) -> bool:
         """True while a write of `key` waits to be published (its body must stay local)."""
         with self._cond:
-            return key in self._pending
+            return key in self._pending or key == self._publishing
 
     def wait_published(self, timeout_s: float) -> bool:
         """Block until every queued write is published; False if `timeout_s` passed first."""
@@ -113,26 +125,37 @@ class SharedTier:
         """The shared record, None if absent; `StoreUnavailable` while degraded."""
         return self.records.get(key)
 
-    def poll(self) -> list[SharedEvent]:
-        """Other sidecars' events since the last poll, every namespace; [] while degraded.
+    def poll(self) -> Polled:
+        """Other sidecars' events since the last poll, every namespace (none while degraded).
 
-        The first polls replay each stream from its start (a bounded catch-up: streams
-        are trimmed to about `stream_max_len` events). Call from one thread at a time.
+        The first polls replay each stream from its start (streams are trimmed to about
+        `stream_max_len` events): the history is read once a poll ends `at_end`. What was
+        read before a fault is returned (the cursors moved past it). Call from one thread
+        at a time.
         """
         events: list[SharedEvent] = []
         try:
             self._discover()
             for namespace in list(self._cursors):
-                # past batches of our own events too: [] means caught up (or degraded)
+                # past batches of our own events too
                 while len(events) < READ_COUNT:
                     batch, cursor, num_read = self._events.read(namespace, self._cursors[namespace])
                     self._cursors[namespace] = cursor
                     events.extend(event for event in batch if event.origin != self.origin)
                     if num_read < READ_COUNT:
                         break
-        except StoreUnavailable as exc:  # what was read is returned: cursors moved past it
+                else:
+                    return Polled(events, at_end=False)  # a full batch: more may follow
+        except StoreUnavailable as exc:
             logger.debug("%s: polling stopped while degraded: %s", self.name, exc)
-        return events
+            return Polled(events, at_end=False)
+        self._caught_up = True
+        return Polled(events, at_end=True)
+
+    @property
+    def ever_connected(self) -> bool:
+        """False while the tier has been unreachable since start (issue 15: serve degraded)."""
+        return self.connection.is_connected
 
     # -- state ------------------------------------------------------------------------
 
@@ -149,6 +172,7 @@ class SharedTier:
             num_pending=num_pending,
             num_unshared=num_unshared,
             cluster=self.config.cluster,
+            caught_up=self._caught_up,
         )
 
     def stats(self) -> TierStats:
@@ -203,7 +227,9 @@ class SharedTier:
             if self._shutdown:
                 return None
             self._in_flight += 1
-            return self._pending.popitem(last=False)
+            item = self._pending.popitem(last=False)
+            self._publishing = item[0]
+            return item
 
     def _publish_forever(self) -> None:
         while (item := self._next()) is not None:
@@ -222,6 +248,7 @@ class SharedTier:
             finally:
                 with self._cond:
                     self._in_flight -= 1
+                    self._publishing = None
                     self._cond.notify_all()
 
     def _publish(self, key: bytes, op: str, reason: str) -> None:

@@ -497,9 +497,10 @@ class TieredStore:
 
     def _read(self, key: bytes, namespace: str, lease: bool) -> StoredSegment | None:
         removed: Removed = []
+        arrived: list[SegmentMeta] = []
         try:
             with self._stripe(key):
-                segment = self._read_locked(key, removed)
+                segment = self._read_locked(key, removed, arrived)
                 with self._lock:
                     self._catalog.record_lookup(namespace, hit=segment is not None)
                     if segment is not None:
@@ -508,12 +509,15 @@ class TieredStore:
                             self._catalog.lease(key)
         finally:
             self._notify(removed)
+            self._listeners.arrived(arrived, [])
         return segment
 
-    def _read_locked(self, key: bytes, removed: Removed) -> StoredSegment | None:
+    def _read_locked(
+        self, key: bytes, removed: Removed, arrived: list[SegmentMeta]
+    ) -> StoredSegment | None:
         entry = self._live_entry(key, removed)
         if entry is None:
-            return None
+            return None if self._shared is None else self._read_through(key, removed, arrived)
         body = self._stack.get(key, is_current=lambda b: _digest_or_none(b) == entry.meta_digest)
         if body is None and self._shared is not None:
             fetched = self._fetch_shared(key, entry, removed)
@@ -552,6 +556,34 @@ class TieredStore:
             if adopted is None:
                 return _UNREACHABLE
             entry = adopted
+        self._cache_shared(key, body, removed)
+        return body
+
+    def _read_through(
+        self, key: bytes, removed: Removed, arrived: list[SegmentMeta]
+    ) -> StoredSegment | None:
+        """A key the catalog does not know, read from the shared tier (a put whose event
+        this sidecar has not applied, or never will: missed while its catch-up failed,
+        or trimmed off the stream); cataloged, cached and announced if it verifies."""
+        assert self._shared is not None
+        if self._shared.is_pending(key):
+            return None  # removed here, the removal not yet published: never resurrect
+        try:
+            body = self._shared.get(key)
+        except StoreUnavailable as exc:
+            logger.debug("segment %s not read through: %s", key.hex(), exc)
+            return None
+        if body is None:
+            return None
+        entry = self._shared_catalog.catalog_fetched(key, body)
+        if entry is None or self._expired(entry):
+            return None
+        self._cache_shared(key, body, removed)
+        arrived.append(entry.meta)
+        return StoredSegment(entry.meta, segment_payload(body, entry.meta))
+
+    def _cache_shared(self, key: bytes, body: Body, removed: Removed) -> None:
+        """Keep a copy of a shared record in the local tiers, room permitting."""
         try:
             self._write_durable(key, bytes(body), removed)
             self._stack.fill_caches(key, body)
@@ -559,7 +591,6 @@ class TieredStore:
             logger.info("segment %s read from the shared tier, not cached: %s", key.hex(), exc)
         else:
             self._shared_catalog.mark_local(key)
-        return body
 
     def _live_entry(self, key: bytes, removed: Removed) -> CatalogEntry | None:
         """The key's entry unless expired; an expired one is removed (or doomed if leased)."""

@@ -1,0 +1,98 @@
+"""A sidecar started during or after a failover knows the cluster's history once it is ready;
+a key its catalog does not know is read through to the cluster."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from cluster_factories import (
+    FINGERPRINT,
+    NAMESPACE,
+    chain_tokens,
+    health_status,
+    make_chain,
+    make_client,
+    readyz,
+    shared_config,
+    wait_for,
+)
+
+from kvsplice.eval.bench.shared_load import read_back
+from kvsplice.server.embedded import EmbeddedStore
+from kvsplice.storage.keyspace import segment_key
+
+pytestmark = pytest.mark.redis
+
+
+def master_of(cluster, key: bytes) -> int:
+    """The port of the master serving `key`'s slot now."""
+    with redis.RedisCluster(host="127.0.0.1", port=cluster.masters()[0]) as client:
+        return client.get_node_from_key(key).port
+
+
+def found_and_read(sidecar: EmbeddedStore, chain) -> tuple[int, int]:
+    """(tokens the sidecar finds of `chain`, segments it reads back byte-identical)."""
+    with make_client(sidecar) as client:
+        match = client.lookup_prefix(FINGERPRINT, chain_tokens(chain))
+    return match.num_matched_tokens, len(chain) - read_back([sidecar.target], NAMESPACE, chain)
+
+
+def assert_ready_and_complete(sidecar: EmbeddedStore, chain) -> None:
+    """Ready means caught up: the whole chain is found and read at once."""
+    found = found_and_read(sidecar, chain)
+    status, ready = readyz(sidecar)
+    assert (health_status(sidecar), status, ready["shared_tier"]["caught_up"]) == (
+        "SERVING", 200, True
+    )  # fmt: skip
+    assert found == (768, 24)
+
+
+def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_chain(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    config = shared_config(cluster.url, key_prefix)  # every seed, the victim's included
+    a, b = start_sidecar("a", config), start_sidecar("b", config)
+    chain = make_chain(24, tokens_per_segment=32, seed=25)
+    with make_client(a) as client_a:
+        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
+    assert a.server.store.shared.wait_published(5.0)
+    wait_for(lambda: found_and_read(b, chain), lambda found: found == (768, 24), timeout_s=2.0)
+    # the master holding the namespace's event stream: every catch-up must read from it
+    victim = master_of(cluster, a.server.store.shared._events.stream_name(NAMESPACE))
+    cluster.kill(victim)
+    try:
+        during = start_sidecar("during", config)  # its catch-up meets the dead master
+        assert_ready_and_complete(during, chain)  # nothing is waited for after start()
+        cluster.wait_promoted(victim, timeout_s=15.0)
+        after = start_sidecar("after", config)  # the replica took over before it started
+        assert_ready_and_complete(after, chain)
+    finally:
+        cluster.restart(victim)  # rejoins as a replica: later tests get a whole cluster
+        cluster.wait_healthy()
+
+
+def test_a_key_the_catalog_never_heard_of_is_read_through_to_the_cluster(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    config = shared_config(cluster.url, key_prefix)
+    a = start_sidecar("a", config)
+    chain = make_chain(3, seed=26)
+    with make_client(a) as client_a:
+        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
+    shared = a.server.store.shared
+    assert shared.wait_published(5.0)
+    # the events are gone (trimmed past, say): only the records tell
+    shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
+    c = start_sidecar("c", config)
+    keys = [segment_key(NAMESPACE, meta.context_key) for meta, _ in chain]
+    assert [c.server.store.get_meta(NAMESPACE, m.context_key) for m, _ in chain] == [None] * 3
+    assert read_back([c.target], NAMESPACE, chain) == 0  # read through, byte-identical
+    assert all(c.server.store._stack.durable.contains(key) for key in keys)  # and cached
+    with make_client(c) as client_c:  # and indexed: the chain is found now
+        wait_for(
+            lambda: client_c.lookup_prefix(FINGERPRINT, chain_tokens(chain)).num_matched_tokens,
+            lambda n: n == len(chain_tokens(chain)),
+            timeout_s=1.0,
+        )
+        assert client_c.delete(chain[0][0].context_key)  # deleted here: never resurrected
+        assert client_c.get_segment(chain[0][0].context_key) is None
