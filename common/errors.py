@@ -82,6 +82,13 @@ class StoreUnavailable(KvspliceError):
     status_name = "UNAVAILABLE"
 
 
+class ServeRefused(KvspliceError):
+    """`serve` cannot do what it was given: unusable TLS material, a socket path or an
+    address it cannot bind. Raised before anything is created."""
+
+    status_name = "FAILED_PRECONDITION"
+
+
 class UnsupportedRope(KvspliceError):
     """A RoPE variant where a Δ-shift is not a pure function of Δ."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from kvsplice.common.errors import StoreUnavailable
+from kvsplice.common.errors import ServeRefused
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server import shared_follower
@@ -32,6 +31,7 @@ from kvsplice.server.capacity_metrics import NamespacePressureCollector
 from kvsplice.server.config import ServerConfig, TlsConfig
 from kvsplice.server.data_plane import describe_data_plane
 from kvsplice.server.interceptors import FaultInterceptor, TenantAuthInterceptor
+from kvsplice.server.listen_checks import bind_failure, check_serve
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer, add_to_server
@@ -81,13 +81,16 @@ class StoreServer:
                 authenticator=self.authenticator,
                 shared_status=self._shared_status,
             )
+            address = f"{self.config.admin_host}:{self.config.admin_port}"
             try:
                 self.admin = await run_admin(
                     app, self.config.admin_host, self.config.admin_port, tls=self.config.tls
                 )
-            except BaseException:  # e.g. the admin port is taken: leave nothing half-started
+            except BaseException as error:  # e.g. the port was taken: nothing half-started
                 await self.server.stop(0)
                 self.store.close()
+                if isinstance(error, OSError):
+                    raise ServeRefused(f"cannot listen on {address}: {error.strerror}") from error
                 raise
         logger.info("%s; %d segments indexed", startup_line(self), num_segments)
 
@@ -170,46 +173,25 @@ def redact_url(url: str) -> str:
 
 
 def _bind(server: aio.Server, listen_address: str, tls: TlsConfig | None) -> str:
-    """Listen on `listen_address` (TLS when configured); StoreUnavailable if it is taken."""
+    """Listen on `listen_address` (TLS when configured); ServeRefused with the cause if
+    gRPC binds nothing (`check_serve` ran first, so this is a race or a gRPC refusal)."""
     try:
         if tls is None:
             port = server.add_insecure_port(listen_address)
         else:
             port = server.add_secure_port(listen_address, _server_credentials(tls))
     except RuntimeError as error:  # grpc: "Failed to bind to address ..."
-        port = 0
-        cause: Exception | None = error
+        port, cause = 0, str(error)
     else:
-        cause = None
-    if port == 0 and not listen_address.startswith("unix:"):
-        raise StoreUnavailable(
-            f"cannot listen on {listen_address}: the address is in use (another kvsplice serve?)"
-        ) from cause
+        cause = "gRPC bound nothing (its log line above says why)"
+    if port == 0:
+        raise ServeRefused(
+            f"cannot listen on {listen_address}: {bind_failure(listen_address) or cause}"
+        )
     if listen_address.startswith("unix:"):
         return listen_address
     host = listen_address.rsplit(":", 1)[0]
     return f"{host}:{port}"
-
-
-def _check_port_free(listen_address: str) -> None:
-    """StoreUnavailable if a TCP `listen_address` is taken (gRPC would say so in a C-core
-    log line first; this says it alone). Port 0 and unix sockets need no check."""
-    if listen_address.startswith("unix:"):
-        return
-    host, _, port = listen_address.rpartition(":")
-    if int(port) == 0:
-        return
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
-        try:
-            probe.bind(address)
-        except OSError as error:
-            raise StoreUnavailable(
-                f"cannot listen on {listen_address}: {error.strerror} (another kvsplice serve?)"
-            ) from error
 
 
 def _server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -223,10 +205,10 @@ def _server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
 
 def build(config: ServerConfig) -> StoreServer:
     """Construct the store, indexes, services, gRPC server and interceptors (not started)."""
+    check_serve(config)  # before the store opens anything on disk: one clear line
     authenticator = Authenticator(
         Path(config.tenants_path) if config.tenants_path else None, config.auth_token
     )
-    _check_port_free(config.listen_address)  # before the store opens: one clear line
     store = build_store(config.store)
     try:
         exact, similar = ExactIndex(config.exact_index), SimilarityIndex(config.similarity)

@@ -7,9 +7,7 @@ server. An unreachable Redis is not a mistake: the sidecar starts degraded (issu
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -240,11 +238,12 @@ def serve(
     log_level: LogLevelOpt = LogLevel.info,
 ) -> None:
     """Run the store sidecar (gRPC + admin HTTP API + dashboard) until SIGTERM."""
-    from kvsplice.common.errors import StoreUnavailable
+    from kvsplice.common.errors import ServeRefused, StoreUnavailable
     from kvsplice.index.anchor_pool import AnchorPoolConfig
     from kvsplice.index.similarity_index import SimilarityConfig
     from kvsplice.server.app import serve as run_server
     from kvsplice.server.config import SegmentServiceConfig, ServerConfig, TlsConfig
+    from kvsplice.server.listen_checks import check_serve
     from kvsplice.storage.config import (
         LMDBTierConfig,
         MemoryTierConfig,
@@ -299,13 +298,17 @@ def serve(
         )
     except ValueError as exc:
         fail(f"invalid settings: {exc}", 2)
-    check_port_free(listen, "--listen")
+    check_bindable(listen, "--listen")
     if admin is not None:
-        check_port_free(admin_listen, "--admin-listen")
+        check_bindable(admin_listen, "--admin-listen")
+    try:
+        check_serve(config)  # TLS material (and the binds again): before any directory
+    except ServeRefused as exc:
+        fail(str(exc))
     make_lmdb_dir(lmdb_path)
     try:
         run_server(config)
-    except StoreUnavailable as exc:  # the port or the LMDB directory is another sidecar's
+    except (StoreUnavailable, ServeRefused) as exc:  # a race for the port, a locked LMDB
         fail(str(exc))
 
 
@@ -317,23 +320,14 @@ def check_listen(listen: str) -> None:
     split_host_port(listen, "--listen")
 
 
-def check_port_free(address: str, flag: str) -> None:
-    """One line now instead of a failed bind deep inside the server later."""
-    if address.startswith("unix:"):
-        return
-    host, port = split_host_port(address, flag)
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        fail(f"{flag} {address}: cannot resolve {host!r}: {exc.strerror}", 2)
-    family, _, _, _, sockaddr = infos[0]
-    try:
-        # create_server sets SO_REUSEADDR as the servers do: a port in TIME_WAIT counts as free.
-        socket.create_server(sockaddr, family=family).close()
-    except OSError as exc:
-        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+def check_bindable(address: str, flag: str) -> None:
+    """One line naming the flag now instead of a failed bind deep inside the server later."""
+    from kvsplice.server.listen_checks import bind_failure
+
+    if not address.startswith("unix:"):
+        split_host_port(address, flag)
+    reason = bind_failure(address)
+    if reason is not None:
         fail(f"{flag} {address}: {reason}")
 
 
