@@ -52,6 +52,8 @@ class StoreAdminSource:
         return self._segments.is_ready()
 
     def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+        if namespace is not None and namespace not in self._segments.known_namespaces():
+            return []  # `AdminSource`: an unknown namespace has no row (gRPC Stats: zeros)
         return self._segments.namespace_stats(namespace)
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:

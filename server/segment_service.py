@@ -313,7 +313,7 @@ class SegmentService:
     # -- stats (also the admin API's `AdminSource`) ------------------------------------
 
     def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
-        """Stats of `namespace`, or of every namespace known to the store or counters."""
+        """Stats of `namespace` (zeros if unknown), or of every namespace `known_namespaces`."""
         usage = self._store.namespace_usage()
         pressure = self._store.namespace_pressure()
         names = (
@@ -322,6 +322,10 @@ class SegmentService:
             else sorted(set(usage) | set(self._hits) | set(self._misses) | set(pressure))
         )
         return [self._stats_of(name, usage, pressure.get(name)) for name in names]
+
+    def known_namespaces(self) -> set[str]:
+        """Namespaces the store holds, or that were looked up or removed from since start."""
+        return {row.namespace for row in self.namespace_stats(None)}
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
         check_namespace(namespace)

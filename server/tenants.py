@@ -141,6 +141,23 @@ class TenantTable:
             raise ValueError(f"tenant {tenant.name!r} already exists")
         return TenantTable((*self.tenants, tenant))
 
+    def without(self, name: str) -> TenantTable:
+        """The table less tenant `name`; ValueError if it has none of that name."""
+        self.named(name)
+        return TenantTable(tuple(t for t in self.tenants if t.name != name))
+
+    def with_token(self, name: str, token_digest: str) -> TenantTable:
+        """The table with tenant `name`'s token hash replaced (its old token stops working)."""
+        old = self.named(name)
+        new = Tenant(old.name, token_digest, old.namespaces, old.role)
+        return TenantTable(tuple(new if t.name == name else t for t in self.tenants))
+
+    def named(self, name: str) -> Tenant:
+        for tenant in self.tenants:
+            if tenant.name == name:
+                return tenant
+        raise ValueError(f"no tenant {name!r}")
+
     def find(self, token: str) -> Tenant | None:
         """The tenant holding `token`, comparing every hash in constant time (no early exit)."""
         presented = token_sha256(token).encode()

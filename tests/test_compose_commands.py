@@ -367,6 +367,23 @@ def make_contract_cli() -> Command:
         file: Annotated[str, typer.Option("--file", envvar="KVSPLICE_TENANTS")] = "",
     ) -> None: ...
 
+    @tenants.command("list")
+    def tenants_list(
+        file: Annotated[str, typer.Option("--file", envvar="KVSPLICE_TENANTS")] = "",
+    ) -> None: ...
+
+    @tenants.command("remove")
+    def tenants_remove(
+        name: Annotated[str, typer.Argument()],
+        file: Annotated[str, typer.Option("--file", envvar="KVSPLICE_TENANTS")] = "",
+    ) -> None: ...
+
+    @tenants.command("rotate")
+    def tenants_rotate(
+        name: Annotated[str, typer.Argument()],
+        file: Annotated[str, typer.Option("--file", envvar="KVSPLICE_TENANTS")] = "",
+    ) -> None: ...
+
     @contract.command()
     def demo(
         store: Annotated[str, typer.Option("--store")] = "",

@@ -37,7 +37,9 @@ from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     StoreUnavailable,
+    Unauthenticated,
 )
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
@@ -52,6 +54,14 @@ _UNASKED = object()
 SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 
 logger = logging.getLogger(__name__)
+
+
+_CREDENTIAL_HINTS = {
+    Unauthenticated: "pass the tenant's token: StoreClient(..., token=TOKEN) "
+    "(`kvsplice tenants add` prints it once)",
+    PermissionDenied: "this token's tenant may not do this in the namespace "
+    "(`kvsplice tenants list` shows its namespaces and role)",
+}
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -76,6 +86,7 @@ class StoreClient:
         config: StoreClientConfig | None = None,
         tls: ClientTls | None = None,
     ) -> None:
+        self.target = target
         self.namespace = checked_namespace(namespace)
         self.config = config or StoreClientConfig()
         self.counters = ClientCounters()
@@ -336,6 +347,12 @@ class StoreClient:
     def _settle(self, operation: str, rpc_error: grpc.RpcError, miss: T) -> T:
         """`miss` (with one rate-limited warning) if the store was unreachable; else raise."""
         error = error_from_rpc(rpc_error)
+        if isinstance(error, Unauthenticated | PermissionDenied):
+            # NOTE: a credential mistake, not a fault: one line saying what to do, without
+            # the gRPC and retry frames chained under it.
+            hint = _CREDENTIAL_HINTS[type(error)]
+            message = f"{self.target} refused namespace {self.namespace!r}: {error}; {hint}"
+            raise type(error)(message) from None
         if not isinstance(error, StoreUnavailable):
             raise error from rpc_error
         self.counters.num_degraded_calls += 1

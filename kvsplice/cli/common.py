@@ -87,7 +87,19 @@ TlsKeyOpt = Annotated[
 ]
 
 
-def client_tls(ca: Path | None, cert: Path | None, key: Path | None):  # type: ignore[no-untyped-def]
+TlsServerNameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-server-name",
+        envvar="KVSPLICE_TLS_SERVER_NAME",
+        help="Name to check the sidecar's cert against (default: the target's host).",
+    ),
+]
+
+
+def client_tls(  # type: ignore[no-untyped-def]
+    ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None = None
+):
     """The client side's TLS settings (`ClientTls`), or None for plaintext."""
     from kvsplice.client.store.store_config import ClientTls
 
@@ -98,6 +110,7 @@ def client_tls(ca: Path | None, cert: Path | None, key: Path | None):  # type: i
             ca_path=str(ca) if ca else None,
             cert_path=str(cert) if cert else None,
             key_path=str(key) if key else None,
+            server_name=server_name or None,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error

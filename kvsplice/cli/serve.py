@@ -20,6 +20,7 @@ from kvsplice.cli.common import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    TlsServerNameOpt,
     client_tls,
     fail,
     setup_logging,
@@ -45,19 +46,27 @@ def health(
     tls_ca: TlsCaOpt = None,
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
+    tls_server_name: TlsServerNameOpt = None,
 ) -> None:
-    """Exit 0 if the sidecar's grpc.health.v1 Check answers SERVING (Docker healthcheck)."""
+    """Exit 0 if the sidecar's grpc.health.v1 Check answers SERVING (Docker healthcheck).
+
+    Inside the sidecar's container it sees the sidecar's KVSPLICE_TLS_* variables: with TLS
+    on, KVSPLICE_TLS_CA must name the CA that signed KVSPLICE_TLS_CERT (docs/operations.md).
+    """
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from kvsplice.client.store.store_channel import open_channel
 
-    with open_channel(target, [], client_tls(tls_ca, tls_cert, tls_key)) as channel:
+    tls = client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
+    with open_channel(target, [], tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except grpc.RpcError as exc:
-            fail(f"unhealthy: {target}: {exc.code().name} {exc.details()}")
+            no_ca = tls is not None and tls_ca is None
+            hint = " (no --tls-ca/KVSPLICE_TLS_CA: the system CAs checked it)" if no_ca else ""
+            fail(f"unhealthy: {target}: {exc.code().name} {exc.details()}{hint}")
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     typer.echo(status)
     raise typer.Exit(0 if status == "SERVING" else 1)
