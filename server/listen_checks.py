@@ -85,7 +85,13 @@ def bind_failure(address: str) -> str | None:
     return None
 
 
+_MAX_SUN_PATH_NBYTES = 107  # sockaddr_un.sun_path is 108 bytes on Linux, NUL included
+
+
 def _unix_failure(path: Path) -> str | None:
+    nbytes = len(os.fsencode(path))
+    if nbytes > _MAX_SUN_PATH_NBYTES:
+        return f"the socket path is {nbytes} bytes, over the {_MAX_SUN_PATH_NBYTES} a socket takes"
     directory = path.parent
     if not directory.is_dir():
         return f"directory {directory} does not exist"

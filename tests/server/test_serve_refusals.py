@@ -116,3 +116,13 @@ def test_the_library_refuses_before_the_store_opens(problem: str, pki: Pki, tmp_
     with pytest.raises(ServeRefused, match=expected):
         EmbeddedStore(config).start()
     assert not lmdb.exists()
+
+
+def test_a_unix_socket_path_too_long_for_the_kernel_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket_path = tmp_path / ("s" * 120)  # sun_path holds 107 bytes and a NUL
+    argv = ["--listen", f"unix:{socket_path}", "--admin-listen", "off"]
+    code, line = refusal([*argv, "--lmdb-path", str(tmp_path / "data")], capsys)
+    assert code == 1 and line.endswith(" bytes, over the 107 a socket takes")
+    assert not (tmp_path / "data").exists()
