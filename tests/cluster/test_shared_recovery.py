@@ -61,11 +61,17 @@ def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_ch
     victim = master_of(cluster, a.server.store.shared._events.stream_name(NAMESPACE))
     cluster.kill(victim)
     try:
+        # allowed 0.2 s: it serves first and says it has not read the history (no "done")
+        impatient = start_sidecar("impatient", config, catch_up_timeout_s=0.2)
+        assert readyz(impatient)[1]["shared_tier"]["caught_up"] is False
         during = start_sidecar("during", config)  # its catch-up meets the dead master
         assert_ready_and_complete(during, chain)  # nothing is waited for after start()
         cluster.wait_promoted(victim, timeout_s=15.0)
         after = start_sidecar("after", config)  # the replica took over before it started
         assert_ready_and_complete(after, chain)
+        # the follower finishes what the impatient one's catch-up left
+        wait_for(lambda: readyz(impatient)[1]["shared_tier"]["caught_up"], bool, timeout_s=5.0)
+        assert found_and_read(impatient, chain) == (768, 24)
     finally:
         cluster.restart(victim)  # rejoins as a replica: later tests get a whole cluster
         cluster.wait_healthy()
