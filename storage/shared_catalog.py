@@ -67,7 +67,7 @@ class SharedCatalog:
     def adopt(self, key: bytes, body: Body) -> CatalogEntry | None:
         """Catalog `body`, another version of cataloged `key` (a twin put through another
         sidecar), in place of the current entry; None if it does not verify."""
-        entry = _verified_entry(key, body)
+        entry = verified_entry(key, body)
         if entry is None:
             return None
         with self._lock:
@@ -76,18 +76,15 @@ class SharedCatalog:
             self._catalog.insert(key, entry)
         return entry
 
-    def catalog_fetched(self, key: bytes, body: Body) -> CatalogEntry | None:
-        """Catalog `body`, read from the shared tier for a key this catalog did not know
-        (held remotely until cached); None if it does not verify or the key is known now."""
-        entry = _verified_entry(key, body)
-        if entry is None:
-            return None
+    def catalog_fetched(self, key: bytes, entry: CatalogEntry) -> bool:
+        """Catalog `entry` (of a body read from the shared tier, see `verified_entry`) for a
+        key this catalog did not know, held remotely until cached; False if known now."""
         with self._lock:
             if self._catalog.get(key) is not None:
-                return None
+                return False
             self._catalog.insert(key, entry)
             self._remote_keys.add(key)
-        return entry
+        return True
 
     def _apply_remove(self, event: SharedEvent, applied: Applied) -> None:
         key = event.key
@@ -130,7 +127,7 @@ class SharedCatalog:
                 tier.delete(key)
 
 
-def _verified_entry(key: bytes, body: Body) -> CatalogEntry | None:
+def verified_entry(key: bytes, body: Body) -> CatalogEntry | None:
     """The catalog entry of `body` stored under `key`; None unless it is `key`'s segment
     and its payload checksum holds."""
     try:

@@ -42,7 +42,7 @@ from kvsplice.storage.segment_codec import (
     segment_payload,
 )
 from kvsplice.storage.segment_events import SharedEvent
-from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog
+from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog, verified_entry
 from kvsplice.storage.shared_tier import SharedStatus, SharedTier
 from kvsplice.storage.store_listeners import (
     ArrivalListener,
@@ -575,9 +575,11 @@ class TieredStore:
             return None
         if body is None:
             return None
-        entry = self._shared_catalog.catalog_fetched(key, body)
+        entry = verified_entry(key, body)
         if entry is None or self._expired(entry):
             return None
+        if not self._shared_catalog.catalog_fetched(key, entry):
+            return None  # defensive: events apply under this same stripe
         self._cache_shared(key, body, removed)
         arrived.append(entry.meta)
         return StoredSegment(entry.meta, segment_payload(body, entry.meta))
