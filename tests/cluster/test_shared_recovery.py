@@ -3,6 +3,9 @@ a key its catalog does not know is read through to the cluster."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import redis
 from cluster_factories import (
@@ -59,13 +62,20 @@ def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_ch
     wait_for(lambda: found_and_read(b, chain), lambda found: found == (768, 24), timeout_s=2.0)
     # the master holding the namespace's event stream: every catch-up must read from it
     victim = master_of(cluster, a.server.store.shared._events.stream_name(NAMESPACE))
+    replica = cluster.replica_of(victim)
+    cluster.pause(replica)  # no failover before the sidecars below meet the dead master
     cluster.kill(victim)
     try:
         # allowed 0.2 s: it serves first and says it has not read the history (no "done")
         impatient = start_sidecar("impatient", config, catch_up_timeout_s=0.2)
         assert readyz(impatient)[1]["shared_tier"]["caught_up"] is False
-        during = start_sidecar("during", config)  # its catch-up meets the dead master
-        assert_ready_and_complete(during, chain)  # nothing is waited for after start()
+        with ThreadPoolExecutor(1) as starter:
+            starting = starter.submit(start_sidecar, "during", config)  # meets the dead master
+            time.sleep(0.5)
+            assert not starting.done()  # its start waits out the failover...
+            cluster.resume(replica)
+            during = starting.result(timeout=30)
+        assert_ready_and_complete(during, chain)  # ...so nothing is waited for after it
         cluster.wait_promoted(victim, timeout_s=15.0)
         after = start_sidecar("after", config)  # the replica took over before it started
         assert_ready_and_complete(after, chain)
@@ -73,6 +83,7 @@ def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_ch
         wait_for(lambda: readyz(impatient)[1]["shared_tier"]["caught_up"], bool, timeout_s=5.0)
         assert found_and_read(impatient, chain) == (768, 24)
     finally:
+        cluster.resume(replica)
         cluster.restart(victim)  # rejoins as a replica: later tests get a whole cluster
         cluster.wait_healthy()
 
