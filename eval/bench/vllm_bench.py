@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
+from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
 from kvsplice.eval.workloads.token_transcript import (
     PIPELINE_ROLES,
     SYSTEM_PROMPT,
@@ -158,10 +158,14 @@ def _services(
 ) -> _Setup:  # fmt: skip
     """Start what configuration `name` needs; every stop goes into `stops` first."""
 
-    def engines(*transfer: dict[str, Any] | None, apc: bool = False) -> list[Engine]:
+    def engines(
+        *transfer: dict[str, Any] | None, apc: bool = False, extra: tuple[str, ...] = ()
+    ) -> list[Engine]:
         started = []
         for i, kv in enumerate(transfer):
-            spec = EngineSpec(f"{name}-{i}", config.model_dir, free_port(), kv, apc, env=env)
+            spec = EngineSpec(
+                f"{name}-{i}", config.model_dir, free_port(), kv, apc, env=env, extra_args=extra
+            )
             engine = Engine(spec, logs).start()
             stops.append(engine.stop)
             started.append(engine)
@@ -176,15 +180,14 @@ def _services(
         stored = lambda: _dir_bytes_per_token(data)  # noqa: E731
         return _Setup(engines(kv, kv), bytes_per_token=stored)
     if name == "lmcache":
-        port = free_port()
-        server = _lmcache_server(port, logs, env)
-        server.spawn()
+        server = LmcacheServer(free_port(), free_port(), logs, env).start()
         stops.append(server.stop)
         kv = _transfer(
             "LMCacheMPConnector", "lmcache.integration.vllm.lmcache_mp_connector",
-            {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
+            {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": server.port},
         )  # fmt: skip
-        return _Setup(engines(kv, kv))
+        hybrid_off = ("--disable-hybrid-kv-cache-manager",)
+        return _Setup(engines(kv, kv, extra=hybrid_off), bytes_per_token=server.bytes_per_token)
     sidecar = Sidecar(data, free_port(), free_port(), logs).start()
     stops.append(sidecar.stop)
     extra = {"target": sidecar.target, "namespace": NAMESPACE}
@@ -204,17 +207,6 @@ def _transfer(connector: str, module: str | None, extra: dict[str, Any]) -> dict
     if module is not None:
         config["kv_connector_module_path"] = module
     return config
-
-
-def _lmcache_server(port: int, logs: Path, env: dict[str, str]) -> Any:
-    from kvsplice.eval.bench.vllm_engine import Child
-
-    lmcache = shutil.which("lmcache", path=str(Path(os.sys.executable).parent))
-    if lmcache is None:
-        raise RuntimeError("lmcache is not installed in this virtualenv (make vllm installs it)")
-    command = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1",
-               "--chunk-size", str(LMCACHE_CHUNK)]  # fmt: skip
-    return Child(f"lmcache-{port}", command, {"LMCACHE_TRACK_USAGE": "false", **env}, logs)
 
 
 def _settle_then(sidecar: Sidecar, then: Callable[[], object]) -> None:

@@ -60,6 +60,7 @@ class EngineSpec:
     dtype: str = "bfloat16"
     max_model_len: int = 4096
     env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
     python: str = sys.executable
 
     def command(self) -> list[str]:
@@ -72,7 +73,7 @@ class EngineSpec:
         ]  # fmt: skip
         if self.kv_transfer_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
-        return cmd
+        return [*cmd, *self.extra_args]
 
 
 @dataclass(frozen=True)
@@ -243,3 +244,54 @@ class Sidecar(Child):
         response.raise_for_status()
         rows = response.json()["namespaces"]
         return rows[0] if rows else {}
+
+
+class LmcacheServer(Child):
+    """LMCache's multi-process cache server (0.5.6), the peer `bench vllm` measures.
+
+    `--supported-transfer-mode auto`: CPU engines use its engine-driven transfer (the
+    default lmcache-driven one needs CUDA IPC); `--disable-metrics`: its Prometheus
+    exporter is an optional dependency. It keeps everything in memory.
+    """
+
+    def __init__(self, port: int, http_port: int, log_dir: Path, env: dict[str, str]) -> None:
+        lmcache = str(Path(sys.executable).parent / "lmcache")
+        command = [
+            lmcache, "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1",
+            "--eviction-policy", "LRU", "--chunk-size", "128", "--supported-transfer-mode", "auto",
+            "--http-port", str(http_port), "--disable-metrics",
+        ]  # fmt: skip
+        super().__init__(f"lmcache-{port}", command, {**DEFAULT_ENV, **env}, log_dir)
+        self.port = port
+        self.status_url = f"http://127.0.0.1:{http_port}/status"
+
+    def start(self, timeout_s: float = 300.0) -> LmcacheServer:
+        if not Path(self.command[0]).exists():
+            raise EngineError("lmcache is not installed in this virtualenv (make vllm installs it)")
+        self.spawn()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(self.status_url, timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise EngineError(f"{self.name} not ready after {timeout_s:.0f} s (log {self.log_path})")
+
+    def bytes_per_token(self) -> float | None:
+        """Bytes its memory tier holds per stored token (its objects are 128-token chunks)."""
+        status = httpx.get(self.status_url, timeout=10.0).json()
+        l1 = status["storage_manager"]["l1_managers"]["_default"]
+        count = int(l1["total_object_count"])
+        return l1["memory_used_bytes"] / (count * 128) if count else None
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)  # its clean shutdown
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout_s)
