@@ -47,8 +47,8 @@ class VllmBenchConfig:
     out_json: Path
     work_dir: Path
     configs: tuple[str, ...] = CONFIGS
-    answer_tokens: int = 200
-    problem_index: int = 0
+    answer_tokens: int = 128
+    problem_index: int = 129  # HumanEval's longest problem: agent 5's prompt > 1,500 tokens
     threads: str = "0-1"
 
     def __post_init__(self) -> None:
@@ -261,6 +261,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "configs": rows,
         "model_dir": config.model_dir,
         "answer_tokens": config.answer_tokens,
+        "humaneval_problem": config.problem_index,
         "threads_bind": config.threads,
         "block_size": LMCACHE_CHUNK,
         "load_avg": list(os.getloadavg()),

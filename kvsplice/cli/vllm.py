@@ -48,8 +48,10 @@ def bench_vllm(
     configs: Annotated[str, typer.Option("--configs", help=CONFIGS_HELP)] = "",
     answer_tokens: Annotated[
         int, typer.Option(min=16, max=1024, help="Tokens each agent generates (min = max).")
-    ] = 200,
-    problem: Annotated[int, typer.Option(min=0, max=163, help="HumanEval problem index.")] = 0,
+    ] = 128,
+    problem: Annotated[
+        int, typer.Option(min=0, max=163, help="HumanEval problem index (129: the longest).")
+    ] = 129,
     threads: Annotated[
         str, typer.Option(help="CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
     ] = "0-1",
@@ -75,7 +77,7 @@ def bench_vllm(
         config = VllmBenchConfig(
             model_dir=str(model_directory(model_config(model, model_cache))),
             out_json=json_path, work_dir=work_dir, configs=names,
-            answer_tokens=answer_tokens, threads=threads,
+            answer_tokens=answer_tokens, threads=threads, problem_index=problem,
         )  # fmt: skip
     except ValueError as error:
         fail(str(error))

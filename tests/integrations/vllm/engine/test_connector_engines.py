@@ -86,7 +86,7 @@ def transcript(model_dir: str) -> TokenTranscript:
 def pipeline(engines: dict[str, Engine], sidecar: Sidecar, transcript: TokenTranscript) -> Pipeline:
     """Engine A serves the five agents' prompts; their chunks are stored by the time it returns."""
     pipeline = run_pipeline(engines["a"], transcript, TASK)
-    assert len(pipeline.prompts[-1]) > 5 * BLOCK
+    assert len(pipeline.prompts[-1]) > 4 * BLOCK
     wait_until_stored(sidecar, NAMESPACE)
     return pipeline
 
