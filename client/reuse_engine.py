@@ -21,7 +21,7 @@ from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import ExecutionState, GenerationConfig, content_tokens
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.reuse_map import ReusedRange
+from kvsplice.client.execute.reuse_map import ReusedRange, ReuseMap
 from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
@@ -32,6 +32,7 @@ from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import SegmentStore
 from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES
 
@@ -184,10 +185,12 @@ class ReuseEngine:
         """
         start_s = time.perf_counter() if started_at_s is None else started_at_s
         ctx = self._context(CallTimings())
+        self.local.take_hit_keys()  # what earlier users of the tier found is not this call's
         with self._prefilling():
             planned = self.policy.plan(prompt, ctx)
             state = self.executor.prefill(planned.plan, ctx.timings, planned.result)
         ttft_s = time.perf_counter() - start_s  # prefill picked the token with a host sync
+        local_keys = self.local.take_hit_keys()
         if on_prefill is not None:
             on_prefill(state)
         self.executor.generate(state, generation, ctx.timings)
@@ -196,6 +199,7 @@ class ReuseEngine:
             store_start_s = time.perf_counter()
             self.policy.after_call(prompt, planned, state, ctx, output)
             ctx.timings.add("store_s", time.perf_counter() - store_start_s)
+        self._report_reuse(state.reuse, local_keys)
         return _outcome(self.mode, prompt, state, output, ttft_s, ctx.timings, planned.decisions)
 
     def chat(
@@ -230,6 +234,21 @@ class ReuseEngine:
         self.executor.generate(state, generation, timings)
         output = content_tokens(state.generated, generation)
         return _outcome("dense", prompt, state, output, ttft_s, timings)
+
+    def _report_reuse(self, reuse: ReuseMap, local_keys: frozenset[bytes]) -> None:
+        """Tell the store what this call reused and where each run was served (queued).
+
+        A run whose segment this call found in the local tier was served "local";
+        any other, where the store client read it (`served_from`).
+        """
+        if self.store is None:
+            return
+        runs = []
+        for reused in reuse.reused:
+            key = reused.source.chain_key if reused.source is not None else None
+            served = "local" if key in local_keys else self.store.served_from(key)
+            runs.append(ReusedRun(reused.num_tokens, served, key))
+        self.store.report_reuse(reuse.num_tokens, runs)
 
     def _prefilling(self) -> AbstractContextManager[None]:
         """Background puts hold off until the first token (they would slow the prefill)."""

@@ -291,20 +291,30 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts")
+    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens")
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_MISSES_FIELD_NUMBER: _ClassVar[int]
     NUM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_REFUSED_PUTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CALLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_IN_PLACE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GRPC_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_segments: int
     num_bytes: int
     num_hits: int
     num_misses: int
     num_evictions: int
     num_refused_puts: int
-    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_refused_puts: _Optional[int] = ...) -> None: ...
+    num_calls: int
+    num_prompt_tokens: int
+    num_local_hit_tokens: int
+    num_in_place_hit_tokens: int
+    num_grpc_hit_tokens: int
+    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_refused_puts: _Optional[int] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class DescribeDataPlaneRequest(_message.Message):
     __slots__ = ("namespace",)
@@ -325,3 +335,37 @@ class DescribeDataPlaneResponse(_message.Message):
     lmdb_inode: int
     server_pid: int
     def __init__(self, host_id: _Optional[str] = ..., lmdb_path: _Optional[str] = ..., lmdb_device: _Optional[int] = ..., lmdb_inode: _Optional[int] = ..., server_pid: _Optional[int] = ...) -> None: ...
+
+class SegmentReads(_message.Message):
+    __slots__ = ("context_key", "served", "num_reads")
+    CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_READS_FIELD_NUMBER: _ClassVar[int]
+    context_key: bytes
+    served: str
+    num_reads: int
+    def __init__(self, context_key: _Optional[bytes] = ..., served: _Optional[str] = ..., num_reads: _Optional[int] = ...) -> None: ...
+
+class ReportReuseRequest(_message.Message):
+    __slots__ = ("namespace", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens", "reads")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CALLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_IN_PLACE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GRPC_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    READS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    num_calls: int
+    num_prompt_tokens: int
+    num_local_hit_tokens: int
+    num_in_place_hit_tokens: int
+    num_grpc_hit_tokens: int
+    reads: _containers.RepeatedCompositeFieldContainer[SegmentReads]
+    def __init__(self, namespace: _Optional[str] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ..., reads: _Optional[_Iterable[_Union[SegmentReads, _Mapping]]] = ...) -> None: ...
+
+class ReportReuseResponse(_message.Message):
+    __slots__ = ("num_reads_counted",)
+    NUM_READS_COUNTED_FIELD_NUMBER: _ClassVar[int]
+    num_reads_counted: int
+    def __init__(self, num_reads_counted: _Optional[int] = ...) -> None: ...

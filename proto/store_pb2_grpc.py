@@ -84,6 +84,11 @@ class SegmentStoreStub:
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.FromString,
                 _registered_method=True)
+        self.ReportReuse = channel.unary_unary(
+                '/kvsplice.v1.SegmentStore/ReportReuse',
+                request_serializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.SerializeToString,
+                response_deserializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.FromString,
+                _registered_method=True)
 
 
 class SegmentStoreServicer:
@@ -160,6 +165,15 @@ class SegmentStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportReuse(self, request, context):
+        """A worker's reuse since its last report (batched, off its critical path): calls,
+        prompt tokens, reused tokens by where they were served, and reads of segments
+        served without a GetSegment. A write into the namespace (writer role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SegmentStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +226,11 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     servicer.DescribeDataPlane,
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.SerializeToString,
+            ),
+            'ReportReuse': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReuse,
+                    request_deserializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.FromString,
+                    response_serializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +503,33 @@ class SegmentStore:
             '/kvsplice.v1.SegmentStore/DescribeDataPlane',
             kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneRequest.SerializeToString,
             kvsplice_dot_v1_dot_store__pb2.DescribeDataPlaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReuse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvsplice.v1.SegmentStore/ReportReuse',
+            kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.SerializeToString,
+            kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,49 +8,57 @@ models only fix the JSON the endpoints return.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from kvsplice.common.keys import KEY_NBYTES
+from kvsplice.common.reuse_report import SERVED, token_hit_rate
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 
 
 @dataclass(frozen=True)
 class NamespaceStats:
-    """Usage and lookup outcomes of one namespace since the process started."""
+    """Usage, lookup outcomes and reported reuse of one namespace since the process started.
+
+    The token counts are what workers reported (`StoreClient.report_reuse`): prompt
+    tokens of their calls, and those reused, by where they were served
+    (`hit_tokens_by_source`: "local", "in_place", "grpc"; empty: not split).
+    """
 
     namespace: str
     num_segments: int
     stored_bytes: int
     num_hits: int  # lookups and reads that found a segment
     num_misses: int
-    num_requested_tokens: int = 0  # tokens the lookups asked for
-    num_hit_tokens: int = 0  # ... of which stored segments covered
+    num_requested_tokens: int = 0  # prompt tokens of the calls workers reported
+    num_hit_tokens: int = 0  # ... of which they reused
     num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
     num_refused_puts: int = 0  # refused for lack of room (quota, full tier)
+    num_calls: int = 0  # calls workers reported
+    hit_tokens_by_source: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
         for name in ("num_segments", "stored_bytes", "num_hits", "num_misses",
                      "num_requested_tokens", "num_hit_tokens", "num_evictions",
-                     "num_refused_puts"):  # fmt: skip
+                     "num_refused_puts", "num_calls"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} < 0")
         if self.num_hit_tokens > self.num_requested_tokens:
             raise ValueError(f"{self.num_hit_tokens} hit tokens > {self.num_requested_tokens}")
+        by_source = self.hit_tokens_by_source
+        if set(by_source) - set(SERVED) or any(n < 0 for n in by_source.values()):
+            raise ValueError(f"hit_tokens_by_source {dict(by_source)} is not counts by {SERVED}")
+        if by_source and sum(by_source.values()) != self.num_hit_tokens:
+            raise ValueError(f"hit_tokens_by_source {dict(by_source)} != {self.num_hit_tokens}")
 
     @property
     def hit_rate(self) -> float | None:
-        """The token hit rate: hit / requested tokens in [0, 1]; None before the first lookup.
-
-        LMCache's and vLLM's definition (the share of prompt tokens served from the cache),
-        and the one hit rate kvsplice reports: /v1/stats, the dashboard, the README.
-        """
-        if not self.num_requested_tokens:
-            return None
-        return self.num_hit_tokens / self.num_requested_tokens
+        """The token hit rate in [0, 1]; None before the first report
+        (`common.reuse_report.token_hit_rate`, the one definition kvsplice reports)."""
+        return token_hit_rate(self.num_hit_tokens, self.num_requested_tokens)
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,8 @@ class NamespaceStatsOut(BaseModel):
     num_requested_tokens: int
     num_hit_tokens: int
     hit_rate: float | None  # token hit rate: num_hit_tokens / num_requested_tokens
+    hit_tokens_by_source: dict[str, int]  # reused tokens by where served: local, in_place, grpc
+    num_calls: int  # calls workers reported
     num_evictions: int
     num_refused_puts: int
 
@@ -187,6 +197,8 @@ class NamespaceStatsOut(BaseModel):
             num_requested_tokens=stats.num_requested_tokens,
             num_hit_tokens=stats.num_hit_tokens,
             hit_rate=stats.hit_rate,
+            hit_tokens_by_source={s: stats.hit_tokens_by_source.get(s, 0) for s in SERVED},
+            num_calls=stats.num_calls,
             num_evictions=stats.num_evictions,
             num_refused_puts=stats.num_refused_puts,
         )

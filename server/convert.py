@@ -12,6 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Se
 from typing import TypeAlias, TypeVar
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, StreamStalled
+from kvsplice.common.reuse_report import MAX_REPORTED_SEGMENTS, ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
@@ -248,4 +249,30 @@ def stats_response(stats: NamespaceStats) -> pb.StatsResponse:
         num_misses=stats.num_misses,
         num_evictions=stats.num_evictions,
         num_refused_puts=stats.num_refused_puts,
+        num_calls=stats.num_calls,
+        num_prompt_tokens=stats.num_requested_tokens,
+        num_local_hit_tokens=stats.hit_tokens_by_source.get("local", 0),
+        num_in_place_hit_tokens=stats.hit_tokens_by_source.get("in_place", 0),
+        num_grpc_hit_tokens=stats.hit_tokens_by_source.get("grpc", 0),
     )
+
+
+def reuse_report(request: pb.ReportReuseRequest) -> ReuseReport:
+    """A worker's report, validated (`InvalidRequest` naming what is wrong)."""
+    if len(request.reads) > MAX_REPORTED_SEGMENTS:
+        raise InvalidRequest(f"{len(request.reads)} segment reads > {MAX_REPORTED_SEGMENTS}")
+    hit_tokens: dict[Served, int] = {
+        "local": request.num_local_hit_tokens,
+        "in_place": request.num_in_place_hit_tokens,
+        "grpc": request.num_grpc_hit_tokens,
+    }
+    reads: dict[tuple[bytes, Served], int] = {}
+    try:
+        for r in request.reads:
+            slot = (r.context_key, r.served)
+            if r.num_reads < 0:
+                raise ValueError(f"num_reads {r.num_reads} < 0")
+            reads[slot] = reads.get(slot, 0) + r.num_reads  # type: ignore[index]
+        return ReuseReport(request.num_calls, request.num_prompt_tokens, hit_tokens, reads)
+    except ValueError as error:
+        raise InvalidRequest(f"bad reuse report: {error}") from error

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Response
 from fastapi.params import Depends
 from fastapi.responses import HTMLResponse
 
+from kvsplice.common.reuse_report import token_hit_rate
 from kvsplice.server.admin_models import (
     AdminSource,
     NamespaceStats,
@@ -62,11 +63,20 @@ def namespaces_panel(rows: Sequence[NamespaceStats]) -> str:
         f"{human_bytes(r.stored_bytes)}</td>"
         f'<td class="num" data-field="hit_rate">{percent(r.hit_rate)}</td>'
         f'<td class="num" data-field="tokens">{r.num_hit_tokens} / {r.num_requested_tokens}</td>'
+        f'<td class="num" data-field="by_source">{_by_source(r)}</td>'
         "</tr>"
         for r in rows
     ]
-    headers = ("namespace", "segments", "stored", "token hit rate", "tokens hit / requested")
+    headers = (
+        "namespace", "segments", "stored", "token hit rate", "tokens reused / prompt",
+        "reused: local / in place / gRPC",
+    )  # fmt: skip
     return _table(headers, cells, "no namespace yet")
+
+
+def _by_source(r: NamespaceStats) -> str:
+    by = r.hit_tokens_by_source
+    return " / ".join(str(by.get(s, 0)) for s in ("local", "in_place", "grpc"))
 
 
 def _fill_bar(tier: TierOverview) -> str:
@@ -121,13 +131,14 @@ def top_panel(top: Sequence[SegmentHits]) -> str:
         f'<td class="num">{s.num_hits}</td></tr>'
         for s in top
     ]
-    headers = ("namespace", "segment id", "tokens", "size", "reads")
+    headers = ("namespace", "segment id", "tokens", "size", "reads (local, in place, gRPC)")
     return _table(headers, cells, "no segment read yet", num_left=2)
 
 
 def summary(rows: Sequence[NamespaceStats]) -> str:
-    requested = sum(r.num_requested_tokens for r in rows)
-    hit_rate = sum(r.num_hit_tokens for r in rows) / requested if requested else None
+    hit_rate = token_hit_rate(
+        sum(r.num_hit_tokens for r in rows), sum(r.num_requested_tokens for r in rows)
+    )
     return (
         f'<p id="summary"><b data-field="num_segments">{sum(r.num_segments for r in rows)}</b> '
         f"segments, <b>{human_bytes(sum(r.stored_bytes for r in rows))}</b> stored, "
@@ -141,7 +152,7 @@ def panels(source: AdminSource) -> str:
     tiers = source.tier_overview()
     rows = source.namespace_stats(None)
     sections = (
-        ("namespaces", "Namespaces (token hit rate = tokens hit / tokens requested)",
+        ("namespaces", "Namespaces (token hit rate = prompt tokens reused / prompt tokens, as workers report them)",
          summary(rows) + namespaces_panel(rows)),
         ("tiers", "Tiers against capacity", tiers_panel(tiers)),
         ("evictions", "Evictions by reason", evictions_panel(tiers)),

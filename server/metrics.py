@@ -29,6 +29,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import generate_latest
 
+from kvsplice.common.reuse_report import SERVED, ReuseReport
 from kvsplice.server.store_collector import StatsFn, StoreCollector
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,23 @@ class StoreMetrics:
         self.lookups = self._counter(
             "lookups", "Segment lookups by kind and result.", ("kind", "result")
         )
-        self.hit_tokens = self._counter("hit_tokens", "Tokens served from stored segments.")
-        self.queried_tokens = self._counter("queried_tokens", "Tokens asked for by lookups.")
+        self.lookup_matched_tokens = self._counter(
+            "lookup_matched_tokens", "Tokens lookups found stored segments for (index coverage)."
+        )
+        self.lookup_queried_tokens = self._counter(
+            "lookup_queried_tokens", "Tokens asked for by lookups."
+        )
+        # The token hit rate: sum(hit_tokens) / prompt_tokens, as workers reported them.
+        self.prompt_tokens = self._counter(
+            "prompt_tokens", "Prompt tokens of the calls workers reported."
+        )
+        self.hit_tokens = self._counter(
+            "hit_tokens", "Prompt tokens workers reused, by where served.", ("served",)
+        )
+        self.reported_calls = self._counter("reported_calls", "Calls workers reported.")
+        self.segment_reads = self._counter(
+            "segment_reads", "Reads of stored segments, by where served.", ("served",)
+        )
         self.bytes = self._counter(
             "bytes", "Payload bytes received (in) and sent (out).", ("direction",)
         )
@@ -125,6 +141,9 @@ class StoreMetrics:
                 self.lookups.labels(kind, result)
         for direction in DIRECTIONS:
             self.bytes.labels(direction)
+        for served in SERVED:
+            self.hit_tokens.labels(served)
+            self.segment_reads.labels(served)
 
     def observe_rpc(self, method: str, seconds: float, code: str) -> None:
         """Record one finished RPC; `code` is a gRPC status name ("OK", "NOT_FOUND")."""
@@ -141,8 +160,21 @@ class StoreMetrics:
         if not 0 <= hit_tokens <= queried_tokens:
             raise ValueError(f"hit_tokens {hit_tokens} not in [0, {queried_tokens}]")
         self.lookups.labels(kind, "hit" if hit else "miss").inc()
-        self.queried_tokens.inc(queried_tokens)
-        self.hit_tokens.inc(hit_tokens)
+        self.lookup_queried_tokens.inc(queried_tokens)
+        self.lookup_matched_tokens.inc(hit_tokens)
+
+    def record_reuse(self, report: ReuseReport) -> None:
+        """Add a worker's reuse report (a validated `ReuseReport`)."""
+        self.reported_calls.inc(report.num_calls)
+        self.prompt_tokens.inc(report.num_prompt_tokens)
+        for served, n in report.hit_tokens.items():
+            self.hit_tokens.labels(served).inc(n)
+        for (_key, served), n in report.segment_reads.items():
+            self.segment_reads.labels(served).inc(n)
+
+    def record_read(self, served: str) -> None:
+        """Count one read of a stored segment served from `served` (the sidecar's: grpc)."""
+        self.segment_reads.labels(_check("served", served, SERVED)).inc()
 
     def add_bytes(self, direction: str, n: int) -> None:
         """Count `n` payload bytes received ("in") or sent ("out")."""

@@ -27,6 +27,7 @@ from kvsplice.common.errors import (
 )
 from kvsplice.common.fingerprint import is_fingerprint
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, root_key
+from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
@@ -115,8 +116,8 @@ class SegmentService:
         self.config = config
         self._hits: defaultdict[str, int] = defaultdict(int)
         self._misses: defaultdict[str, int] = defaultdict(int)
-        self._requested_tokens: defaultdict[str, int] = defaultdict(int)
-        self._hit_tokens: defaultdict[str, int] = defaultdict(int)
+        # What workers reported (token totals; their segment reads go to _segment_hits).
+        self._reported: defaultdict[str, ReuseReport] = defaultdict(ReuseReport)
         # Reads served per stored segment (the dashboard's top list); a removed segment's
         # count goes with it, so this never outgrows the store.
         self._segment_hits: Counter[tuple[str, bytes]] = Counter()
@@ -265,6 +266,19 @@ class SegmentService:
         if stored is not None:
             self._segment_hits[stored.meta.namespace, stored.meta.context_key] += 1
 
+    def record_reuse(self, namespace: str, report: ReuseReport) -> int:
+        """Add a worker's reuse report to `namespace`; returns how many of its segment reads
+        were counted (those of segments the namespace still holds). Event loop only."""
+        check_namespace(namespace)
+        totals = ReuseReport(report.num_calls, report.num_prompt_tokens, report.hit_tokens)
+        self._reported[namespace] = self._reported[namespace].merged(totals)
+        num_counted = 0
+        for (key, _served), num_reads in report.segment_reads.items():
+            if self._store.get_meta(namespace, key) is not None:
+                self._segment_hits[namespace, key] += num_reads
+                num_counted += num_reads
+        return num_counted
+
     def delete(self, namespace: str, key: bytes) -> bool:
         check_namespace(namespace)
         deleted = self._store.delete(namespace, check_key("context_key", key))
@@ -280,7 +294,7 @@ class SegmentService:
         tokens = check_token_ids("token_ids", token_ids, self.config.max_query_tokens)
         match = self._exact.lookup_prefix(namespace, fingerprint, tokens)
         match = self._stored_prefix(namespace, match)
-        self._count(namespace, match.num_matched_tokens > 0, len(tokens), match.num_matched_tokens)
+        self._count(namespace, match.num_matched_tokens > 0)
         return match
 
     def find_similar(self, query: SimilarQuery) -> list[SimilarMatch]:
@@ -307,7 +321,7 @@ class SegmentService:
             limit=query.limit or limits.default_similar_limit,
         )
         matches = [m for m in matches if self._still_stored(m.meta)]
-        self._count(namespace, bool(matches), len(tokens), similar_hit_tokens(matches, len(tokens)))
+        self._count(namespace, bool(matches))
         return matches
 
     # -- stats (also the admin API's `AdminSource`) ------------------------------------
@@ -319,7 +333,13 @@ class SegmentService:
         names = (
             [check_namespace(namespace)]
             if namespace is not None
-            else sorted(set(usage) | set(self._hits) | set(self._misses) | set(pressure))
+            else sorted(
+                set(usage)
+                | set(self._hits)
+                | set(self._misses)
+                | set(pressure)
+                | set(self._reported)
+            )
         )
         return [self._stats_of(name, usage, pressure.get(name)) for name in names]
 
@@ -351,25 +371,27 @@ class SegmentService:
         usage: dict[str, NamespaceUsage],
         pressure: NamespacePressure | None,
     ) -> NamespaceStats:
-        # The store counts segment reads and capacity pressure; the service, index lookups.
+        # The store counts segment reads and capacity pressure; the service, index lookups
+        # and what workers reported.
         ns_usage = usage.get(namespace, _NO_USAGE)
         pressure = pressure or NamespacePressure()
+        reported = self._reported.get(namespace, ReuseReport())
         return NamespaceStats(
             namespace=namespace,
             num_segments=ns_usage.segments,
             stored_bytes=ns_usage.bytes,
             num_hits=ns_usage.hits + self._hits.get(namespace, 0),
             num_misses=ns_usage.misses + self._misses.get(namespace, 0),
-            num_requested_tokens=self._requested_tokens.get(namespace, 0),
-            num_hit_tokens=self._hit_tokens.get(namespace, 0),
+            num_requested_tokens=reported.num_prompt_tokens,
+            num_hit_tokens=reported.num_hit_tokens,
             num_evictions=sum(pressure.removals.values()),
             num_refused_puts=sum(pressure.refusals.values()),
+            num_calls=reported.num_calls,
+            hit_tokens_by_source=dict(reported.hit_tokens),
         )
 
-    def _count(self, namespace: str, hit: bool, requested_tokens: int, hit_tokens: int) -> None:
+    def _count(self, namespace: str, hit: bool) -> None:
         (self._hits if hit else self._misses)[namespace] += 1
-        self._requested_tokens[namespace] += requested_tokens
-        self._hit_tokens[namespace] += hit_tokens
 
     def _index(self, meta: SegmentMeta) -> None:
         self._exact.add(meta)

@@ -125,6 +125,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._segments.count_read(stored)
         if stored is None:
             raise NotFound(f"no segment {request.context_key.hex()} in {namespace!r}")
+        self._metrics.record_read("grpc")
         return stored
 
     async def LookupPrefix(
@@ -201,6 +202,17 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     ) -> pb.StatsResponse:
         (stats,) = self._segments.namespace_stats(self._allow(context, request.namespace))
         return convert.stats_response(stats)
+
+    async def ReportReuse(
+        self, request: pb.ReportReuseRequest, context: aio.ServicerContext
+    ) -> pb.ReportReuseResponse:
+        # A write into the caller's own namespace: a reader cannot inflate its stats,
+        # nobody another tenant's; segment reads count only for keys stored there.
+        namespace = self._allow(context, request.namespace, write=True)
+        report = convert.reuse_report(request)
+        num_counted = self._segments.record_reuse(namespace, report)
+        self._metrics.record_reuse(report)
+        return pb.ReportReuseResponse(num_reads_counted=num_counted)
 
     async def DescribeDataPlane(
         self, request: pb.DescribeDataPlaneRequest, context: aio.ServicerContext

@@ -27,6 +27,7 @@ class SidecarSpec:
     chunk_nbytes: int = 4 << 20
     max_payload_nbytes: int | None = None  # None: the service's default
     sweep_interval_s: float = 60.0  # how often expired segments are removed
+    admin: bool = False  # serve the admin API on a free loopback port (`admin_url`)
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -44,6 +45,7 @@ class SidecarProcess:
             target=_serve, args=(spec, child_conn), name="kvsplice-sidecar", daemon=True
         )
         self.target = ""
+        self.admin_url: str | None = None
 
     def start(self) -> str:
         self._process.start()
@@ -54,7 +56,7 @@ class SidecarProcess:
         if isinstance(message, BaseException):
             self._process.join(STOP_TIMEOUT_S)
             raise message
-        self.target = str(message)
+        self.target, self.admin_url = message
         return self.target
 
     def stop(self) -> None:
@@ -95,6 +97,7 @@ def _serve(spec: SidecarSpec, conn: Connection) -> None:
         grace_period_s=1.0,
         chunk_nbytes=spec.chunk_nbytes,
         sweep_interval_s=spec.sweep_interval_s,
+        admin_port=0 if spec.admin else None,
     )
     try:
         store = EmbeddedStore(config)
@@ -103,7 +106,7 @@ def _serve(spec: SidecarSpec, conn: Connection) -> None:
         conn.send(exc)
         raise
     try:
-        conn.send(store.target)
+        conn.send((store.target, store.admin_url))
         conn.recv()  # "stop", or EOFError when the parent went away
     except EOFError:
         pass

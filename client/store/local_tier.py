@@ -27,6 +27,9 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
+# Keys `take_hit_keys` remembers between two takes (a caller that never takes them).
+MAX_TRACKED_HITS = 4096
+
 
 @dataclass(frozen=True)
 class LocalSegment:
@@ -93,6 +96,7 @@ class LocalTier:
         self._entries = _Entries(max(max_bytes, 1), self._evicted)
         self._children: dict[bytes, set[bytes]] = {}
         self.num_hits = 0
+        self._hit_keys: set[bytes] = set()
         self.num_evictions = 0
         self.num_invalidations = 0
 
@@ -122,7 +126,15 @@ class LocalTier:
                 return None
             if entry is not None:
                 self.num_hits += 1
+                if len(self._hit_keys) < MAX_TRACKED_HITS:
+                    self._hit_keys.add(context_key)
             return entry
+
+    def take_hit_keys(self) -> frozenset[bytes]:
+        """The keys `get` found since the last take (what a call reused from this tier)."""
+        with self._lock:
+            keys, self._hit_keys = frozenset(self._hit_keys), set()
+            return keys
 
     def child(self, parent_key: bytes, token_ids: Sequence[int], position: int) -> bytes | None:
         """The key of the longest held segment after `parent_key` that starts at `position`

@@ -19,6 +19,7 @@ from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.store.store_types import ClientCounters, PrefixLookup, SimilarCandidate
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, context_key
+from kvsplice.common.reuse_report import ReusedRun, Served
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -50,6 +51,10 @@ class SegmentStore(Protocol):
         parent_key: bytes | None = None,
         limit: int = 0,
     ) -> list[SimilarCandidate]: ...
+
+    def served_from(self, context_key: bytes | None) -> Served: ...
+
+    def report_reuse(self, num_prompt_tokens: int, reused: Sequence[ReusedRun] = ()) -> None: ...
 
 
 @dataclass(frozen=True)

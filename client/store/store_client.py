@@ -7,6 +7,7 @@ for faults), so the worker falls back to dense; server faults raise our errors. 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -14,8 +15,10 @@ from typing import TypeVar
 
 import grpc
 import grpc.experimental
+from cachetools import LRUCache
 
 from kvsplice.client.store import store_wire as wire
+from kvsplice.client.store.reuse_reporter import ReuseReporter
 from kvsplice.client.store.same_host import SameHostPath
 from kvsplice.client.store.store_channel import open_channel
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
@@ -36,17 +39,21 @@ from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
+    KvspliceError,
     NotFound,
     PermissionDenied,
     StoreUnavailable,
     Unauthenticated,
 )
+from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_report
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 
 T = TypeVar("T")
 # `_same_host` before the sidecar was asked where its data plane is.
 _UNASKED = object()
+# How many segments' read path (`served_from`) a client remembers.
+MAX_REMEMBERED_READS = 4096
 
 # NOTE: by default every server-streaming call (GetSegment) starts a "channel spin"
 # thread of its own (~2 ms on a loaded 2-core host); this makes the calling thread
@@ -101,6 +108,9 @@ class StoreClient:
         self._same_host: SameHostPath | object | None = (
             _UNASKED if self.config.same_host_reads else None
         )
+        self._served_lock = threading.Lock()
+        self._served: LRUCache[bytes, Served] = LRUCache(maxsize=MAX_REMEMBERED_READS)
+        self._reporter = ReuseReporter(self._send_report, self.config.report_interval_s)
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
         """Store `payload` under `meta`; True once the store holds a segment under its key
@@ -143,16 +153,60 @@ class StoreClient:
                 try:
                     found = local.get_segment(key, model_fingerprint)
                     self.counters.num_same_host_reads += 1
+                    self._remember_read(key, "in_place", found)
                     return found
                 except StoreUnavailable as error:  # this read goes over gRPC; ask again next
                     self._warning.warn("get_segment (same host)", str(error))
                     local.close()
                     self._same_host = _UNASKED
-            return self._get_over_grpc(key, model_fingerprint)
+            fetched = self._get_over_grpc(key, model_fingerprint)
+            self._remember_read(key, "grpc", fetched)
+            return fetched
         except CorruptPayload as error:
             self.counters.num_corrupt_payloads += 1
             self._warning.warn("get_segment", str(error))
             return None
+
+    def served_from(self, context_key: bytes | None) -> Served:
+        """Where this client's last read of `context_key` was served ("in_place" or
+        "grpc"); for a key it has not read (or forgot, or None), where a read goes now."""
+        with self._served_lock:
+            served = None if context_key is None else self._served.get(context_key)
+        if served is not None:
+            return served
+        return "in_place" if isinstance(self._same_host, SameHostPath) else "grpc"
+
+    def report_reuse(self, num_prompt_tokens: int, reused: Sequence[ReusedRun] = ()) -> None:
+        """Count one call of `num_prompt_tokens` prompt tokens that reused `reused`.
+
+        Queued, never sent on the caller's thread: a background flush sends what
+        accumulated every `config.report_interval_s` (and `flush_reports`, `close`).
+        The sidecar adds it to the namespace's `/v1/stats`, `/metrics` and dashboard:
+        every token a worker reused, whether served from its own tier ("local"), read
+        in place ("in_place", see `served_from`) or over gRPC. Needs the writer role.
+        """
+        self._reporter.add(call_report(num_prompt_tokens, reused))
+
+    def flush_reports(self) -> bool:
+        """Send the queued reuse reports now; False if the store could not be reached."""
+        return self._reporter.flush()
+
+    def _remember_read(self, key: bytes, served: Served, found: object | None) -> None:
+        if found is not None:
+            with self._served_lock:
+                self._served[key] = served
+
+    def _send_report(self, report: ReuseReport) -> bool:
+        request = wire.report_request(self.namespace, report)
+        call = self._unary(self._stub.ReportReuse, request, lambda _: True)
+        try:
+            sent = self._once("report_reuse", call, self.config.lookup_timeout_s, False)
+        except KvspliceError as error:  # refused (a reader's token, an older sidecar): dropped
+            self.counters.num_reports_dropped += 1
+            self._warning.warn("report_reuse", f"refused, report dropped: {error}")
+            return True
+        self.counters.num_reports_sent += sent
+        return sent
 
     def _get_over_grpc(
         self, key: bytes, model_fingerprint: str | None
@@ -301,6 +355,8 @@ class StoreClient:
         return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 
     def close(self) -> None:
+        """Send the queued reuse reports (one attempt), then close the channel."""
+        self._reporter.close()
         if isinstance(self._same_host, SameHostPath):
             self._same_host.close()
         self._same_host = None

@@ -26,7 +26,8 @@ class StoreClientConfig:
     `same_host_reads` lets gets read segments in place when the sidecar runs on this
     host (`client.same_host`); False forces every get over gRPC. `receive_pool_bytes`
     bounds the receive buffers gets over gRPC reuse once callers let go of them
-    (`common.buffers.BufferPool`; 0: a fresh buffer per get).
+    (`common.buffers.BufferPool`; 0: a fresh buffer per get). `report_interval_s`: how
+    often queued reuse reports (`StoreClient.report_reuse`) are sent, in one RPC each.
     """
 
     lookup_timeout_s: float = 0.5
@@ -42,9 +43,13 @@ class StoreClientConfig:
     max_reconnect_backoff_ms: int = 5000
     same_host_reads: bool = True
     receive_pool_bytes: int = 256 * MIB
+    report_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("lookup_timeout_s", "get_timeout_s", "put_timeout_s", "backoff_initial_s"):
+        for name in (
+            "lookup_timeout_s", "get_timeout_s", "put_timeout_s", "backoff_initial_s",
+            "report_interval_s",
+        ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.backoff_max_s < self.backoff_initial_s:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from kvsplice.common.reuse_report import Served, token_hit_rate
+
 
 @dataclass(frozen=True)
 class SegmentRef:
@@ -80,6 +82,18 @@ class StoreStats:
     num_misses: int
     num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
     num_refused_puts: int = 0  # puts the store turned away (quota or capacity)
+    num_calls: int = 0  # calls workers reported (`StoreClient.report_reuse`)
+    num_prompt_tokens: int = 0  # ... their prompt tokens
+    hit_tokens: Mapping[Served, int] = field(default_factory=dict)  # ... reused, by source
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return sum(self.hit_tokens.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        """The token hit rate (`common.reuse_report.token_hit_rate`); None before a report."""
+        return token_hit_rate(self.num_hit_tokens, self.num_prompt_tokens)
 
 
 @dataclass
@@ -89,6 +103,8 @@ class ClientCounters:
     num_degraded_calls: int = 0  # store unreachable or past its deadline
     num_corrupt_payloads: int = 0  # checksum or length failed on get
     num_same_host_reads: int = 0  # gets served in place from the sidecar's host (no gRPC)
+    num_reports_sent: int = 0  # reuse reports the sidecar took (`report_reuse`)
+    num_reports_dropped: int = 0  # ... it refused (no write permission, bad report)
 
 
 @dataclass(frozen=True)

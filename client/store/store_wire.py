@@ -24,6 +24,7 @@ from kvsplice.client.store.store_types import (
 from kvsplice.common.buffers import BufferPool, writable_buffer
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
+from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import segment_header
 from kvsplice.proto import store_pb2 as pb
@@ -292,6 +293,22 @@ def stats_request(namespace: str) -> pb.StatsRequest:
     return pb.StatsRequest(namespace=namespace)
 
 
+def report_request(namespace: str, report: ReuseReport) -> pb.ReportReuseRequest:
+    hit = report.hit_tokens
+    return pb.ReportReuseRequest(
+        namespace=namespace,
+        num_calls=report.num_calls,
+        num_prompt_tokens=report.num_prompt_tokens,
+        num_local_hit_tokens=hit.get("local", 0),
+        num_in_place_hit_tokens=hit.get("in_place", 0),
+        num_grpc_hit_tokens=hit.get("grpc", 0),
+        reads=[
+            pb.SegmentReads(context_key=key, served=served, num_reads=n)
+            for (key, served), n in report.segment_reads.items()
+        ],
+    )
+
+
 def data_plane_request(namespace: str) -> pb.DescribeDataPlaneRequest:
     return pb.DescribeDataPlaneRequest(namespace=namespace)
 
@@ -342,4 +359,11 @@ def stats_result(response: pb.StatsResponse) -> StoreStats:
         num_misses=response.num_misses,
         num_evictions=response.num_evictions,
         num_refused_puts=response.num_refused_puts,
+        num_calls=response.num_calls,
+        num_prompt_tokens=response.num_prompt_tokens,
+        hit_tokens={
+            "local": response.num_local_hit_tokens,
+            "in_place": response.num_in_place_hit_tokens,
+            "grpc": response.num_grpc_hit_tokens,
+        },
     )

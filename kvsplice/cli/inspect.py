@@ -95,12 +95,17 @@ def stats(
     )
     if as_json:
         return _print_json(body)
-    table = Table("namespace", "segments", "stored", "token hit rate", "tokens hit/requested")
+    table = Table(
+        "namespace", "segments", "stored", "token hit rate", "reused/prompt tokens",
+        "local / in place / gRPC",
+    )  # fmt: skip
     for row in body.get("namespaces", []):
+        by_source = row.get("hit_tokens_by_source") or {}
         table.add_row(
             row["namespace"], str(row["num_segments"]), human_bytes(row["stored_bytes"]),
             _percent(row.get("hit_rate")),
             f"{row.get('num_hit_tokens', 0)}/{row.get('num_requested_tokens', 0)}",
+            " / ".join(str(by_source.get(s, 0)) for s in ("local", "in_place", "grpc")),
         )  # fmt: skip
     console().print(table)
 

@@ -14,6 +14,7 @@ from kvsplice.cli import main
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
@@ -39,8 +40,9 @@ def sidecar(tmp_path: Path) -> Iterator[EmbeddedStore]:
             for i in range(3):
                 payload = random.Random(i).randbytes(3000)
                 assert client.put_segment(make_meta((i, i + 1, i + 2, i + 3), payload), payload)
-            # 8 tokens asked, the first 4 stored: a token hit rate of 50%.
+            # a worker's call of 8 prompt tokens reused 4: a token hit rate of 50%.
             assert client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 9, 9, 9, 9]) != PrefixLookup.MISS
+            client.report_reuse(8, [ReusedRun(3, "in_place"), ReusedRun(1, "grpc")])
         yield store
 
 
@@ -60,6 +62,7 @@ def test_stats_json_and_table(sidecar: EmbeddedStore, capsys: pytest.CaptureFixt
     assert (row["num_requested_tokens"], row["num_hit_tokens"], row["hit_rate"]) == (8, 4, 0.5)
     code, out, _ = run_cli(["stats", *url], capsys)
     assert code == 0 and "50.0%" in out and "KiB" in out and "4/8" in out
+    assert "0 / 3 / 1" in out  # local / in place / gRPC
 
 
 def test_ls_delete_and_flush(sidecar: EmbeddedStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -110,7 +110,7 @@ def test_metrics_exposes_recorded_kvsplice_series() -> None:
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     assert 'kvsplice_lookups_total{kind="exact",result="hit"} 1.0' in text
-    assert "kvsplice_hit_tokens_total 32.0" in text
+    assert "kvsplice_lookup_matched_tokens_total 32.0" in text
     assert 'kvsplice_rpc_duration_seconds_count{code="OK",method="Lookup"} 1.0' in text
     assert "_created" not in text
 
@@ -129,6 +129,8 @@ def test_stats_of_all_namespaces_and_of_one() -> None:
         "num_requested_tokens": 400,
         "num_hit_tokens": 300,
         "hit_rate": 0.75,  # the token hit rate
+        "hit_tokens_by_source": {"local": 0, "in_place": 0, "grpc": 0},
+        "num_calls": 0,
         "num_evictions": 0,
         "num_refused_puts": 0,
     }

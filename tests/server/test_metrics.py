@@ -102,8 +102,8 @@ def test_record_lookup_counts_lookups_and_tokens() -> None:
     assert value(metrics, "kvsplice_lookups_total", kind="exact", result="hit") == 1
     assert value(metrics, "kvsplice_lookups_total", kind="exact", result="miss") == 1
     assert value(metrics, "kvsplice_lookups_total", kind="similar", result="hit") == 1
-    assert value(metrics, "kvsplice_queried_tokens_total") == 180
-    assert value(metrics, "kvsplice_hit_tokens_total") == 94
+    assert value(metrics, "kvsplice_lookup_queried_tokens_total") == 180
+    assert value(metrics, "kvsplice_lookup_matched_tokens_total") == 94
 
 
 def test_payload_bytes_accumulate() -> None:
@@ -190,7 +190,11 @@ def test_render_is_prometheus_text_with_every_series() -> None:
         "kvsplice_lookups",
         "kvsplice_tier_requests",
         "kvsplice_hit_tokens",
-        "kvsplice_queried_tokens",
+        "kvsplice_prompt_tokens",
+        "kvsplice_reported_calls",
+        "kvsplice_segment_reads",
+        "kvsplice_lookup_queried_tokens",
+        "kvsplice_lookup_matched_tokens",
         "kvsplice_bytes",
         "kvsplice_evictions",
         "kvsplice_checksum_failures",

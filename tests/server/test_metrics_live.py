@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.reuse_report import SERVED, ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig
@@ -137,18 +138,37 @@ def test_tier_bytes_against_capacity(sidecar: EmbeddedStore) -> None:
     assert sample(metrics, "kvsplice_stored_bytes") >= 200_000
 
 
-def test_token_hit_rate_matches_v1_stats(sidecar: EmbeddedStore) -> None:
+def test_token_hit_rate_is_what_workers_reported_everywhere(sidecar: EmbeddedStore) -> None:
+    stored, _ = make_segment(0, 1000)
+    unknown, _ = make_segment(9, 1000)  # never stored: its reads are not counted
     with StoreClient(sidecar.target, NAMESPACE) as client:
-        meta, payload = make_segment(0, 1000)
-        assert client.put_segment(meta, payload)
-        client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 7, 7, 7, 7])  # 4 of 8 tokens stored
-        client.lookup_prefix(FINGERPRINT, [5, 5, 5, 5])  # 0 of 4
+        assert client.put_segment(*make_segment(0, 1000))
+        client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 7, 7, 7, 7])  # index coverage only
+        client.report_reuse(8, [ReusedRun(4, "local", stored.context_key)])
+        client.report_reuse(
+            14,
+            [
+                ReusedRun(4, "in_place", stored.context_key),
+                ReusedRun(3, "grpc"),
+                ReusedRun(2, "local", unknown.context_key),
+            ],
+        )
+        client.report_reuse(6)  # a call that reused nothing
+        assert client.flush_reports()
+        assert client.counters.num_reports_sent == 1  # three calls, one RPC
     metrics = scrape(sidecar)
-    assert sample(metrics, "kvsplice_queried_tokens_total") == 12
-    assert sample(metrics, "kvsplice_hit_tokens_total") == 4
+    assert sample(metrics, "kvsplice_prompt_tokens_total") == 28
+    hit = {s: sample(metrics, "kvsplice_hit_tokens_total", served=s) for s in SERVED}
+    assert hit == {"local": 6, "in_place": 4, "grpc": 3}
+    assert sample(metrics, "kvsplice_reported_calls_total") == 3
+    assert sample(metrics, "kvsplice_lookup_queried_tokens_total") == 8
     (row,) = httpx.get(f"{sidecar.admin_url}/v1/stats").json()["namespaces"]
-    assert (row["num_requested_tokens"], row["num_hit_tokens"]) == (12, 4)
-    assert row["hit_rate"] == pytest.approx(4 / 12)
+    assert (row["num_requested_tokens"], row["num_hit_tokens"], row["num_calls"]) == (28, 13, 3)
+    assert row["hit_tokens_by_source"] == hit
+    assert row["hit_rate"] == pytest.approx(13 / 28)
+    top = httpx.get(f"{sidecar.admin_url}/dashboard/panels").text.split('id="top"')[1]
+    assert stored.segment_id in top and unknown.segment_id not in top
+    assert "13 / 28" in httpx.get(f"{sidecar.admin_url}/dashboard/panels").text
 
 
 def test_build_info_and_process_metrics(sidecar: EmbeddedStore) -> None:

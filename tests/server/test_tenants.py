@@ -179,6 +179,12 @@ def rpc_calls(
         "DescribeDataPlane": lambda s, md: s.DescribeDataPlane(
             pb.DescribeDataPlaneRequest(namespace=ns), metadata=md
         ),
+        "ReportReuse": lambda s, md: s.ReportReuse(
+            pb.ReportReuseRequest(
+                namespace=ns, num_calls=1, num_prompt_tokens=10, num_local_hit_tokens=10
+            ),
+            metadata=md,
+        ),
     }
 
 
@@ -205,7 +211,7 @@ def test_every_rpc_aimed_at_another_tenant_is_refused(store: EmbeddedStore) -> N
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
             assert code_of(lambda c=call: c(stub, ())) is grpc.StatusCode.UNAUTHENTICATED, name  # type: ignore[misc]
         reader_calls = rpc_calls(meta.context_key, "team-a")
-        for name in ("PutSegment", "PutAnchor", "Delete"):
+        for name in ("PutSegment", "PutAnchor", "Delete", "ReportReuse"):
             code = code_of(lambda c=reader_calls[name]: c(stub, metadata("reader")))  # type: ignore[misc]
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
         # bob's segment is intact; bob and the admin read it.

@@ -1,0 +1,124 @@
+"""What a worker reused, as it reports it to the sidecar: calls, prompt tokens, reused tokens
+by where they were served, and reads of segments the sidecar never saw (local, in place).
+
+Owns the one definition of the token hit rate (`token_hit_rate`) that every report of
+it uses: reused prompt tokens / prompt tokens, both counted by the worker that ran the
+calls. It sends nothing (`client.store.reuse_reporter`) and stores nothing (the server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from kvsplice.common.keys import KEY_NBYTES
+
+# Where reused K/V came from, nearest first: the worker's own decoded tier, the
+# sidecar's LMDB map read in place on its host, or the sidecar over gRPC.
+Served = Literal["local", "in_place", "grpc"]
+SERVED: tuple[Served, ...] = get_args(Served)
+# Reads the sidecar does not see itself (a gRPC read is counted where it is served).
+UNSEEN_SERVED: tuple[Served, ...] = ("local", "in_place")
+# One report holds at most this many segments' reads (the rest still count as tokens).
+MAX_REPORTED_SEGMENTS = 1024
+MAX_REPORTED_COUNT = 1 << 50
+
+
+def token_hit_rate(num_hit_tokens: int, num_prompt_tokens: int) -> float | None:
+    """Reused prompt tokens / prompt tokens in [0, 1]; None before the first call.
+
+    LMCache's and vLLM's definition (the share of prompt tokens served from a cache),
+    and the one hit rate kvsplice reports: /v1/stats, /metrics, the dashboard,
+    `kvsplice stats`, the demo.
+    """
+    return num_hit_tokens / num_prompt_tokens if num_prompt_tokens else None
+
+
+def _check_count(name: str, value: int) -> None:
+    if not 0 <= value <= MAX_REPORTED_COUNT:
+        raise ValueError(f"{name} {value} not in [0, {MAX_REPORTED_COUNT}]")
+
+
+@dataclass(frozen=True)
+class ReuseReport:
+    """Reuse over `num_calls` calls: their prompt tokens, the reused ones by `Served`,
+    and `segment_reads`: (context key, served) -> reads, only for `UNSEEN_SERVED`."""
+
+    num_calls: int = 0
+    num_prompt_tokens: int = 0
+    hit_tokens: Mapping[Served, int] = field(default_factory=dict)
+    segment_reads: Mapping[tuple[bytes, Served], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_count("num_calls", self.num_calls)
+        _check_count("num_prompt_tokens", self.num_prompt_tokens)
+        for served, n in self.hit_tokens.items():
+            if served not in SERVED:
+                raise ValueError(f"served {served!r} is not one of {SERVED}")
+            _check_count(f"hit_tokens[{served}]", n)
+        if self.num_hit_tokens > self.num_prompt_tokens:
+            raise ValueError(
+                f"{self.num_hit_tokens} reused tokens > {self.num_prompt_tokens} prompt tokens"
+            )
+        if len(self.segment_reads) > MAX_REPORTED_SEGMENTS:
+            raise ValueError(f"{len(self.segment_reads)} segments > {MAX_REPORTED_SEGMENTS}")
+        for (key, served), n in self.segment_reads.items():
+            if len(key) != KEY_NBYTES:
+                raise ValueError(f"context key of {len(key)} bytes, not {KEY_NBYTES}")
+            if served not in UNSEEN_SERVED:
+                raise ValueError(f"segment reads served {served!r}: not one of {UNSEEN_SERVED}")
+            _check_count("segment reads", n)
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return sum(self.hit_tokens.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        return token_hit_rate(self.num_hit_tokens, self.num_prompt_tokens)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.num_calls or self.num_prompt_tokens or self.segment_reads)
+
+    def merged(self, other: ReuseReport) -> ReuseReport:
+        """Both reports as one; segments past `MAX_REPORTED_SEGMENTS` lose their reads
+        (their tokens stay counted)."""
+        reads = dict(self.segment_reads)
+        for slot, n in other.segment_reads.items():
+            if slot in reads or len(reads) < MAX_REPORTED_SEGMENTS:
+                reads[slot] = reads.get(slot, 0) + n
+        return ReuseReport(
+            self.num_calls + other.num_calls,
+            self.num_prompt_tokens + other.num_prompt_tokens,
+            _summed(self.hit_tokens, other.hit_tokens),
+            reads,
+        )
+
+
+def _summed(a: Mapping[Served, int], b: Mapping[Served, int]) -> dict[Served, int]:
+    return {s: a.get(s, 0) + b.get(s, 0) for s in SERVED if s in a or s in b}
+
+
+@dataclass(frozen=True)
+class ReusedRun:
+    """`num_tokens` prompt tokens of one call reused from one segment (`context_key`,
+    None when not a whole stored segment) served from `served`."""
+
+    num_tokens: int
+    served: Served
+    context_key: bytes | None = None
+
+
+def call_report(num_prompt_tokens: int, runs: Iterable[ReusedRun]) -> ReuseReport:
+    """The report of one call of `num_prompt_tokens` prompt tokens that reused `runs`."""
+    hit_tokens: dict[Served, int] = {}
+    reads: dict[tuple[bytes, Served], int] = {}
+    for run in runs:
+        hit_tokens[run.served] = hit_tokens.get(run.served, 0) + run.num_tokens
+        if run.context_key is not None and run.served in UNSEEN_SERVED:
+            slot = (run.context_key, run.served)
+            if slot in reads or len(reads) < MAX_REPORTED_SEGMENTS:
+                reads[slot] = reads.get(slot, 0) + 1
+    return ReuseReport(1, num_prompt_tokens, hit_tokens, reads)
