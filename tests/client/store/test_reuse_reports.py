@@ -1,10 +1,10 @@
 """Reuse reports: what engines reused reaches the sidecar's stats, split by where it was
-served; batching and retention of the reporter; the local tier's per-call hit keys."""
+served (the local tier's hit keys, the client's read path); the reporter's batching and retention."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
