@@ -184,6 +184,7 @@ class ReuseEngine:
         the first token and before decoding, outside the TTFT (diagnostics).
         """
         start_s = time.perf_counter() if started_at_s is None else started_at_s
+        generation = generation.with_eos(self.loaded.eos_token_ids)
         ctx = self._context(CallTimings())
         self.local.take_hit_keys()  # what earlier users of the tier found is not this call's
         with self._prefilling():
@@ -227,6 +228,7 @@ class ReuseEngine:
 
     def dense_reference(self, prompt: SpannedPrompt, generation: GenerationConfig) -> CallOutcome:
         """The same prompt prefilled densely, nothing looked up or stored (fidelity reference)."""
+        generation = generation.with_eos(self.loaded.eos_token_ids)
         timings = CallTimings()
         start_s = time.perf_counter()
         state = self.executor.prefill(CallPlan.all_compute(prompt.token_ids), timings)

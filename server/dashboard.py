@@ -16,6 +16,7 @@ from fastapi import FastAPI, Response
 from fastapi.params import Depends
 from fastapi.responses import HTMLResponse
 
+from kvsplice.common import units
 from kvsplice.common.reuse_report import token_hit_rate
 from kvsplice.server.admin_models import (
     AdminSource,
@@ -30,14 +31,7 @@ _SCRIPT = files("kvsplice.server").joinpath("static/dashboard.js")
 
 
 def human_bytes(num_bytes: int | None) -> str:
-    if num_bytes is None:
-        return "-"
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    return "-" if num_bytes is None else units.human_bytes(num_bytes)
 
 
 def percent(rate: float | None) -> str:

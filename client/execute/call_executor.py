@@ -31,6 +31,7 @@ from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.execute.reuse_map import reuse_map
+from kvsplice.client.execute.sampling import TokenPicker
 from kvsplice.client.model.hf_cache import (
     append_layer_runs,
     cache_kwarg,
@@ -90,19 +91,23 @@ class CallExecutor:
     def generate(
         self, state: ExecutionState, config: GenerationConfig, timings: CallTimings
     ) -> None:
-        """Continue greedily from `state.generated` (the first token) until a stop.
+        """Continue from `state.generated` (the first token) until a stop.
 
-        With `config.forced_ids` the answer becomes those tokens and nothing runs here
-        (`read_kv` feeds them when their K/V is read).
+        Greedy, or sampled under `config` (then the prefill's greedy first token is
+        drawn again from `state.logits_first`). With `config.forced_ids` the answer
+        becomes those tokens and nothing runs here (`read_kv` feeds them when read).
         """
         if config.forced_ids:
             state.generated[:] = list(config.forced_ids)
             return
+        picker = TokenPicker(config)
+        if picker.samples and len(state.generated) == 1:
+            state.generated[0] = picker.pick(state.logits_first)
         with timed(timings, "decode_tokens_s"):
             while not _done(state.generated, config):
                 logits = self.forward(state.generated[-1:], state.num_cached, state.cache)
                 state.num_cached += 1
-                state.generated.append(int(torch.argmax(logits)))
+                state.generated.append(picker.pick(logits))
 
     def read_kv(self, state: ExecutionState, start: int, end: int) -> SegmentKV:
         """K/V of positions [start, end) of prompt + generated tokens, as captured.

@@ -71,6 +71,17 @@ class LoadedModel:
     layout: KVLayout
     rope: RopeSpec
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end the model's turn: its generation config's `eos_token_id`
+        (an int or a list), else its config's, else the tokenizer's."""
+        for source in (getattr(self.model, "generation_config", None), self.model.config):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is not None:
+                return tuple(int(t) for t in (eos if isinstance(eos, list | tuple) else [eos]))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return () if eos is None else (int(eos),)
+
 
 def load_model(config: ModelConfig) -> LoadedModel:
     """Load `config.source` (converting the bundled GGUF once), in eval mode."""

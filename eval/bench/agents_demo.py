@@ -22,6 +22,8 @@ from rich.text import Text
 
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
 from kvsplice.client.modes.admission import AdmissionPolicy, load_policy
+from kvsplice.common.reuse_report import SERVED, token_hit_rate
+from kvsplice.common.units import human_bytes
 from kvsplice.eval.bench.demo_judge import DemoJudge, judge_table, routes_table, run_demo_judge
 from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import StoreSession, namespace_stats, open_store
@@ -260,41 +262,43 @@ def render_demo(result: DemoResult) -> list[RenderableType]:
 
 
 def _agent_table(result: DemoResult, reuse_modes: list[str]) -> Table:
-    headers = ["agent", "dense TTFT ms"]
-    for mode in reuse_modes:
-        headers += [
-            f"{mode} TTFT ms",
-            f"{mode} speedup",
-            f"{mode} reuse",
-            f"{mode} 1st tok",
-            f"{mode} match",
-        ]
+    """One row per (agent, mode): dense first, then each reuse mode (fits 100 columns)."""
     title = f"Median TTFT per agent (5-agent pipeline on HumanEval, {result.config.layout} layout)"
-    table = Table(*headers, title=title)
+    table = Table(
+        "agent", "mode", "TTFT ms", "speedup", "token reuse", "1st-token agree", "output match",
+        title=title,
+    )  # fmt: skip
     for row in result.rows:
-        cells = [row.label, fmt_ms(row.dense_ttft_s)]
+        table.add_row(row.label, DENSE, fmt_ms(row.dense_ttft_s), "", "", "", "")
         for mode in reuse_modes:
-            cells += [fmt_ms(row.ttft_s.get(mode)), fmt_x(row.speedup.get(mode)), fmt_pct(row.reuse_rate.get(mode)),
-                      fmt_pct(row.first_token_agreement.get(mode)), fmt_pct(row.output_match.get(mode))]  # fmt: skip
-        table.add_row(*cells)
+            table.add_row(
+                "", mode, fmt_ms(row.ttft_s.get(mode)), fmt_x(row.speedup.get(mode)),
+                fmt_pct(row.reuse_rate.get(mode)), fmt_pct(row.first_token_agreement.get(mode)),
+                fmt_pct(row.output_match.get(mode)),
+            )  # fmt: skip
+        table.add_section()
     return table
 
 
-STATS_COLUMNS = (
-    "num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts",
-)  # fmt: skip
-
-
 def _stats_table(result: DemoResult) -> Table:
+    """The store's side: what each mode's namespace holds and the reuse its workers reported
+    (the token hit rate equals the mode's token reuse above: one definition)."""
     table = Table(
-        "mode", "namespace", "segments", "bytes", "hits", "misses", "evicted", "refused",
-        title="Store, per namespace",
+        "mode", "segments", "stored", "token hit rate", "reused / prompt",
+        "local / in place / gRPC", "evicted", "refused",
+        title="Store, per mode's namespace (names below)",
     )  # fmt: skip
     for mode, namespace in result.namespaces.items():
-        stats = result.store_stats.get(namespace) or {}
+        stats = result.store_stats.get(namespace)
+        if stats is None:
+            table.add_row(mode, *("-" * 7))
+            continue
+        hit = stats.get("hit_tokens") or {}
+        num_hit, num_prompt = sum(hit.values()), stats.get("num_prompt_tokens", 0)
         table.add_row(
-            mode,
-            namespace,
-            *(str(stats.get(k, "-")) for k in STATS_COLUMNS),
-        )
+            mode, str(stats["num_segments"]), human_bytes(stats["num_bytes"]),
+            fmt_pct(token_hit_rate(num_hit, num_prompt)), f"{num_hit} / {num_prompt}",
+            " / ".join(str(hit.get(s, 0)) for s in SERVED),
+            str(stats["num_evictions"]), str(stats["num_refused_puts"]),
+        )  # fmt: skip
     return table

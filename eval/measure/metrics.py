@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
+from kvsplice.common.reuse_report import token_hit_rate
+
 logger = logging.getLogger(__name__)
 
 DENSE = "dense"
@@ -245,7 +247,7 @@ def _stats(
         mean_ttft_s=statistics.fmean(ttfts),
         median_ttft_s=statistics.median(ttfts),
         speedup=speedup,
-        token_reuse_rate=_ratio(
+        token_reuse_rate=token_hit_rate(
             sum(r.num_reused_tokens for r in group), sum(r.num_prompt_tokens for r in group)
         )
         or 0.0,

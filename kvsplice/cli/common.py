@@ -129,10 +129,13 @@ def debug_enabled() -> bool:
 
 
 def console():
-    """A rich console; 160 columns when stdout is not a terminal (logs, CI), so tables stay whole."""
+    """A rich console: the terminal's width, else `COLUMNS` when set, else 160 columns
+    (logs, CI: tables stay whole)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 160)
+    columns = os.environ.get("COLUMNS", "")
+    sized = sys.stdout.isatty() or (columns.isdigit() and int(columns) > 0)
+    return Console(width=None if sized else 160)
 
 
 def require_worker(command: str) -> None:
@@ -164,13 +167,3 @@ def int_tuple(csv: str, flag: str) -> tuple[int, ...]:
     if any(v <= 0 for v in values):
         raise typer.BadParameter(f"{csv!r}: every value must be positive", param_hint=f"'{flag}'")
     return values
-
-
-def human_bytes(num_bytes: int | float) -> str:
-    """1536 -> '1.5 KiB' (IEC units, one decimal past bytes)."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

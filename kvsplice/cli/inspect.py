@@ -18,8 +18,8 @@ from kvsplice.cli.common import (
     client_tls,
     console,
     fail,
-    human_bytes,
 )
+from kvsplice.common.units import human_bytes
 
 ADMIN_TIMEOUT_S = 5.0
 AdminUrlOpt = Annotated[
