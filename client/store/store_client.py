@@ -39,7 +39,6 @@ from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
-    KvspliceError,
     NotFound,
     PermissionDenied,
     StoreUnavailable,
@@ -197,16 +196,24 @@ class StoreClient:
                 self._served[key] = served
 
     def _send_report(self, report: ReuseReport) -> bool:
+        """Send `report`; False (keep it) if the store could not be reached. A refused
+        report (a reader's token, an older sidecar) is dropped, counted, logged once."""
         request = wire.report_request(self.namespace, report)
-        call = self._unary(self._stub.ReportReuse, request, lambda _: True)
         try:
-            sent = self._once("report_reuse", call, self.config.lookup_timeout_s, False)
-        except KvspliceError as error:  # refused (a reader's token, an older sidecar): dropped
+            self._stub.ReportReuse(
+                request, timeout=self.config.lookup_timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as rpc_error:
+            error = error_from_rpc(rpc_error)
+            if isinstance(error, StoreUnavailable):  # the calls that need the store warn
+                logger.debug("reuse report kept for the next flush: %s", error)
+                return False
+            if not self.counters.num_reports_dropped:
+                logger.warning("the store refused a reuse report (%s); reports dropped", error)
             self.counters.num_reports_dropped += 1
-            self._warning.warn("report_reuse", f"refused, report dropped: {error}")
             return True
-        self.counters.num_reports_sent += sent
-        return sent
+        self.counters.num_reports_sent += 1
+        return True
 
     def _get_over_grpc(
         self, key: bytes, model_fingerprint: str | None

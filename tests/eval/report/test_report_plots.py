@@ -219,15 +219,21 @@ def test_demo_rows_and_render(tmp_path: Path) -> None:
     result = DemoResult(
         config=DemoConfig(out_dir=tmp_path), rows=rows, aggregates=aggregates, records=records,
         wall_s=3.0, namespaces={"exact": "demo-x-exact", "naive": "demo-x-naive"},
-        store_stats={"demo-x-exact": {"num_segments": 4, "num_bytes": 10, "num_hits": 2, "num_misses": 1}},
+        store_stats={"demo-x-exact": {
+            "num_segments": 4, "num_bytes": 12_288, "num_hits": 2, "num_misses": 1, "num_evictions": 0,
+            "num_refused_puts": 0, "num_calls": 3, "num_prompt_tokens": 300,
+            "hit_tokens": {"local": 100, "in_place": 0, "grpc": 20},
+        }, "demo-x-naive": None},
         stats_hints=["http://127.0.0.1:1/v1/stats?namespace=demo-x-exact"],
         json_path=tmp_path / "demo.json", chart_path=tmp_path / "c.png",
     )  # fmt: skip
-    console = Console(file=io.StringIO(), width=250)
+    console = Console(file=io.StringIO(), width=100)  # a normal terminal: nothing is cut
     for renderable in render_demo(result):
         console.print(renderable)
     output = console.file.getvalue()
     assert "v1/stats?namespace=demo-x-exact" in output and "4.00x" in output
+    assert "…" not in output and max(len(line) for line in output.splitlines()) <= 100
+    assert "12.0 KiB" in output and "120 / 300" in output and "100 / 0 / 20" in output
     data = json.loads(json.dumps(demo_json(result), default=str))
     assert {"config", "agents", "aggregates", "records", "store_stats"} <= set(data)
 
