@@ -18,6 +18,7 @@ import xxhash
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.dashboard import human_bytes
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
@@ -51,7 +52,8 @@ def make_segment(namespace: str, tokens: tuple[int, ...], nbytes: int) -> tuple[
 
 
 def fill(target: str, namespace: str, num_segments: int, hits: int, misses: int) -> None:
-    """`num_segments` 8-token segments; `hits` lookups that find one, `misses` that find none."""
+    """`num_segments` 8-token segments; `hits` calls of 16 prompt tokens that reuse 8 of them
+    (read over gRPC, then locally, in turn), `misses` that reuse none: what workers report."""
     with StoreClient(target, namespace, token=TOKEN) as client:
         metas = []
         for i in range(num_segments):
@@ -59,10 +61,13 @@ def fill(target: str, namespace: str, num_segments: int, hits: int, misses: int)
             assert client.put_segment(meta, payload)
             metas.append(meta)
         for i in range(hits):  # 8 of 16 tokens stored
-            client.lookup_prefix(FINGERPRINT, [*metas[i % num_segments].token_ids, *[9999] * 8])
-            client.get_segment(metas[i % num_segments].segment_id)
+            meta = metas[i % num_segments]
+            client.lookup_prefix(FINGERPRINT, [*meta.token_ids, *[9999] * 8])
+            client.get_segment(meta.segment_id)
+            client.report_reuse(16, [ReusedRun(8, ("grpc", "local")[i % 2], meta.context_key)])
         for _ in range(misses):
             client.lookup_prefix(FINGERPRINT, [7777] * 16)
+            client.report_reuse(16)
 
 
 @pytest.fixture
