@@ -76,6 +76,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/check_layers.py
+	$(BIN)/python scripts/check_types.py
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

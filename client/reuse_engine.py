@@ -222,7 +222,7 @@ class ReuseEngine:
         tokenizer = self.loaded.tokenizer
         prompt = chat_prompt(messages, tokenizer, known_outputs=self._answers)
         outcome = self.run(prompt, generation, started_at_s=start_s)
-        outcome.text = tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True)
+        outcome.text = self.loaded.decode(outcome.output_ids, skip_special_tokens=True)
         self._answers[outcome.text] = outcome.output_ids
         return outcome
 
@@ -283,7 +283,7 @@ class ReuseEngine:
             # Decoded in fp32 so a half-precision model's keys are shifted, then cast, once.
             decode_dtype=torch.float32,
             timings=timings,
-            decode_text=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+            decode_text=lambda ids: self.loaded.decode(ids, skip_special_tokens=False),
             encode_text=lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)),
             quant=self.config.quant,
             rope=self.loaded.rope,

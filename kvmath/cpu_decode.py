@@ -87,14 +87,14 @@ def writable_target(out: torch.Tensor, shape: tuple[int, ...]) -> bool:
 
 def _parent_geometry(out: torch.Tensor) -> tuple[int, int, int] | None:
     """(storage offset of the block, its T', first token) or None."""
-    num_layers, num_heads, num_tokens, head_dim = out.shape
+    num_layers, num_heads, num_tokens, head_dim = map(int, out.shape)
     s_layer, s_head, s_token, s_channel = out.stride()
     if s_channel != 1 or s_token != head_dim or s_head % head_dim:
         return None
     block_tokens = s_head // head_dim
     if s_layer != num_heads * s_head and num_layers > 1:
         return None
-    offset = out.storage_offset()
+    offset = int(out.storage_offset())
     first = (offset % s_head) // head_dim if s_head else 0
     start = offset - first * head_dim
     size = num_layers * num_heads * block_tokens * head_dim
@@ -186,11 +186,10 @@ def _compile(cache: bool) -> tuple[Callable[..., None], Callable[..., None]]:
     i64_1d = numba.types.Array(numba.int64, 1, "C", readonly=True)
     out_4d = numba.types.Array(numba.float32, 4, "C")
     i64 = numba.int64
-    options = {"nogil": True, "cache": cache, "fastmath": {"contract"}}
     keys_sig = numba.void(int8_4d, f32_3d, f32_3d, i64_1d, numba.boolean, out_4d, i64, i64, i64)
     values_sig = numba.void(int8_4d, f32_4d, out_4d, i64, i64, i64)
-    keys = numba.njit(keys_sig, **options)(_keys_loop)
-    values = numba.njit(values_sig, **options)(_values_loop)
+    keys = numba.njit(keys_sig, nogil=True, cache=cache, fastmath={"contract"})(_keys_loop)
+    values = numba.njit(values_sig, nogil=True, cache=cache, fastmath={"contract"})(_values_loop)
     return keys, values
 
 

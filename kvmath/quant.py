@@ -55,7 +55,7 @@ FP16_MAX = 65504.0
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # bfloat16 has no numpy dtype: its bits travel as int16 and are viewed back.
-STORED_NUMPY_DTYPES = {
+STORED_NUMPY_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(np.int16),

@@ -142,7 +142,8 @@ class AnchorService:
         if pool is None:
             return []
         wanted = set(anchor_ids)
-        records, nbytes = [], 0
+        records: list[AnchorRecord] = []
+        nbytes = 0
         for entry in pool.entries():
             if wanted and entry.anchor_id not in wanted:
                 continue

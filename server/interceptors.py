@@ -114,6 +114,7 @@ def _wrap_handler(
         return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **kwargs)
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), **kwargs)
+    assert handler.stream_stream is not None  # a handler has one behavior, the others None
     return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **kwargs)
 
 

@@ -197,7 +197,9 @@ class LMDBReader:
         if close:
             self._env.close()
 
-    def _verified(self, txn: lmdb.Transaction, raw: memoryview) -> tuple[MappedSegment, bool]:
+    def _verified(
+        self, txn: lmdb.Transaction, raw: bytes | memoryview
+    ) -> tuple[MappedSegment, bool]:
         """The segment in record `raw` (meta digest and payload xxh3 checked, one pass), and
         whether its payload pins `txn` (else the caller ends the transaction)."""
         header = read_header(raw)
@@ -217,4 +219,4 @@ class LMDBReader:
             raise CorruptPayload(f"payload checksum mismatch for segment {meta.segment_id}")
         if header.compressed:
             return MappedSegment(meta, payload), False
-        return MappedSegment(meta, memoryview(np.asarray(_Pin(self, txn, payload)))), True
+        return MappedSegment(meta, np.asarray(_Pin(self, txn, payload)).data), True

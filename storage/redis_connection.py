@@ -153,10 +153,7 @@ class RedisConnection:
 
 def _make_client(config: RedisTierConfig) -> Client:
     url = redis_py_url(config.url)
-    timeouts = {
-        "socket_timeout": config.socket_timeout_s,
-        "socket_connect_timeout": config.socket_timeout_s,
-    }
+    timeout_s = config.socket_timeout_s
     if config.cluster:
         # NOTE: MOVED/ASK are followed and the slot map refreshed by RedisCluster
         # itself; its retries (short backoff) ride through a replica's promotion
@@ -169,11 +166,17 @@ def _make_client(config: RedisTierConfig) -> Client:
             else None,
             retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 2),
             **_credentials(url),
-            **timeouts,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
         )
     # One quick retry: a dead server surfaces within the socket timeout, not after
     # redis-py's default exponential backoff.
-    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **timeouts)
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(NoBackoff(), 1),
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
 
 
 def cluster_seeds(url: str) -> list[ClusterNode]:
@@ -204,3 +207,12 @@ def _redacted(url: str) -> str:
     if "@" not in rest:
         return url
     return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
+
+
+def reply_bytes(value: bytes | str | None) -> bytes:
+    """A Redis reply as bytes. Our clients never set decode_responses (redis-py's types
+    allow str for clients that do), so a str, or None where the protocol always answers,
+    is a bug, not data."""
+    if not isinstance(value, bytes):
+        raise TypeError(f"a bytes reply from Redis was expected, got {type(value).__name__}")
+    return value

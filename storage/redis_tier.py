@@ -17,7 +17,13 @@ from typing import Any, cast
 from kvsplice.common.errors import CorruptPayload, StoreUnavailable
 from kvsplice.storage.config import RedisTierConfig
 from kvsplice.storage.record import HEADER_NBYTES, body_prefix, open_record, read_header, seal
-from kvsplice.storage.redis_connection import TAG_NBYTES, Client, RedisConnection, hash_tagged
+from kvsplice.storage.redis_connection import (
+    TAG_NBYTES,
+    Client,
+    RedisConnection,
+    hash_tagged,
+    reply_bytes,
+)
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
@@ -84,7 +90,7 @@ class RedisTier:
             self._counters.add(misses=1)
             return None
         try:
-            body = open_record(raw)
+            body = open_record(reply_bytes(raw))
         except CorruptPayload as exc:
             self._discard_corrupt(key, exc)
             self._counters.add(misses=1)

@@ -13,6 +13,7 @@ import json
 import math
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -182,14 +183,13 @@ def _upgrade_v1(fields: dict) -> dict:
 
 
 def _meta_from_fields(
-    fields: dict, token_ids: tuple[int, ...], left_tail_ids: tuple[int, ...]
+    fields: dict[str, Any], token_ids: tuple[int, ...], left_tail_ids: tuple[int, ...]
 ) -> SegmentMeta:
-    keys = {name: bytes.fromhex(fields.pop(name)) for name in _KEY_FIELDS}
+    fields.update({name: bytes.fromhex(fields[name]) for name in _KEY_FIELDS})
     boundary_layers = tuple(fields.pop("boundary_layers"))
     labels = tuple((str(k), str(v)) for k, v in fields.pop("labels"))
     return SegmentMeta(
         **fields,
-        **keys,
         token_ids=token_ids,
         left_tail_ids=left_tail_ids,
         boundary_layers=boundary_layers,

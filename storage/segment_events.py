@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.typing import EncodableT, FieldT
+
 from kvsplice.storage.keyspace import BLOB_SPACE, SEGMENT_SPACE
-from kvsplice.storage.redis_connection import RedisConnection, hash_tagged
+from kvsplice.storage.redis_connection import RedisConnection, hash_tagged, reply_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +93,15 @@ class EventStreams:
             self._connection.call("sadd", lambda c: c.sadd(self._registry, namespace))
             self._registered.add(namespace)
         stream = self.stream_name(namespace)
+        # redis-py types fields as a dict of its wider key/value unions (dict is invariant)
+        fields: dict[FieldT, EncodableT] = {k: v for k, v in event.fields().items()}
         self._connection.call(
-            "xadd",
-            lambda c: c.xadd(stream, event.fields(), maxlen=self._max_len, approximate=True),
+            "xadd", lambda c: c.xadd(stream, fields, maxlen=self._max_len, approximate=True)
         )
 
     def namespaces(self) -> list[str]:
         members = self._connection.call("smembers", lambda c: c.smembers(self._registry))
-        return sorted(m.decode() for m in members)
+        return sorted(reply_bytes(m).decode() for m in members)
 
     def read(self, namespace: str, after_id: bytes) -> tuple[list[SharedEvent], bytes, int]:
         """Events of `namespace` after `after_id` (at most `READ_COUNT`), the new cursor and
@@ -121,7 +124,7 @@ class EventStreams:
         """The id of the newest event of `namespace` now (START_ID when none)."""
         stream = self.stream_name(namespace)
         newest = self._connection.call("xrevrange", lambda c: c.xrevrange(stream, count=1))
-        return newest[0][0] if newest else START_ID
+        return reply_bytes(newest[0][0]) if newest else START_ID
 
 
 def _stream_entries(replies: Any) -> Iterable[tuple[bytes, list[tuple[bytes, dict]]]]:

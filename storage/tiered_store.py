@@ -17,8 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from functools import reduce
-from typing import NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import xxhash
 
@@ -518,7 +519,8 @@ class TieredStore:
         entry = self._live_entry(key, removed)
         if entry is None:
             return None if self._shared is None else self._read_through(key, removed, arrived)
-        body = self._stack.get(key, is_current=lambda b: _digest_or_none(b) == entry.meta_digest)
+        digest = entry.meta_digest
+        body = self._stack.get(key, is_current=lambda b: _digest_or_none(b) == digest)
         if body is None and self._shared is not None:
             fetched = self._fetch_shared(key, entry, removed)
             if fetched is _UNREACHABLE:
@@ -537,7 +539,9 @@ class TieredStore:
         self._remove_locked(key, entry, "lost", removed)
         return None
 
-    def _fetch_shared(self, key: bytes, entry: CatalogEntry, removed: Removed) -> Body | object:
+    def _fetch_shared(
+        self, key: bytes, entry: CatalogEntry, removed: Removed
+    ) -> Body | Literal[_Unreachable.TOKEN] | None:
         """The shared tier's copy of a locally missing segment, cached in the local tiers;
         None if the shared tier lacks it, `_UNREACHABLE` while it is degraded (or its copy
         fails verification)."""
@@ -649,7 +653,13 @@ class TieredStore:
         self._listeners.removed([meta for meta, _ in removed])
 
 
-_UNREACHABLE = object()
+class _Unreachable(Enum):
+    """The shared tier could not answer (degraded, or its copy failed verification)."""
+
+    TOKEN = 0
+
+
+_UNREACHABLE: Final = _Unreachable.TOKEN
 
 
 def _record_of(meta: SegmentMeta, payload: bytes | memoryview) -> tuple[bytes, bytes, CatalogEntry]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from kvsplice.common.errors import LayoutMismatch
 
@@ -24,12 +25,12 @@ logger = logging.getLogger(__name__)
 def cache_kwarg(module: torch.nn.Module, kv_cache: object) -> dict[str, object]:
     """`kv_cache` as the keyword `module.forward` takes it: `cache` (transformers >= 5.24,
     where `past_key_values` is deprecated) or `past_key_values` (earlier releases)."""
-    return {_cache_parameter(type(module)): kv_cache}
+    return {_cache_parameter(type(module).forward): kv_cache}
 
 
 @cache
-def _cache_parameter(module_type: type) -> str:
-    parameters = inspect.signature(module_type.forward).parameters
+def _cache_parameter(forward: Callable[..., Any]) -> str:
+    parameters = inspect.signature(forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
@@ -64,11 +65,20 @@ def layer_kv(cache: DynamicCache, layer_idx: int) -> tuple[torch.Tensor, torch.T
 
     Raises `LayoutMismatch` for layers that hold no K/V (linear-attention states).
     """
-    layer = cache.layers[layer_idx]
-    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+    layer = kv_layer(cache, layer_idx)
+    keys, values = layer.keys, layer.values
+    if keys is None or values is None:
         raise LayoutMismatch(f"cache layer {layer_idx} ({type(layer).__name__}) holds no K/V")
     return keys, values
+
+
+def kv_layer(cache: DynamicCache, layer_idx: int) -> CacheLayerMixin:
+    """The layer at `layer_idx`, one that holds K/V (linear-attention and dummy layers
+    do not: `LayoutMismatch`)."""
+    layer = cache.layers[layer_idx]
+    if not isinstance(layer, CacheLayerMixin):
+        raise LayoutMismatch(f"cache layer {layer_idx} ({type(layer).__name__}) holds no K/V")
+    return layer
 
 
 def append_layers(
@@ -114,7 +124,7 @@ def append_layer_runs(
         # A zero-length update creates (or reuses) the layer with `update`'s own rules.
         empty_k = keys[0][layer_idx, :, :0].unsqueeze(0)
         cache.update(empty_k, values[0][layer_idx, :, :0].unsqueeze(0), layer_idx)
-        layer = cache.layers[layer_idx]
+        layer = kv_layer(cache, layer_idx)
         old_k, old_v = layer_kv(cache, layer_idx)
         layer.keys = torch.cat([old_k, *(k[layer_idx].unsqueeze(0) for k in keys)], dim=-2)
         layer.values = torch.cat([old_v, *(v[layer_idx].unsqueeze(0) for v in values)], dim=-2)
@@ -125,6 +135,7 @@ def truncate(cache: DynamicCache, num_tokens: int) -> None:
 
     (Not `DynamicCache.crop`: its argument changed meaning across transformers 5.x.)
     """
-    for layer_idx, layer in enumerate(cache.layers):
+    for layer_idx in range(len(cache.layers)):
+        layer = kv_layer(cache, layer_idx)
         keys, values = layer_kv(cache, layer_idx)
         layer.keys, layer.values = keys[:, :, :num_tokens], values[:, :, :num_tokens]

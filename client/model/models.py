@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,12 @@ class LoadedModel:
                 return tuple(int(t) for t in (eos if isinstance(eos, list | tuple) else [eos]))
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return () if eos is None else (int(eos),)
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        """The text of one sequence of ids (the tokenizer's `decode` of a flat list)."""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        assert isinstance(text, str)  # a list of ids decodes to one string, never a batch
+        return text
 
 
 def load_model(config: ModelConfig) -> LoadedModel:

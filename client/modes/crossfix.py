@@ -165,7 +165,8 @@ class _Staged:
         )
 
     def run(self) -> PlannedCall[None]:
-        plan, result, failed = self.first, None, []
+        plan, result = self.first, None
+        failed: list[str] = []
         for stage, check in enumerate(self.checks):
             if result is not None:
                 rule = blend_rule(replace(self.config.blend, check_layer=check))

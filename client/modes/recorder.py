@@ -23,6 +23,7 @@ from kvsplice.client.store.segment_io import SpanRecord, left_tail
 from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.common.chain import KeyChain
 from kvsplice.common.keys import context_key
+from kvsplice.common.segment import SegmentKind
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class _Chain(KeyChain):
         end: int,
     ) -> SpanRecord:
         tokens = tuple(token_ids[start:end])
-        kind = "prompt" if start < state.prompt_len else "response"
+        kind: SegmentKind = "prompt" if start < state.prompt_len else "response"
         record = SpanRecord(
             kv=ctx.executor.read_kv(state, start, end),
             token_ids=tokens,

@@ -99,8 +99,10 @@ class StoreClient:
         options = [*self.config.channel_options(), SINGLE_THREADED_STREAMS]
         self._channel = open_channel(target, options, tls)
         self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
-        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)
-        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)
+        # NOTE: types-grpcio lacks grpcio's private `_registered_method` keyword (the
+        # generated stubs pass it too): the ignores are for that stub gap only.
+        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
+        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
         self._buffers = BufferPool(self.config.receive_pool_bytes)
@@ -217,10 +219,10 @@ class StoreClient:
 
     def _get_over_grpc(
         self, key: bytes, model_fingerprint: str | None
-    ) -> tuple[SegmentMeta, bytes] | None:
+    ) -> tuple[SegmentMeta, memoryview] | None:
         request = wire.get_request(self.namespace, key, model_fingerprint)
 
-        def read(timeout_s: float) -> tuple[SegmentMeta, bytes]:
+        def read(timeout_s: float) -> tuple[SegmentMeta, memoryview]:
             assembler = wire.SegmentAssembler(self._buffers)
             for response in self._get_segment(request, timeout=timeout_s, metadata=self._metadata):
                 assembler.feed(response)

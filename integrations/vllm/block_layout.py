@@ -27,9 +27,13 @@ class UnsupportedLayout(Exception):
 
 
 class BlockLayout(Protocol):
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
+    # read-only: the layouts are frozen dataclasses
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
     def gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor

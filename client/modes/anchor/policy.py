@@ -457,12 +457,12 @@ class AnchorPolicy(RecordingPolicy):
             correction = correct(query, outcome.pool, ctx.rope, self.config.gate.weights)
         name = f"{MODE}@{span.start}"
         spans = anchor_spans(correction, name=name)
-        bases = [(span.start, base)]
+        placed = [(span.start, base)]
         if next_base is not None and next_span is not None:
-            bases.append((next_span.start, next_base))
+            placed.append((next_span.start, next_base))
         return tuple(
             replace(s, source=Source(MODE, False, start, start - stored.start_position))
-            for s, (start, stored) in zip(spans, bases, strict=False)
+            for s, (start, stored) in zip(spans, placed, strict=False)
         )
 
     def _add_anchor(
