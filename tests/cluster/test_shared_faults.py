@@ -86,21 +86,25 @@ def test_a_hung_redis_degrades_sharing_never_the_sidecar(
     process.send_signal(signal.SIGSTOP)
     seen: list[tuple[str, int, str]] = []
     gauges: list[float] = []
+    pending: list[int] = []
+    done_before = {op: len(load.stats[op].latencies_s) for op in ("get", "put")}
     try:
         until = time.monotonic() + 3.0
         while time.monotonic() < until:
             status, ready = readyz(a)
             seen.append((health_status(a), status, ready["shared_tier"]["state"]))
             gauges.append(metric(a, "kvsplice_shared_tier_degraded"))
+            pending.append(a.server.store.shared.status().num_pending)
             time.sleep(0.2)
+        done_during = {op: len(load.stats[op].latencies_s) - n for op, n in done_before.items()}
     finally:
         process.send_signal(signal.SIGCONT)
     time.sleep(1.0)
     load.stop()
     summary = load.summary()
-    assert summary["get"]["failed_or_missed"] == 0 and summary["get"]["p99_ms"] < 250
-    assert summary["put"]["failed_or_missed"] == 0 and load.stats["put"].latencies_s
-    assert max(load.stats["put"].latencies_s) < 1.0
+    assert summary["get"]["failed_or_missed"] == 0 and summary["put"]["failed_or_missed"] == 0
+    # gets and puts were answered while Redis hung, the puts acked with their sharing pending
+    assert min(done_during.values()) >= 1 and max(pending) >= 1, (done_during, pending)
     assert {health for health, _, _ in seen} == {"SERVING"}
     assert {status for _, status, _ in seen} == {200}
     assert ("SERVING", 200, "degraded") in seen and 1.0 in gauges

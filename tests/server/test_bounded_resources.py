@@ -1,5 +1,6 @@
 """Bounded resources: a stalled upload is cut by the server, uploads in flight share one
-byte budget (RESOURCE_EXHAUSTED past it), a large put does not stall health checks."""
+byte budget (RESOURCE_EXHAUSTED past it), health checks are answered while a large put or
+get is in flight."""
 
 from __future__ import annotations
 
@@ -42,14 +43,16 @@ def test_a_stalled_upload_is_cut_by_the_server(tmp_path: Path) -> None:
     release = threading.Event()
     with EmbeddedStore(config) as store:
         meta = make_meta([1, 2], make_payload(1 << 20))
-        started = time.monotonic()
-        code = put_status(store.target, stalling_put(meta, release))
-        elapsed_s = time.monotonic() - started
+        with grpc.insecure_channel(store.target) as channel, pytest.raises(grpc.RpcError) as caught:
+            store_pb2_grpc.SegmentStoreStub(channel).PutSegment(
+                stalling_put(meta, release), timeout=30
+            )
         release.set()
         assert store._server is not None
         assert store._server.uploads.inflight_nbytes == 0
-    assert code is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert elapsed_s < 5
+    # The server's cut, not the client's own 30 s deadline (its details say "Deadline Exceeded").
+    assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "cut by the server" in caught.value.details()
 
 
 def test_uploads_in_flight_share_one_budget(tmp_path: Path) -> None:
@@ -91,34 +94,33 @@ def test_uploads_in_flight_share_one_budget(tmp_path: Path) -> None:
 def test_a_large_put_does_not_stall_health_checks(tmp_path: Path) -> None:
     payload = make_payload(32 * MIB)
     meta = make_meta([3, 1, 4, 1, 5], payload)
-    latencies_s: list[float] = []
+    statuses: list[int] = []
     with EmbeddedStore(loopback_config(str(tmp_path / "lmdb"), memory_bytes=128 * MIB)) as store:
-        done = threading.Event()
+        health_channel = grpc.insecure_channel(store.target)
+        health = health_pb2_grpc.HealthStub(health_channel)
 
-        def probe() -> None:
-            with grpc.insecure_channel(store.target) as channel:
-                health = health_pb2_grpc.HealthStub(channel)
-                while not done.is_set():
-                    started = time.perf_counter()
-                    health.Check(health_pb2.HealthCheckRequest(), timeout=10)
-                    latencies_s.append(time.perf_counter() - started)
-                    time.sleep(0.01)
+        def check() -> None:  # the 10 s timeout only keeps a stalled server from hanging CI
+            statuses.append(health.Check(health_pb2.HealthCheckRequest(), timeout=10).status)
 
-        prober = threading.Thread(target=probe)
-        prober.start()
-        time.sleep(0.2)
-        for _ in range(2):
-            put_status(store.target, put_requests(meta, payload, 4 * MIB))
-            list_request = pb.GetSegmentRequest(
-                namespace=meta.namespace, context_key=meta.context_key
-            )
-            with grpc.insecure_channel(
-                store.target, options=[("grpc.max_receive_message_length", 8 * MIB)]
-            ) as channel:
-                list(store_pb2_grpc.SegmentStoreStub(channel).GetSegment(list_request, timeout=30))
-        done.set()
-        prober.join()
-    assert max(latencies_s) < 1.0, max(latencies_s)
+        def put_checked_halfway() -> Iterator[pb.PutSegmentRequest]:
+            requests = list(put_requests(meta, payload, 4 * MIB))
+            yield from requests[: len(requests) // 2]
+            check()  # half the payload is with the server, the stream still open
+            yield from requests[len(requests) // 2 :]
+
+        with grpc.insecure_channel(
+            store.target, options=[("grpc.max_receive_message_length", 8 * MIB)]
+        ) as channel:
+            stub = store_pb2_grpc.SegmentStoreStub(channel)
+            stub.PutSegment(put_checked_halfway(), timeout=60)
+            request = pb.GetSegmentRequest(namespace=meta.namespace, context_key=meta.context_key)
+            replies = stub.GetSegment(request, timeout=60)
+            received = [next(replies), next(replies)]
+            check()  # the read stream open mid-payload
+            received += list(replies)
+        health_channel.close()
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2
+    assert b"".join(r.chunk for r in received[1:]) == payload
 
 
 def test_a_reader_that_stops_reading_is_cut_by_the_server() -> None:
@@ -158,11 +160,8 @@ def test_a_stalled_anchor_upload_is_cut_by_the_server() -> None:
         release.wait(30)
 
     with EmbeddedStore(loopback_config(None, stream_idle_timeout_s=0.5)) as store:
-        with grpc.insecure_channel(store.target) as channel:
-            started = time.monotonic()
-            with pytest.raises(grpc.RpcError) as caught:
-                store_pb2_grpc.SegmentStoreStub(channel).PutAnchor(stalling_anchor(), timeout=30)
-            elapsed_s = time.monotonic() - started
+        with grpc.insecure_channel(store.target) as channel, pytest.raises(grpc.RpcError) as caught:
+            store_pb2_grpc.SegmentStoreStub(channel).PutAnchor(stalling_anchor(), timeout=30)
         release.set()
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert elapsed_s < 5
+    assert "cut by the server" in caught.value.details()

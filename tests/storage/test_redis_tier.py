@@ -98,10 +98,9 @@ def test_an_unreachable_server_starts_degraded_and_connects_when_it_appears(
         caplog.records[0].message
     ]  # one line, no traceback
     assert tier.connection.breaker.is_open()
-    started = time.monotonic()
-    with pytest.raises(StoreUnavailable):
+    # fails fast while degraded: the open breaker refuses the call, no connection tried
+    with pytest.raises(StoreUnavailable, match="is degraded"):
         tier.get(b"k")
-    assert time.monotonic() - started < 0.05  # fails fast while degraded
     command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     process = subprocess.Popen([*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
     try:

@@ -7,7 +7,6 @@ import logging
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -142,13 +141,13 @@ def test_a_token_protected_store_refuses_clients_without_it(tmp_path: Path) -> N
             assert bearer.lookup_prefix(FINGERPRINT, [1]) == PrefixLookup.MISS
 
 
-def test_unreachable_store_gives_misses_within_the_deadline_and_one_warning(
+@pytest.mark.timeout(120)  # a hang guard only: the calls give up, they are not timed
+def test_unreachable_store_gives_misses_and_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     payload = make_payload(100)
     meta = make_meta([1, 2], payload)
     with StoreClient(closed_port_target(), NAMESPACE, config=FAST) as client:
-        started = time.monotonic()
         results = [
             client.put_segment(meta, payload),
             client.get_segment(meta.segment_id),
@@ -160,9 +159,7 @@ def test_unreachable_store_gives_misses_within_the_deadline_and_one_warning(
             client.delete(meta.segment_id),
             client.stats(),
         ]
-        elapsed_s = time.monotonic() - started
     assert results == [False, None, PrefixLookup.MISS, [], None, [], 0, False, None]
-    assert elapsed_s < 9 * FAST.get_timeout_s
     assert client.counters.num_degraded_calls == 9
     assert len(warnings_logged(caplog)) == 1
 
@@ -178,19 +175,23 @@ def test_clients_of_one_dead_store_share_one_warning_per_interval(
 
 
 def test_a_store_slower_than_the_deadline_is_a_miss() -> None:
+    answer = threading.Event()  # set only once the client has returned
+
     def slow_lookup(
         request: pb.LookupPrefixRequest, context: grpc.ServicerContext
     ) -> pb.LookupPrefixResponse:
-        time.sleep(1.0)
+        answer.wait(30)
         return pb.LookupPrefixResponse(num_matched_tokens=1)
 
     with (
         fake_store(LookupPrefix=("unary", slow_lookup)) as target,
         StoreClient(target, NAMESPACE, config=FAST) as client,
     ):
-        started = time.monotonic()
-        assert client.lookup_prefix(FINGERPRINT, [1]) == PrefixLookup.MISS
-        assert time.monotonic() - started < FAST.lookup_timeout_s + 0.3
+        try:  # the store cannot answer before the client gave up: only its deadline ends it
+            assert client.lookup_prefix(FINGERPRINT, [1]) == PrefixLookup.MISS
+        finally:
+            answer.set()
+        assert client.counters.num_degraded_calls == 1
 
 
 def test_idempotent_calls_are_retried_on_unavailable() -> None:
