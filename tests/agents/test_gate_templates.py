@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_factories import CharTokenizer
+from helpers.agents import CharTokenizer
 
 from kvsplice.agents.graph import fully_connected
 from kvsplice.agents.judge import DisplayOrder, execution_graph, execution_roles, judge_template

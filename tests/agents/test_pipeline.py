@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from agent_factories import MARKER_BASE, make_tiny_loaded
+from helpers.agents import MARKER_BASE, make_tiny_loaded
 
 from kvsplice.agents.graph import chain, fully_connected
 from kvsplice.agents.pipeline import AgentCall, run_pipeline, stop_token_ids

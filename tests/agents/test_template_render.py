@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_factories import CharTokenizer
+from helpers.agents import CharTokenizer
 from hypothesis import example, given
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_factories import (
+from helpers.cluster import (
     FINGERPRINT,
     NAMESPACE,
     chain_tokens,

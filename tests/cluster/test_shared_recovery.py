@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
-from cluster_factories import (
+from helpers.cluster import (
     FINGERPRINT,
     NAMESPACE,
     chain_tokens,

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from cluster_factories import (
+from helpers.cluster import (
     FINGERPRINT,
     NAMESPACE,
     chain_tokens,

@@ -5,9 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from index_factories import (
+from helpers.index import (
     FINGERPRINT,
     NAMESPACE,
     OTHER_FINGERPRINT,
@@ -15,6 +13,8 @@ from index_factories import (
     make_chain,
     make_meta,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta

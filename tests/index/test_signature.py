@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from index_factories import make_meta
+from helpers.index import make_meta
 
 from kvsplice.index.signature import SignatureKind
 from kvsplice.index.similarity_index import SimilarityConfig

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers.index import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_meta
 from hypothesis import given
 from hypothesis import strategies as st
-from index_factories import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_meta
 
 from kvsplice.common.keys import root_key
 from kvsplice.index.similarity_index import (

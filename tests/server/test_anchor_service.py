@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from store_factories import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_store
+from helpers.store import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_store
 
 from kvsplice.common.errors import InvalidRequest, ResourceExhausted
 from kvsplice.index.anchor_pool import AnchorPoolConfig

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pytest
-from store_factories import make_meta, make_payload
+from helpers.store import make_meta, make_payload
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from store_factories import make_meta, make_payload
+from helpers.store import make_meta, make_payload
 from test_serve_sigterm import wait_serving
 
 from kvsplice.client.store.store_wire import put_requests

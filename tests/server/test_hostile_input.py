@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from helpers.store import FINGERPRINT, NAMESPACE, make_meta, make_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_factories import FINGERPRINT, NAMESPACE, make_meta, make_payload
 
 from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.errors import AlreadyExists

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from store_factories import make_meta, make_payload
+from helpers.store import make_meta, make_payload
+from helpers.tls import Pki, make_pki
 from test_serve_sigterm import wait_serving
-from tls_factories import Pki, make_pki
 
 from kvsplice.cli import main
 from kvsplice.client.store.store_client import StoreClient

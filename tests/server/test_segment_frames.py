@@ -11,7 +11,7 @@ from dataclasses import replace
 import grpc
 import pytest
 from grpc import aio
-from store_factories import NAMESPACE, make_meta, make_payload, make_service, make_store
+from helpers.store import NAMESPACE, make_meta, make_payload, make_service, make_store
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig

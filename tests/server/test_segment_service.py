@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from store_factories import (
+from helpers.store import (
     FINGERPRINT,
     NAMESPACE,
     OTHER_FINGERPRINT,

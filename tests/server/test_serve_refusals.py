@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tls_factories import Pki, make_pki
+from helpers.tls import Pki, make_pki
 
 from kvsplice.cli import main
 from kvsplice.common.errors import ServeRefused

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from store_factories import make_meta, make_payload
+from helpers.store import make_meta, make_payload
 
 from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from store_factories import (
+from helpers.store import (
     FINGERPRINT,
     NAMESPACE,
     OTHER_FINGERPRINT,

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from store_factories import FINGERPRINT, make_meta, make_payload
+from helpers.store import FINGERPRINT, make_meta, make_payload
 
 from kvsplice.client.store.store_wire import put_requests
 from kvsplice.common.errors import PermissionDenied, Unauthenticated

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from store_factories import make_meta, make_payload
-from tls_factories import Pki, make_pki
+from helpers.store import make_meta, make_payload
+from helpers.tls import Pki, make_pki
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from client_factories import VOCAB, make_tiny_llama
+from helpers.client import VOCAB, make_tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 import torch
+from helpers.model import make_prompt, make_tiny_gemma3, make_tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_factories import make_prompt, make_tiny_gemma3, make_tiny_llama
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.call_executor import CallExecutor, SpliceSource, build_cache

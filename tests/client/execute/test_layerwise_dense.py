@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
+from helpers.layerwise import GEMMA_WINDOW, dense_forward, dense_kv, make_model, make_prompt
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwise_factories import GEMMA_WINDOW, dense_forward, dense_kv, make_model, make_prompt
 from transformers import masking_utils
 
 from kvsplice.client.execute.attention_mask import additive_mask, allowed_keys

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layerwise_factories import NUM_LAYERS, make_model, make_prompt
+from helpers.layerwise import NUM_LAYERS, make_model, make_prompt
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, SubsetRule

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 import torch
+from helpers.layerwise import NUM_LAYERS, dense_forward, dense_kv, make_model, make_prompt
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwise_factories import NUM_LAYERS, dense_forward, dense_kv, make_model, make_prompt
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.capture import capture_segments

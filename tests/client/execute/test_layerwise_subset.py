@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from layerwise_factories import NUM_LAYERS, dense_forward, dense_kv, make_model, make_prompt
+from helpers.layerwise import NUM_LAYERS, dense_forward, dense_kv, make_model, make_prompt
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.capture import capture_segments

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client_factories import CharTokenizer
+from helpers.client import CharTokenizer
 
 from kvsplice.client.model.chat_prompt import chat_prompt
 from kvsplice.server.embedded import EmbeddedStore, loopback_config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_factories import make_tiny_gemma3, make_tiny_llama, make_word_tokenizer
+from helpers.model import make_tiny_gemma3, make_tiny_llama, make_word_tokenizer
 
 from kvsplice.client.model import models
 from kvsplice.client.model.fingerprinting import architecture_dict, model_fingerprint

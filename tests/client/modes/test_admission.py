@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from client_factories import make_loaded
+from helpers.client import make_loaded
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mode_factories import make_filled_segment
+from helpers.modes import make_filled_segment
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.anchor.cache import AnchorKey, DecodedAnchors, anchor_nbytes

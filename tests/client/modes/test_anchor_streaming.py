@@ -4,7 +4,7 @@ goes through PutAnchor/GetAnchors in chunks and decodes to what was encoded."""
 from __future__ import annotations
 
 import torch
-from store_client_factories import FINGERPRINT, NAMESPACE
+from helpers.store_client import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
 from kvsplice.client.modes.anchor.codec import decode_anchor, encode_base, encode_offsets

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from mode_factories import SYNTH_ROPE, make_filled_segment, make_ids, make_llama, make_scene
-from mode_factories import one_torch_thread as one_torch_thread  # autouse fixture
+from helpers.modes import SYNTH_ROPE, make_filled_segment, make_ids, make_llama, make_scene
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.anchor.gate import (

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from mode_factories import (
+from helpers.modes import (
     ATOL,
     SYNTH_DIM,
     SYNTH_HEADS,
@@ -20,7 +20,7 @@ from mode_factories import (
     make_scene,
     plan_with,
 )
-from mode_factories import one_torch_thread as one_torch_thread  # autouse fixture
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, eligible_anchors

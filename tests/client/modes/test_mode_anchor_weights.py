@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mode_factories import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.client.modes.anchor.weights import (
     WeightConfig,

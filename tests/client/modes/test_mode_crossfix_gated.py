@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from approx_factories import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
-from client_factories import FakePrompt, make_prompt
+from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
+from helpers.client import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from mode_factories import (
+from helpers.modes import (
     ATOL,
     NUM_LAYERS,
     capture,
@@ -17,7 +17,7 @@ from mode_factories import (
     make_rope,
     plan_with,
 )
-from mode_factories import one_torch_thread as one_torch_thread  # autouse fixture
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from transformers import LlamaForCausalLM
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor

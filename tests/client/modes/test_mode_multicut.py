@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from mode_factories import (
+from helpers.modes import (
     ATOL,
     NUM_LAYERS,
     capture,
@@ -17,7 +15,9 @@ from mode_factories import (
     make_rope,
     plan_with,
 )
-from mode_factories import one_torch_thread as one_torch_thread  # autouse fixture
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from client_factories import FakePrompt, make_loaded, make_prompt
+from helpers.client import FakePrompt, make_loaded, make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.execute.reuse_map import reuse_map

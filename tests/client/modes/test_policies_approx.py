@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from approx_factories import (
+from helpers.approx import (
     CLOSING,
     GENERATION,
     NUM_LAYERS,
@@ -22,7 +22,7 @@ from approx_factories import (
     run_chain,
     second_prompt,
 )
-from client_factories import CharTokenizer
+from helpers.client import CharTokenizer
 
 from kvsplice.agents.template import Placeholder
 from kvsplice.client.execute.call_timings import CallTimings

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from client_factories import FakePrompt, make_loaded, make_prompt
-from store_client_factories import make_meta
+from helpers.client import FakePrompt, make_loaded, make_prompt
+from helpers.store_client import make_meta
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from store_client_factories import (
+from helpers.store_client import (
     NAMESPACE,
     OTHER_FINGERPRINT,
     make_meta,

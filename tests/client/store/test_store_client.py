@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from store_client_factories import (
+from helpers.store_client import (
     FINGERPRINT,
     NAMESPACE,
     OTHER_FINGERPRINT,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_factories import use_one_torch_thread
+from helpers.evaluation import use_one_torch_thread
 from rich.console import Console
 
 from kvsplice.client.model.models import ModelConfig, load_model_cached

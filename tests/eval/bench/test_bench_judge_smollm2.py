@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_factories import use_one_torch_thread
+from helpers.evaluation import use_one_torch_thread
 
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_cached
 from kvsplice.client.modes.admission import AdmissionPolicy

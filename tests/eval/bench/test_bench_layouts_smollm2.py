@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_factories import use_one_torch_thread
+from helpers.evaluation import use_one_torch_thread
 
 from kvsplice.agents.layouts import LAYOUTS
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_cached

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
+from helpers.evaluation import ToyWorkload, make_tiny_loaded, use_one_torch_thread
 
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressEvent, run_modes

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from eval_factories import ToyWorkload, make_tiny_loaded, use_one_torch_thread
+from helpers.evaluation import ToyWorkload, make_tiny_loaded, use_one_torch_thread
 
 from kvsplice.client.modes.admission import load_policy
 from kvsplice.client.modes.anchor.policy import Params as AnchorParams

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from eval_factories import make_record
+from helpers.evaluation import make_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

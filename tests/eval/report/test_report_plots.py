@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_factories import make_record
+from helpers.evaluation import make_record
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from rich.console import Console

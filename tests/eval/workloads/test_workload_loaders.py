@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from eval_factories import CharTokenizer
+from helpers.evaluation import CharTokenizer
 
 from kvsplice.eval.workloads.humaneval import load_humaneval
 from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, final_answer, load_math

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from client_factories import VOCAB, CharTokenizer, FakePrompt, make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers.client import VOCAB, CharTokenizer, FakePrompt, make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
