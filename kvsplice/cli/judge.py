@@ -15,16 +15,26 @@ import typer
 from kvsplice.cli.common import (
     DEFAULT_MODEL_CACHE,
     AuthTokenOpt,
+    Dtype,
+    DtypeOpt,
     LogLevel,
     LogLevelOpt,
     ModelCacheOpt,
     ModelOpt,
+    ThreadsOpt,
     console,
     fail,
     require_worker,
     setup_logging,
 )
-from kvsplice.cli.worker import MODES_HELP, StoreOpt, _progress_bar, bench_app, model_config
+from kvsplice.cli.worker import (
+    MODES_HELP,
+    StoreOpt,
+    _progress_bar,
+    apply_threads,
+    bench_app,
+    model_config,
+)
 
 
 # The library's own tuples (agents.judge_prompts.TASKS, agents.judge.REGIMES) import
@@ -113,6 +123,8 @@ def bench_judge(
     auth_token: AuthTokenOpt = None,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    dtype: DtypeOpt = Dtype.auto,
+    threads: ThreadsOpt = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
     """Judge Consistency Rate per mode vs the dense judge; writes JSON, markdown and PNG plots."""
@@ -125,13 +137,14 @@ def bench_judge(
     from kvsplice.eval.report.judge_report import render_bench_judge
 
     setup_logging(log_level)
+    apply_threads(threads)
     try:
         config = BenchJudgeConfig(
             task=None if task is None else task.value, regime=regime.value,
             num_candidates=candidates, shuffle=shuffle, seed=seed, examples=examples,
             max_new_tokens=max_new_tokens, data_path=data, out_dir=out, json_path=json_out,
             store_target=store, store_token=auth_token or None, diagnostics=diagnostics,
-            model=model_config(model, model_cache),
+            model=model_config(model, model_cache, dtype),
             **({} if modes is None else {"modes": tuple(modes.split(","))}),
         )  # fmt: skip
     except ValueError as error:

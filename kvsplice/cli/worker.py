@@ -14,11 +14,15 @@ import typer
 
 from kvsplice.cli.common import (
     DEFAULT_MODEL_CACHE,
+    PACKAGED_MODEL_NAMES,
     AuthTokenOpt,
+    Dtype,
+    DtypeOpt,
     LogLevel,
     LogLevelOpt,
     ModelCacheOpt,
     ModelOpt,
+    ThreadsOpt,
     console,
     fail,
     int_tuple,
@@ -36,6 +40,15 @@ class Workload(StrEnum):
     humaneval = "humaneval"
     math = "math"
     mc = "mc"
+    gsm8k = "gsm8k"
+    mmlu = "mmlu"
+
+
+WORKLOAD_HELP = (
+    "Task set. humaneval: the real HumanEval problems (in file order), graded by running their "
+    "tests; gsm8k / mmlu: the real test sets (`make eval-data`), a subset drawn by --seed; "
+    "math / mc: the small shipped samples (or --data); synthetic: fixed-shape random text."
+)
 
 
 class Graph(StrEnum):
@@ -84,17 +97,43 @@ MODES_HELP = (
 
 
 def check_model(model: str) -> None:
-    if model != "smollm2" and not Path(model).expanduser().is_dir():
+    """A packaged model whose packages are missing fails in one line naming what installs it."""
+    if model in PACKAGED_MODEL_NAMES:
+        from kvsplice.client.model.packaged_models import PACKAGED_MODELS, ModelNotInstalledError
+
+        try:
+            PACKAGED_MODELS[model].part_paths()
+        except ModelNotInstalledError as error:
+            fail(str(error))
+    elif not Path(model).expanduser().is_dir():
         raise typer.BadParameter(
-            f"{model!r} is neither 'smollm2' nor a model directory", param_hint="'--model'"
+            f"{model!r} is neither one of {', '.join(PACKAGED_MODEL_NAMES)} nor a model directory",
+            param_hint="'--model'",
         )
 
 
-def model_config(model: str, model_cache: Path):
+def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto):
+    """The `ModelConfig` of the flags; `auto` is the packaged model's own dtype (else float32)."""
     from kvsplice.client.model.models import ModelConfig
+    from kvsplice.client.model.packaged_models import PACKAGED_MODELS
 
     check_model(model)
-    return ModelConfig(source=model, cache_dir=model_cache)
+    name = dtype.value
+    if dtype is Dtype.auto:
+        packaged = PACKAGED_MODELS.get(model)
+        name = packaged.dtype if packaged else "float32"
+    return ModelConfig(source=model, cache_dir=model_cache, dtype=name)
+
+
+def apply_threads(threads: int | None) -> int:
+    """Set torch's thread count (None: the CPU cores) and return it."""
+    import os
+
+    import torch
+
+    count = threads or os.cpu_count() or 1
+    torch.set_num_threads(count)
+    return count
 
 
 def _progress_bar():
@@ -137,6 +176,8 @@ def demo(
     auth_token: AuthTokenOpt = None,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    dtype: DtypeOpt = Dtype.auto,
+    threads: ThreadsOpt = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
     """The 5-agent HumanEval pipeline in each mode against the store, then a judge over each
@@ -146,7 +187,8 @@ def demo(
     from kvsplice.eval.bench.agents_demo import DemoConfig, demo_modes, render_demo, run_agents_demo
 
     setup_logging(log_level)
-    model_settings = model_config(model, model_cache)
+    model_settings = model_config(model, model_cache, dtype)
+    apply_threads(threads)
     loaded = load_model(model_settings) if policy is not None and modes is None else None
     try:
         config = DemoConfig(
@@ -173,7 +215,7 @@ def demo(
 
 @bench_app.command("agents")
 def bench_agents(
-    workload: Annotated[Workload, typer.Option(help="Task set.")] = Workload.synthetic,
+    workload: Annotated[Workload, typer.Option(help=WORKLOAD_HELP)] = Workload.synthetic,
     agents: Annotated[int, typer.Option("--agents", min=2, max=5, help="Agents per graph.")] = 5,
     modes: Annotated[str, typer.Option(help=MODES_HELP)] = "dense,exact,naive",
     policy: Annotated[
@@ -187,6 +229,9 @@ def bench_agents(
         ),
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Tasks per variant.")] = 3,
+    seed: Annotated[
+        int, typer.Option(help="Draws the gsm8k/mmlu subset and the synthetic text.")
+    ] = 0,
     graph: Annotated[Graph, typer.Option(help="Agent graph.")] = Graph.fully_connected,
     layout: Annotated[
         str,
@@ -221,6 +266,8 @@ def bench_agents(
     auth_token: AuthTokenOpt = None,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    dtype: DtypeOpt = Dtype.auto,
+    threads: ThreadsOpt = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
     """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
@@ -234,6 +281,7 @@ def bench_agents(
     from kvsplice.eval.report.results import render_bench_agents
 
     setup_logging(log_level)
+    apply_threads(threads)
     layouts = tuple(dict.fromkeys(layout.split(",")))
     try:  # bad modes and layouts fail before the model loads
         for name in layouts:
@@ -242,7 +290,7 @@ def bench_agents(
             workload=workload.value, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
             graph=graph.value, layout=layouts[0], max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
             response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
-            quant=quant.value, data_path=data, model=model_config(model, model_cache),
+            quant=quant.value, data_path=data, model=model_config(model, model_cache, dtype), seed=seed,
             store_memory_mib=store_memory_mib,
         )  # fmt: skip
     except ValueError as error:
@@ -319,10 +367,13 @@ def calibrate(
     ] = 0.98,
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    dtype: DtypeOpt = Dtype.auto,
+    threads: ThreadsOpt = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
     """Measure each approximate mode's drift vs dense on this model and write the admission policy."""
     require_worker("calibrate")
+    apply_threads(threads)
     from kvsplice.eval.measure.calibrate import (
         CalibrationConfig,
         Thresholds,
@@ -337,7 +388,7 @@ def calibrate(
     setup_logging(log_level)
     try:
         config = CalibrationConfig(
-            model=model_config(model, model_cache),
+            model=model_config(model, model_cache, dtype),
             probes=probes,
             num_agents=agents,
             thresholds=Thresholds(max_mean_kl=max_kl, min_first_token_agreement=min_agreement),
@@ -365,6 +416,7 @@ def calibrate(
 def bench_core(
     model: ModelOpt = "smollm2",
     model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
+    dtype: DtypeOpt = Dtype.auto,
     lengths: Annotated[str, typer.Option(help="Comma-separated prompt lengths.")] = "256,1024,2048",
     threads: Annotated[str, typer.Option(help="Comma-separated torch thread counts.")] = "1,2",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per length.")] = 5,
@@ -384,7 +436,7 @@ def bench_core(
     from kvsplice.eval.bench.core import core_bench_to_json, render_core_bench, run_core_bench
 
     setup_logging(log_level)
-    loaded = load_model(model_config(model, model_cache))
+    loaded = load_model(model_config(model, model_cache, dtype))
     rows = run_core_bench(
         loaded, lengths=prompt_lengths, repeats=repeats, thread_counts=thread_counts
     )

