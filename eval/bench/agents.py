@@ -23,6 +23,7 @@ from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
+from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
 from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
 from kvsplice.eval.report.results import capacity_warning, write_bench_files
@@ -187,6 +188,7 @@ def run_bench_agents(
     has fewer problems than `config.samples`.
     """
     loaded = loaded or load_model(config.model)
+    warn_if_busy()
     workload = make_workload(config, loaded.tokenizer)
     problems = workload.problems(config.samples)
     if len(problems) < config.samples:

@@ -28,6 +28,7 @@ from kvsplice.eval.bench.demo_judge import DemoJudge, judge_table, routes_table,
 from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import StoreSession, namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
+from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
 from kvsplice.eval.report.plots import TTFT_PNG, plot_ttft
 from kvsplice.eval.report.results import (
@@ -137,6 +138,7 @@ def run_agents_demo(
     until `result.close()`; otherwise it is stopped before this returns.
     """
     loaded = loaded or load_model(config.model)
+    warn_if_busy()
     workload = HumanEvalWorkload()
     problems = workload.problems(config.num_problems)
     admission = load_policy(config.policy_path, loaded.fingerprint)

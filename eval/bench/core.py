@@ -26,6 +26,7 @@ from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import install_layers, model_cache
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.fused_decode import decode_into
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
@@ -92,6 +93,7 @@ def run_core_bench(
         raise ValueError(f"lengths {tuple(lengths)} must be non-empty and positive")
     if not thread_counts or min(thread_counts) < 1:
         raise ValueError(f"thread_counts {tuple(thread_counts)} must be non-empty and positive")
+    warn_if_busy()
     rows = []
     for num_tokens in lengths:
         payload, kv_nbytes = _captured_payload(loaded, num_tokens)
@@ -212,7 +214,8 @@ def core_bench_to_json(rows: Sequence[CoreBenchRow]) -> dict[str, Any]:
             "reuse_speedup_vs_dense": REUSE_TARGET_SPEEDUP,
         },
         "num_cpus": os.cpu_count() or 0,
-        "load_average": list(os.getloadavg()),
+        "load_average": load_average(),
+        "busy_machine_warning": busy_machine_warning(load_average(), os.cpu_count() or 1),
     }
 
 

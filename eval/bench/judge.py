@@ -24,6 +24,7 @@ from kvsplice.eval.bench.store_session import open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.jcr import ModeSummary, summarize
 from kvsplice.eval.measure.judge_attention import AttentionProbe, AttentionProfile
+from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.workloads.judge_examples import JudgeExample, load_judge_data, task_examples
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ def run_bench_judge(
     from kvsplice.eval.report.judge_report import write_judge_files
 
     loaded = loaded or load_model(config.model)
+    warn_if_busy()
     examples = pick_examples(config)
     run_config = config.run_config(time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2))
     probe = AttentionProbe(loaded) if config.diagnostics else None

@@ -30,6 +30,7 @@ from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.eval.bench.store_paths import PathRow, bench_read_paths
+from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import (
     BENCH_FINGERPRINT,
@@ -184,6 +185,7 @@ class StoreBenchResult:
 def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
     """Transfers per tier and size, then lookups per count (in-process, then gRPC)."""
     start_s, load_before = time.perf_counter(), os.getloadavg()
+    warn_if_busy()
     with tempfile.TemporaryDirectory(prefix="kvsplice-bench-store-", dir=config.tmp_dir) as tmp:
         paths = bench_read_paths(
             config.path_sizes_mib,

@@ -1,7 +1,7 @@
-"""What a measurement ran on: library versions, CPU/GPU names, threads, model identity.
+"""What a measurement ran on: library versions, CPU/GPU names, threads, load, model identity.
 
 Owns `environment_info` only. Timings are ratios within one run; these facts
-say which machine the ratios belong to.
+say which machine the ratios belong to and how busy it was.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,11 @@ def gpu_name() -> str | None:
 
 
 def environment_info(loaded: LoadedModel) -> dict[str, object]:
-    """JSON-ready facts about this process, machine and model."""
+    """JSON-ready facts about this process, machine and model; `load_average` is at the
+    call (benches call it at the end: the 5- and 15-minute figures cover the run), and
+    `busy_machine_warning` says when it exceeded the cores (else None)."""
     model = loaded.model
+    load = load_average()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -45,6 +49,8 @@ def environment_info(loaded: LoadedModel) -> dict[str, object]:
         "cpu": cpu_name(),
         "num_cpus": os.cpu_count(),
         "torch_num_threads": torch.get_num_threads(),
+        "load_average": load,
+        "busy_machine_warning": busy_machine_warning(load, os.cpu_count() or 1),
         "gpu": gpu_name(),
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),

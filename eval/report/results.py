@@ -156,7 +156,13 @@ def results_markdown(result: BenchResult) -> str:
         setup += f" Synthetic shape: prefix {config.prefix_len}, input {config.input_len}, response {config.response_len} tokens."
     else:
         setup += f" Each agent generates at most {config.max_new_tokens} tokens."
-    machine = f"CPU {env.get('cpu')}, GPU {env.get('gpu') or 'none'}, torch {env.get('torch')}, model `{env.get('model_fingerprint')}`."
+    machine = (
+        f"CPU {env.get('cpu')} ({env.get('num_cpus')} cores, {env.get('torch_num_threads')} torch threads, "
+        f"load average {env.get('load_average')} at the end), GPU {env.get('gpu') or 'none'}, torch {env.get('torch')}, "
+        f"{env.get('dtype')}, attention {env.get('attn_implementation')}, model `{env.get('model_fingerprint')}`."
+    )
+    if env.get("busy_machine_warning"):
+        machine += f" **Warning: {env['busy_machine_warning']}.**"
     return "\n\n".join([
         f"# kvsplice bench agents: {config.workload}", setup, machine, PROTOCOL,
         "## TTFT per agent and mode",
