@@ -9,6 +9,7 @@ import pytest
 from kvsplice.client.model.models import (
     LoadedModel,
     ModelConfig,
+    default_attn_implementation,
     load_model_cached,
 )
 from kvsplice.client.model.packaged_models import QWEN_CODER_05B_MODEL
@@ -28,7 +29,7 @@ def qwen2_bf16() -> LoadedModel:
     `make test` installs it first (`make qwen`); run directly, a missing model fails
     the test rather than skipping it.
     """
-    return load_qwen2("bfloat16", "sdpa")
+    return load_qwen2("bfloat16", default_attn_implementation("bfloat16"))
 
 
 def load_qwen2(dtype: str, attn_implementation: str) -> LoadedModel:
