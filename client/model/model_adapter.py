@@ -19,9 +19,9 @@ from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
-# The executor hands each layer an explicit additive 4-D mask; these
+# The executor hands each layer an explicit additive 4-D mask; these two
 # attention functions consume it as is (flash ignores masks, flex wants a BlockMask).
-SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_fp32")
+SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 

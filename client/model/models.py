@@ -23,7 +23,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvsplice.client.model.fingerprinting import model_fingerprint
-from kvsplice.client.model.fp32_attention import SDPA_FP32
 from kvsplice.client.model.packaged_models import (
     PACKAGED_MODELS,
     SMOLLM2_MODEL,
@@ -39,14 +38,8 @@ SMOLLM2 = SMOLLM2_MODEL.name
 DEFAULT_CACHE_DIR = Path("~/.cache/kvsplice/models")
 # Both keep exact-splice logits within 1e-4 of dense in fp32 (measured on
 # SmolLM2: max |Δ| 3.6e-5 eager, 3.2e-5 sdpa); SDPA is the default because it
-# is the faster dense baseline, so reuse speedups are not flattered. Half
-# precision uses sdpa_fp32 (`fp32_attention`: why).
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", SDPA_FP32)
-
-
-def default_attn_implementation(dtype: str) -> str:
-    """sdpa in float32; sdpa_fp32 in half precision, where bf16 SDPA is not chunk-invariant."""
-    return "sdpa" if dtype == "float32" else SDPA_FP32
+# is the faster dense baseline, so reuse speedups are not flattered.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,14 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvsplice.eval.measure.metrics import Aggregates, CallRecord, GroupStats, SampleStats, by_sample
+from kvsplice.eval.measure.metrics import (
+    DENSE,
+    Aggregates,
+    CallRecord,
+    GroupStats,
+    SampleStats,
+    by_sample,
+)
 from kvsplice.eval.report.plots import write_plots
 
 if TYPE_CHECKING:
@@ -62,7 +69,8 @@ MODE_HEADERS = (
     "mean KL",
     "max KL",
     "output match",
-    "accuracy",
+    "accuracy (pass@1)",
+    "Δ accuracy vs dense",
 )
 
 
@@ -107,18 +115,27 @@ def _position_row(group: GroupStats, label: str) -> tuple[str, ...]:
 
 
 def mode_rows(aggregates: Aggregates) -> list[tuple[str, ...]]:
-    """One row per mode variant: pipeline speedup, reuse and fidelity."""
-    return [_mode_row(g) for g in aggregates.by_mode]
+    """One row per mode variant: pipeline speedup, reuse, fidelity, task accuracy (pass@1
+    for HumanEval) and its difference from dense's in points."""
+    dense = next((g.accuracy for g in aggregates.by_mode if g.mode == DENSE), None)
+    return [_mode_row(g, dense) for g in aggregates.by_mode]
 
 
-def _mode_row(g: GroupStats) -> tuple[str, ...]:
+def _mode_row(g: GroupStats, dense_accuracy: float | None) -> tuple[str, ...]:
     return (
         g.mode, str(g.num_calls), fmt_x(g.speedup), fmt_pct(g.token_reuse_rate),
         fmt_pct(g.token_layer_reuse_rate), fmt_pct(g.call_reuse_rate),
         fmt_pct(g.first_token_agreement), fmt_kl(g.mean_kl),
         fmt_kl(g.max_kl), fmt_pct(g.output_match),
-        "-" if g.accuracy is None else f"{g.accuracy:.0%} of {g.num_scored}",
+        "-" if g.accuracy is None else f"{g.accuracy:.1%} of {g.num_scored}",
+        _accuracy_delta(g, dense_accuracy),
     )  # fmt: skip
+
+
+def _accuracy_delta(g: GroupStats, dense_accuracy: float | None) -> str:
+    if g.mode == DENSE or g.accuracy is None or dense_accuracy is None:
+        return "-"
+    return f"{(g.accuracy - dense_accuracy) * 100:+.1f} pt"
 
 
 def sample_rows(records: Sequence[CallRecord]) -> tuple[list[str], list[tuple[str, ...]]]:

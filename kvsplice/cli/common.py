@@ -74,8 +74,7 @@ DtypeOpt = Annotated[
         envvar="KVSPLICE_DTYPE",
         help="Weights and K/V dtype. auto: the model's own (float32 for smollm2 and model "
         "directories, bfloat16 for qwen2.5-coder-0.5b). RoPE shifts are computed in float32 "
-        "from the stored keys whatever the dtype; in half precision attention runs in float32 "
-        "(sdpa_fp32), which keeps exact reuse equal to dense.",
+        "from the stored keys whatever the dtype.",
     ),
 ]
 ThreadsOpt = Annotated[

@@ -113,9 +113,8 @@ def check_model(model: str) -> None:
 
 
 def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto):
-    """The `ModelConfig` of the flags; `auto` is the packaged model's own dtype (else float32).
-    Attention: sdpa in float32, sdpa_fp32 in half precision (`default_attn_implementation`)."""
-    from kvsplice.client.model.models import ModelConfig, default_attn_implementation
+    """The `ModelConfig` of the flags; `auto` is the packaged model's own dtype (else float32)."""
+    from kvsplice.client.model.models import ModelConfig
     from kvsplice.client.model.packaged_models import PACKAGED_MODELS
 
     check_model(model)
@@ -123,8 +122,7 @@ def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto):
     if dtype is Dtype.auto:
         packaged = PACKAGED_MODELS.get(model)
         name = packaged.dtype if packaged else "float32"
-    attn = default_attn_implementation(name)
-    return ModelConfig(model, model_cache, name, attn_implementation=attn)
+    return ModelConfig(source=model, cache_dir=model_cache, dtype=name)
 
 
 def apply_threads(threads: int | None) -> int:

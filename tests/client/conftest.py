@@ -9,7 +9,6 @@ import pytest
 from kvsplice.client.model.models import (
     LoadedModel,
     ModelConfig,
-    default_attn_implementation,
     load_model_cached,
 )
 from kvsplice.client.model.packaged_models import QWEN_CODER_05B_MODEL
@@ -23,23 +22,24 @@ def smollm2() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def qwen2_fp32() -> LoadedModel:
+    """Qwen2.5-Coder-0.5B-Instruct in fp32 (`make test` installs it first via `make qwen`;
+    run directly, a missing model fails the test rather than skipping it)."""
+    return load_qwen2("float32")
+
+
+@pytest.fixture(scope="session")
 def qwen2_bf16() -> LoadedModel:
-    """Qwen2.5-Coder-0.5B-Instruct in bf16, as the CLI loads it.
-
-    `make test` installs it first (`make qwen`); run directly, a missing model fails
-    the test rather than skipping it.
-    """
-    return load_qwen2("bfloat16", default_attn_implementation("bfloat16"))
+    """Qwen2.5-Coder-0.5B-Instruct in bf16, as the CLI loads it by default."""
+    return load_qwen2("bfloat16")
 
 
-def load_qwen2(dtype: str, attn_implementation: str) -> LoadedModel:
+def load_qwen2(dtype: str) -> LoadedModel:
     if not QWEN_CODER_05B_MODEL.is_installed():
         pytest.fail(
             f"{QWEN_CODER_05B_MODEL.name} not installed: {QWEN_CODER_05B_MODEL.install_hint}"
         )
-    return load_model_cached(
-        ModelConfig(QWEN_CODER_05B_MODEL.name, dtype=dtype, attn_implementation=attn_implementation)
-    )
+    return load_model_cached(ModelConfig(QWEN_CODER_05B_MODEL.name, dtype=dtype))
 
 
 @pytest.fixture(autouse=True)

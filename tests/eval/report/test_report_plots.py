@@ -64,7 +64,7 @@ def make_records() -> list:
             }
             records.append(make_record(mode=mode, position=position, agent_id=str(position),
                                        agent_name=f"role{position}", ttft_s=ttft_s * position,
-                                       num_reused_tokens=reused, correct=(position == 3) or None,
+                                       num_reused_tokens=reused, correct=(mode != "naive") if position == 3 else None,
                                        num_layers=30, reused_spans=spans, **fidelity))  # fmt: skip
     return records
 
@@ -121,9 +121,10 @@ def test_markdown_has_both_tables(written: tuple[Path, dict[str, Path]]) -> None
     assert "| 2 role2 | exact | 1 | 100 | 2000.0 | 2000.0 | 2.00x | 40% | 40% | 100% |" in text
     assert "| 3 role3 | naive | 1 | 100 | 1500.0 | 1500.0 | 4.00x | 90% | 75% | 100% |" in text
     assert (
-        "| naive | 3 | 4.00x | 90% | 75% | 100% | 100% | 4.00e-01 | 4.00e-01 | 0% | 100% of 1 |"
+        "| naive | 3 | 4.00x | 90% | 75% | 100% | 100% | 4.00e-01 | 4.00e-01 | 0% | 0.0% of 1 | -100.0 pt |"
         in text
     )
+    assert "| dense | 3 | 1.00x |" in text and "| 100.0% of 1 | - |" in text
     assert "Variant parameters from the built-in defaults." in text  # fmt: skip
 
 
