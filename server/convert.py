@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar, cast
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, StreamStalled
-from kvsplice.common.reuse_report import MAX_REPORTED_SEGMENTS, ReuseReport, Served
+from kvsplice.common.reuse_report import MAX_REPORTED_SEGMENTS, SERVED, ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
@@ -269,10 +269,12 @@ def reuse_report(request: pb.ReportReuseRequest) -> ReuseReport:
     reads: dict[tuple[bytes, Served], int] = {}
     try:
         for r in request.reads:
-            slot = (r.context_key, r.served)
+            if r.served not in SERVED:
+                raise ValueError(f"served {r.served!r} is not one of {SERVED}")
             if r.num_reads < 0:
                 raise ValueError(f"num_reads {r.num_reads} < 0")
-            reads[slot] = reads.get(slot, 0) + r.num_reads  # type: ignore[index]
+            slot = (r.context_key, cast(Served, r.served))
+            reads[slot] = reads.get(slot, 0) + r.num_reads
         return ReuseReport(request.num_calls, request.num_prompt_tokens, hit_tokens, reads)
     except ValueError as error:
         raise InvalidRequest(f"bad reuse report: {error}") from error

@@ -387,7 +387,7 @@ class SegmentService:
             num_evictions=sum(pressure.removals.values()),
             num_refused_puts=sum(pressure.refusals.values()),
             num_calls=reported.num_calls,
-            hit_tokens_by_source=dict(reported.hit_tokens),
+            hit_tokens_by_source={str(k): n for k, n in reported.hit_tokens.items()},
         )
 
     def _count(self, namespace: str, hit: bool) -> None:

@@ -27,7 +27,7 @@ from kvsplice.integrations.vllm.connector_config import ConnectorConfig
 from kvsplice.integrations.vllm.engine_fingerprint import engine_fingerprint
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec
 from kvsplice.integrations.vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 class KvspliceMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    starts: list[RequestStart] = field(default_factory=list)
 
 
 class KvspliceConnector(KVConnectorBase_V1):
@@ -113,6 +114,9 @@ class KvspliceConnector(KVConnectorBase_V1):
                 self._load_errors.update(spec.block_ids)
             else:
                 self._load_errors.update(self.worker.load(spec))
+        if self.worker is not None:
+            for start in meta.starts:
+                self.worker.report(start)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -161,8 +165,8 @@ class KvspliceConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.scheduler is not None
-        loads, saves = self.scheduler.build_step(scheduler_output)
-        return KvspliceMetadata(loads, saves)
+        loads, saves, starts = self.scheduler.build_step(scheduler_output)
+        return KvspliceMetadata(loads, saves, starts)
 
     def request_finished(
         self, request: Request, block_ids: list[int]

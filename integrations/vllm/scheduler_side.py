@@ -22,7 +22,7 @@ from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.chain import KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec, StoredPiece
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, StoredPiece
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +92,18 @@ class SchedulerSide:
         )
         self.num_hit_tokens += num_external_tokens
 
-    def build_step(self, scheduler_output: Any) -> tuple[list[LoadSpec], list[SaveSpec]]:
+    def build_step(
+        self, scheduler_output: Any
+    ) -> tuple[list[LoadSpec], list[SaveSpec], list[RequestStart]]:
         loads: list[LoadSpec] = []
         saves: list[SaveSpec] = []
+        starts: list[RequestStart] = []
         for new in scheduler_output.scheduled_new_reqs:
             tracked = self._tracked.get(new.req_id)
             if tracked is None:
                 continue
+            request = tracked.request
+            starts.append(RequestStart(new.req_id, tracked.namespace, request.num_prompt_tokens))
             tracked.block_ids = list(new.block_ids[0])
             self._take_load(tracked, loads)
             computed = new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id]
@@ -116,7 +121,7 @@ class SchedulerSide:
             self._take_load(tracked, loads)
             computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[req_id]
             saves.extend(self._saves(tracked, computed, scheduler_output))
-        return loads, saves
+        return loads, saves, starts
 
     def finished(self, request: Any) -> None:
         self._tracked.pop(request.request_id, None)

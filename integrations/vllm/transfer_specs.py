@@ -50,3 +50,13 @@ class SaveSpec:
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class RequestStart:
+    """A request scheduled for the first time: the worker reports its reuse to the sidecar
+    (prompt tokens, and what its load, if any, served) once the load is done."""
+
+    request_id: str
+    namespace: str
+    num_prompt_tokens: int

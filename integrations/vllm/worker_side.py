@@ -17,10 +17,11 @@ import torch
 
 from kvsplice.common.chain import continues
 from kvsplice.common.errors import KvspliceError
+from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.integrations.vllm.block_layout import BlockLayout
 from kvsplice.integrations.vllm.chunk_putter import ChunkPutter, GatheredChunk
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec, StoredPiece
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, StoredPiece
 from kvsplice.kvmath.payload import decode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -54,6 +55,7 @@ class WorkerSide:
         self.blocks_per_block = block_size // layout.block_size  # kernel blocks per vLLM block
         self.num_loaded_tokens = 0
         self.num_failed_loads = 0
+        self._loaded_runs: dict[str, list[ReusedRun]] = {}  # request id -> this step's load
 
     def load(self, spec: LoadSpec) -> set[int]:
         """Write tokens `[spec.start, spec.end)`; returns the block ids that could not be loaded.
@@ -66,11 +68,30 @@ class WorkerSide:
             n = num_good * self.block_size
             self._scatter(spec.block_ids[:num_good], k[:, :, :n], v[:, :, :n])  # type: ignore[index]
             self.num_loaded_tokens += n
+            self._loaded_runs[spec.request_id] = self._runs(spec, spec.start + n)
         if fault is None:
             return set()
         self.num_failed_loads += 1
         logger.warning("request %s: %s; recomputing from there", spec.request_id, fault)
         return set(spec.block_ids[num_good:])
+
+    def report(self, start: RequestStart) -> None:
+        """Tell the sidecar what this request reused (queued; sent by a background flush), so
+        its stats count every token the engine loaded, and where it was served from."""
+        runs = self._loaded_runs.pop(start.request_id, [])
+        self.clients.for_namespace(start.namespace).report_reuse(start.num_prompt_tokens, runs)
+
+    def _runs(self, spec: LoadSpec, end: int) -> list[ReusedRun]:
+        """The loaded tokens `[spec.start, end)` per stored piece, with where each was read."""
+        store = self.clients.for_namespace(spec.namespace)
+        runs = []
+        for piece in spec.pieces:
+            lo, hi = max(spec.start, piece.start), min(end, piece.start + piece.num_tokens)
+            if lo < hi:
+                key = bytes.fromhex(piece.segment_id)
+                whole = (lo, hi) == (piece.start, piece.start + piece.num_tokens)
+                runs.append(ReusedRun(hi - lo, store.served_from(key), key if whole else None))
+        return runs
 
     def save(self, spec: SaveSpec) -> None:
         """Copy the chunk's blocks out now (this step's K/V) and queue the put."""

@@ -106,10 +106,11 @@ def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> N
     request = FakeRequest("r", prompt)
     assert side.num_new_matched_tokens(request, 0) == 12
     side.after_alloc(request, [7, 3, 9, 1], 12)
-    loads, _ = side.build_step(
+    loads, _, starts = side.build_step(
         Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
     )
     (load,) = loads
+    assert [(s.request_id, s.num_prompt_tokens) for s in starts] == [("r", 13)]
     links = chunk_links(FINGERPRINT, prompt, BLOCK)
     assert (load.start, load.end, load.block_ids) == (0, 12, (7, 3, 9))
     assert [(p.start, p.parent_key) for p in load.pieces] == [(0, links[0].parent_key),
@@ -124,18 +125,18 @@ def test_saves_each_new_full_chunk_once_never_stored_ones_nor_draft_tokens() -> 
     request = FakeRequest("r", prompt)
     side.num_new_matched_tokens(request, 0)
     step = Step([NewReq("r", ([0, 1, 2, 3, 4],), 0)], num_scheduled_tokens={"r": 14})
-    _, saves = side.build_step(step)
+    _, saves, _ = side.build_step(step)
     assert [(s.start, s.end) for s in saves] == [(8, 12)]  # 14 computed: chunk [12, 16) not full
     links = chunk_links(FINGERPRINT, prompt, BLOCK)
     assert saves[0].parent_key == links[1].key and saves[0].block_ids == (2,)
     cached = Cached(["r"], set(), [None], [14])
     step = Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 5},
                 scheduled_spec_decode_tokens={"r": [1, 2]})  # fmt: skip
-    _, saves = side.build_step(step)  # 19 scheduled, 2 of them drafts: K/V valid up to 17
+    _, saves, _ = side.build_step(step)  # 19 scheduled, 2 of them drafts: K/V valid up to 17
     assert [(s.start, s.end) for s in saves] == [(12, 16)]
     request.all_token_ids += [50, 51]
     cached = Cached(["r"], set(), [([5],)], [19])
-    _, saves = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 2}))
+    _, saves, _ = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 2}))
     assert [(s.start, s.end, s.block_ids) for s in saves] == [(16, 20, (4,))]
 
 
@@ -154,7 +155,9 @@ def test_a_salted_request_looks_up_and_saves_in_its_own_namespace() -> None:
     request = FakeRequest("r", list(range(10, 22)), cache_salt="tenant-b")
     side.num_new_matched_tokens(request, 0)
     assert store.lookups[-1][0] == salted_namespace("ns", "tenant-b")
-    _, saves = side.build_step(Step([NewReq("r", ([0, 1, 2],), 0)], num_scheduled_tokens={"r": 12}))
+    _, saves, _ = side.build_step(
+        Step([NewReq("r", ([0, 1, 2],), 0)], num_scheduled_tokens={"r": 12})
+    )
     assert {s.namespace for s in saves} <= {salted_namespace("ns", "tenant-b")}
 
 

@@ -107,9 +107,14 @@ def test_a_fresh_engine_loads_every_full_block_and_answers_token_exactly(
         assert got.token_ids == expected.token_ids
         loaded += got.num_cached_tokens
     assert loaded >= 6 * BLOCK
-    # the sidecar saw these hits (its lookups count them): what an operator sees
+    # what an operator sees: the engines report every loaded token (a background flush, ~1 s)
+    deadline = time.monotonic() + 30
+    while sidecar.namespace_stats(NAMESPACE)["num_hit_tokens"] - before < loaded:
+        assert time.monotonic() < deadline, "the engines' reuse reports never arrived"
+        time.sleep(0.5)
     stats = sidecar.namespace_stats(NAMESPACE)
     assert stats["num_hit_tokens"] - before >= loaded
+    assert stats["hit_tokens_by_source"].get("in_place", 0) >= loaded  # read in place, same host
 
 
 def test_another_tenant_loads_nothing(engines: dict[str, Engine], pipeline: Pipeline) -> None:
