@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from kvsplice.client.modes.base import ReusePolicy
+from kvsplice.client.modes.gated import JudgePricing
 from kvsplice.client.modes.params import from_json as params_from_json
 from kvsplice.client.modes.params import to_json as params_json
 from kvsplice.client.modes.registry import MODES, SAFE_MODES, make_policy, mode_spec
+from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.common.errors import FingerprintMismatch, KvspliceError
 from kvsplice.common.fingerprint import is_fingerprint
 
@@ -60,12 +62,14 @@ class JudgeDrift:
     """What calibration's judge probes measured for a mode admitted for judges (its guard on).
 
     jcr: share of probe judges selecting what the dense judge selects; reuse: share of
-    their candidate blocks' token·layers not computed.
+    their candidate blocks' token·layers not computed; kept: per pass (cheapest first),
+    the share of the probes reaching it that it kept (empty: not measured).
     """
 
     jcr: float
     reuse: float
     num_probes: int
+    kept: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("jcr", "reuse"):
@@ -73,6 +77,9 @@ class JudgeDrift:
                 raise ValueError(f"{name} {getattr(self, name)} not in [0, 1]")
         if self.num_probes < 0:
             raise ValueError(f"num_probes {self.num_probes} < 0")
+        object.__setattr__(self, "kept", tuple(float(k) for k in self.kept))
+        if any(not 0 <= k <= 1 for k in self.kept):
+            raise ValueError(f"kept {self.kept} not in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,9 @@ class AdmissionPolicy:
     ISO 8601 time of calibration (None: built in); drift: what calibration measured.
     judge_modes: the admitted modes calibration also admitted for judge-like calls
     (interaction-preserving ones; the risk gate sends judges nowhere else but
-    dense/exact), best first; judge_drift: what its judge probes measured.
+    dense/exact), best first; judge_drift: what its judge probes measured. cost: the
+    measured cost model the risk gate prices judge routes with (None: not measured, the
+    gate sends judges to the admitted judge mode unpriced).
     """
 
     model_fingerprint: str
@@ -93,6 +102,7 @@ class AdmissionPolicy:
     drift: Mapping[str, ModeDrift] = field(default_factory=dict)
     judge_modes: tuple[str, ...] = ()
     judge_drift: Mapping[str, JudgeDrift] = field(default_factory=dict)
+    cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         if not is_fingerprint(self.model_fingerprint):
@@ -109,6 +119,18 @@ class AdmissionPolicy:
         for mode in judges:
             if mode not in modes or not mode_spec(mode).judge_capable:
                 raise ValueError(f"judge mode {mode!r} must be admitted and interaction-preserving")
+
+    @property
+    def judge_pricing(self) -> JudgePricing | None:
+        """How the gate prices judge routes (None without a measured cost model)."""
+        if self.cost is None:
+            return None
+        if not self.judge_modes:
+            return JudgePricing(self.cost)
+        mode = self.judge_modes[0]
+        checks = tuple(getattr(self.params_of(mode), "check_layers", ()))
+        drift = self.judge_drift.get(mode)
+        return JudgePricing(self.cost, checks, drift.kept if drift else ())
 
     def params_of(self, mode: str) -> Any:
         """`mode`'s parameters: this policy's, or the mode's defaults."""
@@ -162,6 +184,7 @@ class AdmissionPolicy:
             "drift": {mode: asdict(d) for mode, d in sorted(self.drift.items())},
             "judge_modes": list(self.judge_modes),
             "judge_drift": {mode: asdict(d) for mode, d in sorted(self.judge_drift.items())},
+            "cost": None if self.cost is None else asdict(self.cost),
         }
         return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
@@ -185,9 +208,10 @@ class AdmissionPolicy:
             # judge admission came later within version 2: absent means none
             judges = tuple(str(m) for m in document.get("judge_modes", ()))
             judge_drift = {m: JudgeDrift(**d) for m, d in document.get("judge_drift", {}).items()}
+            cost = document.get("cost")  # absent: not measured (older files)
             return cls(
                 document["model_fingerprint"], modes, params, document["created_at"], drift,
-                judges, judge_drift,
+                judges, judge_drift, None if cost is None else CostModel(**cost),
             )  # fmt: skip
         except (KeyError, TypeError) as error:
             raise ValueError(f"malformed admission policy: {error!r}") from error

@@ -228,6 +228,11 @@ class Params:
     def __post_init__(self) -> None:
         check_ranges(self)
 
+    @property
+    def check_layers(self) -> tuple[int, ...]:
+        """The passes' check layers, cheapest first (what the gate's cost model prices)."""
+        return self.config().check_layers
+
     def config(self) -> CrossfixConfig:
         blend = BlendConfig(ratio=self.ratio, check_layer=self.check_layer)
         return CrossfixConfig(

@@ -7,6 +7,11 @@ not admit for judges: it runs the judge mode calibration admitted (an interactio
 preserving one), or `exact` — dense prefill after the exact prefix, zero drift. The
 verdict and the route land in the call's decisions (`gated`, before the routed policy's
 own). Each routed policy is built once and keeps its state across calls.
+
+With a cost model (`JudgePricing`, calibrated), a judge-like call goes to the route
+predicted cheapest among those that keep its decision — `exact`, the admitted judge mode
+(its guard keeps the decision), `dense` — and never to one predicted slower than dense
+(`route_cost.cheapest_route`); without one, to the admitted judge mode as before.
 """
 
 from __future__ import annotations
@@ -16,12 +21,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.modes.base import ModeSpec, ReusePolicy, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext
+from kvsplice.client.modes.base import ModeSpec, ReusePolicy, SpannedPrompt, candidate_blocks
+from kvsplice.client.modes.call_context import CallContext, StoreContext
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.risk_gate import classify
+from kvsplice.client.modes.route_cost import (
+    CostModel,
+    JudgeShape,
+    cheapest_route,
+    dense_cost,
+    exact_cost,
+    staged_cost,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +52,45 @@ class Route:
     reason: str
 
 
+@dataclass(frozen=True)
+class JudgePricing:
+    """How the gate prices a judge call's routes: the calibrated `cost` model, and the
+    judge mode's passes (`checks`, cheapest first) with the share of calls each keeps once
+    reached (`keep`; calibration's judge probes; a missing share counts as 0)."""
+
+    cost: CostModel
+    checks: tuple[int, ...] = ()
+    keep: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(not 0 <= k <= 1 for k in self.keep):
+            raise ValueError(f"keep shares {self.keep} must lie in [0, 1]")
+        if any(c < 0 for c in self.checks):
+            raise ValueError(f"check layers {self.checks} must be >= 0")
+
+    def predict(self, shape: JudgeShape, judge_mode: str | None) -> dict[str, float]:
+        """Predicted seconds per route, zero-drift routes first (they win ties)."""
+        prices = {"exact": exact_cost(shape, self.cost), "dense": dense_cost(shape, self.cost)}
+        if judge_mode is not None and self.checks:
+            prices[judge_mode] = staged_cost(shape, self.cost, self.checks, self.keep)
+        return prices
+
+
+def judge_shape(prompt: SpannedPrompt, ctx: CallContext) -> JudgeShape:
+    """The prompt's token counts and its stored exact prefix (one index lookup, no payload)."""
+    hit = 0
+    if isinstance(ctx, StoreContext):
+        with timed(ctx.timings, "lookup_s"):
+            hit = ctx.store.lookup_prefix(ctx.fingerprint, prompt.token_ids).num_matched_tokens
+    num_tokens = len(prompt.token_ids)
+    hit = min(hit, num_tokens)
+    blocks = candidate_blocks(prompt)
+    first = blocks[0].start if blocks else num_tokens
+    answers = sum(max(0, b.end - max(b.start, hit)) for b in blocks)
+    layers = ctx.executor.layerwise.num_layers
+    return JudgeShape(num_tokens, layers, hit, first, answers)
+
+
 @dataclass(frozen=True, eq=False)
 class _Routed:
     """What the gate's `plan` leaves for its `after_call`: the policy it ran and its call."""
@@ -51,7 +104,8 @@ class GatedPolicy:
 
     `judge_admitted`: the modes calibration admitted for judges. A `judge` policy
     whose mode is neither zero-drift nor admitted is refused here, so no judge call
-    can reach it.
+    can reach it. `pricing` (with `dense`, the dense policy): route each judge call by
+    predicted cost (module docstring).
     """
 
     mode = MODE
@@ -62,6 +116,9 @@ class GatedPolicy:
         fallback: ReusePolicy,
         judge: ReusePolicy | None = None,
         judge_admitted: Sequence[str] = (),
+        *,
+        pricing: JudgePricing | None = None,
+        dense: ReusePolicy | None = None,
     ) -> None:
         if fallback.mode not in ZERO_DRIFT:
             raise ValueError(f"the judges' fallback {fallback.mode!r} must be one of {ZERO_DRIFT}")
@@ -70,12 +127,18 @@ class GatedPolicy:
         self.ordinary = ordinary
         self.judge = judge or fallback
         self.fallback = fallback
+        if pricing is not None and (dense is None or dense.mode != "dense"):
+            raise ValueError("a priced gate needs the dense policy")
+        self.pricing = pricing
+        self.dense = dense
 
     def route(self, prompt: SpannedPrompt, ctx: CallContext) -> tuple[ReusePolicy, Route]:
         verdict = classify(prompt, ctx.decode_text)
         if not verdict.judge_like:
             policy = self.ordinary
             return policy, Route(policy.mode, f"ordinary ({verdict.reason}) -> {policy.mode}")
+        if self.pricing is not None:
+            return self._cheapest(prompt, ctx, verdict.reason)
         if self.judge is not self.fallback:
             policy = self.judge
             why = "admitted for judges"
@@ -86,6 +149,19 @@ class GatedPolicy:
             policy = self.fallback
             why = f"{self.ordinary.mode} not admitted for judges"
         return policy, Route(policy.mode, f"judge ({verdict.reason}) -> {policy.mode}: {why}")
+
+    def _cheapest(
+        self, prompt: SpannedPrompt, ctx: CallContext, verdict: str
+    ) -> tuple[ReusePolicy, Route]:
+        assert self.pricing is not None and self.dense is not None
+        judge_mode = None if self.judge is self.fallback else self.judge.mode
+        prices = self.pricing.predict(judge_shape(prompt, ctx), judge_mode)
+        mode = cheapest_route(prices)
+        policy = {"exact": self.fallback, "dense": self.dense}.get(mode, self.judge)
+        listed = ", ".join(f"{m} {s * 1e3:.0f}" for m, s in prices.items())
+        return policy, Route(
+            mode, f"judge ({verdict}) -> {mode}: cheapest (predicted ms: {listed})"
+        )
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[_Routed]:
         """The routed policy's planned call, the route first among its decisions."""
@@ -115,6 +191,8 @@ class AdmittedModes(Protocol):
     def serving_mode(self) -> str: ...
     @property
     def judge_modes(self) -> tuple[str, ...]: ...
+    @property
+    def judge_pricing(self) -> JudgePricing | None: ...
     def policy_of(self, mode: str) -> ReusePolicy: ...
 
 
@@ -127,6 +205,8 @@ def from_admission(admission: AdmittedModes) -> GatedPolicy:
         admission.policy_of("exact"),
         admission.policy_of(judges[0]) if judges else None,
         judge_admitted=judges,
+        pricing=admission.judge_pricing,
+        dense=admission.policy_of("dense"),
     )
 
 

@@ -37,6 +37,7 @@ from kvsplice.eval.measure.calibrate_probes import (
 )
 from kvsplice.eval.measure.fidelity import DenseReferences
 from kvsplice.eval.measure.judge_probes import JudgeProbe, JudgeThresholds, probe_judge_modes
+from kvsplice.eval.measure.route_costs import measure_cost_model
 from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, JudgeExample, load_judge_data
 from kvsplice.eval.workloads.math_problems import MathWorkload
 from kvsplice.eval.workloads.workload import Workload
@@ -89,7 +90,8 @@ class CalibrationConfig:
     Judge probes (the first `judge_probes` examples of `judge_data` — a `bench judge
     --data` file, the shipped judge sample by default — × `judge_seeds` shuffled orders;
     0: none) try each judge mode's grid and admit it for judges when its guarded JCR
-    clears `judge_thresholds` (`eval.measure.judge_probes`).
+    clears `judge_thresholds` (`eval.measure.judge_probes`). `cost_model`: also time the
+    judge routes' cost model (`eval.measure.route_costs`), which the risk gate prices with.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -105,6 +107,7 @@ class CalibrationConfig:
     judge_data: Path = JUDGE_SAMPLE
     judge_modes: tuple[str, ...] = JUDGE_CAPABLE_MODES
     judge_thresholds: JudgeThresholds = field(default_factory=JudgeThresholds)
+    cost_model: bool = True
 
     def __post_init__(self) -> None:
         for name in ("probes", "num_agents", "max_new_tokens"):
@@ -181,7 +184,7 @@ def build_policy(
     admitted = policy.admitted_modes + (() if best.mode in modes else (best.mode,))
     return replace(
         policy.with_params(best.mode, params), admitted_modes=admitted, judge_modes=(best.mode,),
-        judge_drift={best.mode: JudgeDrift(best.jcr, best.reuse, best.num_probes)},
+        judge_drift={best.mode: JudgeDrift(best.jcr, best.reuse, best.num_probes, best.pass_kept)},
     )  # fmt: skip
 
 
@@ -227,6 +230,9 @@ def run_calibration(
     chosen = select(measurements, config.thresholds)
     created_at = datetime.now(UTC).isoformat(timespec="seconds")
     policy = build_policy(loaded.fingerprint, chosen, created_at, judges)
+    if config.cost_model:
+        with open_store(None) as store:
+            policy = replace(policy, cost=measure_cost_model(loaded, store.target))
     return CalibrationResult(tuple(measurements), chosen, config.thresholds, policy, tuple(judges))
 
 

@@ -9,6 +9,8 @@ accuracy, reuse and speedup per mode). Running the calls is the runner's job.
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -98,7 +100,8 @@ class ModeSummary:
     (None: none checkable); token_reuse: reused / prompt tokens of the judge calls;
     candidate_token_layer_reuse: share of the candidate blocks' token·layers not
     computed; speedup: Σ dense TTFT / Σ this mode's TTFT (every cost of the reuse path
-    counted); flips: examples whose selection differs from dense.
+    counted); flips: examples whose selection differs from dense; routes: calls per route
+    taken (`call_route`; a mode that does not route: its own name).
     """
 
     mode: str
@@ -116,6 +119,7 @@ class ModeSummary:
     mean_ttft_s: float
     mean_dense_ttft_s: float
     flips: tuple[str, ...]
+    routes: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -156,7 +160,25 @@ def _summary(mode: str, group: Sequence[JudgeRecord]) -> ModeSummary:
         mean_ttft_s=ttft / len(group),
         mean_dense_ttft_s=dense_ttft / len(group),
         flips=tuple(r.example_id for r in group if not r.consistent),
+        routes=dict(sorted(Counter(call_route(r.mode, r.decisions) for r in group).items())),
     )  # fmt: skip
+
+
+ROUTED = re.compile(r"-> (?P<mode>[\w:=+.]+):")
+KEPT_AT = re.compile(r"^kept: .* at check (?P<check>\d+)")
+
+
+def call_route(mode: str, decisions: Mapping[str, str]) -> str:
+    """Where a call went: the gate's route ("exact", "dense", "crossfix"), a staged judge
+    mode's pass ("crossfix@4": kept at check 4, "crossfix>dense": every pass refused)."""
+    routed = ROUTED.search(decisions.get("gated", ""))
+    route = routed.group("mode") if routed else mode.split(":", 1)[0]
+    staged = decisions.get(route, "")
+    if (kept := KEPT_AT.match(staged)) is not None:
+        return f"{route}@{kept.group('check')}"
+    if staged.startswith("dense:"):
+        return f"{route}>dense"
+    return route
 
 
 def _share(flags: Iterable[bool]) -> float:

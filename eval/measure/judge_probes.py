@@ -67,7 +67,9 @@ class JudgeProbe:
     """One candidate on the probes. `spec`: its variant with the guard off; `min_margin`: the
     guard calibrated for it; `jcr`, `kept`, `reuse`: the guarded replay (kept: share of calls
     that keep the cheap prefill; reuse: candidate-block token·layers not computed);
-    `ceiling`: what a call its cheapest pass keeps reuses (ties in `reuse` go to the higher)."""
+    `ceiling`: what a call its cheapest pass keeps reuses (ties in `reuse` go to the higher);
+    `pass_kept`: per pass, cheapest first, the share of the calls reaching it that it kept
+    (what the gate's cost model weighs each pass's work by)."""
 
     mode: str
     spec: str
@@ -80,6 +82,7 @@ class JudgeProbe:
     reuse: float
     admitted: bool
     ceiling: float = 0.0
+    pass_kept: tuple[float, ...] = ()
 
 
 def margin_error(record: JudgeRecord) -> float:
@@ -134,8 +137,9 @@ def judge_probe(
     largest = max(margin_error(r) for r in records)
     ceiling = max(record_reuse(r) for r in records)
     return JudgeProbe(
-        mode, spec, len(records), largest, min_margin, raw_jcr, jcr, kept, reuse, admitted, ceiling
-    )
+        mode, spec, len(records), largest, min_margin, raw_jcr, jcr, kept, reuse, admitted, ceiling,
+        (kept,),
+    )  # fmt: skip
 
 
 def staged_replay(
@@ -158,6 +162,15 @@ def staged_replay(
         reuse += 0.0 if chosen is None else record_reuse(chosen)
     n = len(cheap)
     return consistent / n, kept / n, reuse / n
+
+
+def staged_pass_kept(
+    cheap: Sequence[JudgeRecord], deep: Sequence[JudgeRecord], margins: tuple[float, float]
+) -> tuple[float, float]:
+    """(share of the calls the cheap pass keeps, share of the rest the deeper pass keeps)."""
+    first = [a.margin >= margins[0] for a in cheap]
+    rest = [b.margin >= margins[1] for a, b in zip(first, deep, strict=True) if not a]
+    return sum(first) / len(first), (sum(rest) / len(rest) if rest else 0.0)
 
 
 def staged_probes(
@@ -183,6 +196,7 @@ def staged_probes(
                 cheap.mode, spec, cheap.num_probes, max(cheap.max_error, deep.max_error),
                 cheap.min_margin, cheap.raw_jcr, jcr, kept, reuse,
                 jcr >= thresholds.min_jcr and reuse > 0, cheap.ceiling,
+                staged_pass_kept(records[cheap.spec], records[deep.spec], margins),
             )
         )  # fmt: skip
     return staged

@@ -32,6 +32,7 @@ RESULTS_MD = "results.md"
 HEADERS = (
     "mode", "examples", "JCR", "coverage", "JCR (text)", "cand. token·layer reuse",
     "token reuse", "TTFT ms", "speedup", "accuracy (dense)", "selected slot 1..n",
+    "dense slot 1..n", "routes",
 )  # fmt: skip
 
 
@@ -41,10 +42,13 @@ def summary_rows(summaries: Sequence[ModeSummary]) -> list[tuple[str, ...]]:
 
 def _row(s: ModeSummary) -> tuple[str, ...]:
     bias = " ".join(f"{b:.0%}" for b in s.position_bias)
+    dense_bias = " ".join(f"{b:.0%}" for b in s.dense_position_bias)
+    routes = " ".join(f"{route} {n}" for route, n in s.routes.items())
     return (
         s.mode, str(s.examples), fmt_pct(s.jcr), fmt_pct(s.coverage), fmt_pct(s.jcr_text),
         fmt_pct(s.candidate_token_layer_reuse), fmt_pct(s.token_reuse), fmt_ms(s.mean_ttft_s),
         fmt_x(s.speedup), f"{fmt_pct(s.accuracy)} ({fmt_pct(s.dense_accuracy)})", bias,
+        dense_bias, routes,
     )  # fmt: skip
 
 

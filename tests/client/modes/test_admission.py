@@ -14,6 +14,7 @@ from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import (
     SAFE_MODES,
     AdmissionPolicy,
+    JudgeDrift,
     ModeDrift,
     ModeNotAdmitted,
     default_policy,
@@ -23,10 +24,12 @@ from kvsplice.client.modes.admission import (
 from kvsplice.client.modes.anchor.policy import Params as AnchorParams
 from kvsplice.client.modes.blend import BlendPolicy
 from kvsplice.client.modes.blend import Params as BlendParams
+from kvsplice.client.modes.crossfix import Params as CrossfixParams
 from kvsplice.client.modes.halo import HaloPolicy
 from kvsplice.client.modes.halo import Params as HaloParams
 from kvsplice.client.modes.multicut import MulticutPolicy
 from kvsplice.client.modes.multicut import Params as MulticutParams
+from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.reuse_engine import ReuseEngine
 from kvsplice.common.errors import FingerprintMismatch
 
@@ -173,3 +176,24 @@ def test_malformed_policies_are_refused_by_name(field: str, value: object) -> No
     document[field] = value
     with pytest.raises(ValueError):
         AdmissionPolicy.from_json(json.dumps(document))
+
+
+def test_the_cost_model_and_pass_keep_shares_round_trip_and_price_the_judge_mode(
+    tmp_path: Path,
+) -> None:
+    cost = CostModel(2e-6, 1e-7, 0.004, 0.002, 0.001)
+    policy = AdmissionPolicy(
+        FINGERPRINT, admitted_modes=("dense", "exact", "crossfix"),
+        params={"crossfix": CrossfixParams(check_layer=4, deep_check=20)},
+        judge_modes=("crossfix",), judge_drift={"crossfix": JudgeDrift(1.0, 0.3, 24, (0.25, 0.8))},
+        cost=cost,
+    )  # fmt: skip
+    path = tmp_path / "policy.json"
+    save_policy(policy, path)
+    loaded_back = load_policy(path, FINGERPRINT)
+    assert loaded_back == policy
+    pricing = loaded_back.judge_pricing
+    assert pricing is not None
+    assert (pricing.cost, pricing.checks, pricing.keep) == (cost, (4, 20), (0.25, 0.8))
+    # no cost model measured (an older file): the gate is not priced
+    assert make_policy_record().judge_pricing is None

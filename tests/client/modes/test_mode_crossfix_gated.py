@@ -28,9 +28,10 @@ from kvsplice.client.modes.crossfix import (
 )
 from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
-from kvsplice.client.modes.gated import GatedPolicy
+from kvsplice.client.modes.gated import GatedPolicy, JudgePricing
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.planned_call import PlannedCall
+from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
@@ -350,3 +351,61 @@ def test_the_gate_hands_the_routed_policy_its_own_planned_call(loaded: LoadedMod
     assert [(p.memo, dict(p.decisions)) for p in inner.after] == [
         ("inner memo", {"inner": "planned"})
     ]
+
+
+def _priced(cost: CostModel, checks: tuple[int, ...], keep: tuple[float, ...]) -> GatedPolicy:
+    blend = BlendConfig(ratio=0.0, check_layer=checks[0])
+    crossfix = CrossfixPolicy(CrossfixConfig(blend, min_margin=0.0))
+    return GatedPolicy(
+        NaivePolicy(), ExactPolicy(), crossfix, judge_admitted=("crossfix",),
+        pricing=JudgePricing(cost, checks, keep), dense=DensePolicy(),
+    )  # fmt: skip
+
+
+def test_a_priced_gate_sends_a_judge_to_the_cheapest_route(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """Reading free, computing dear, the pass always kept: crossfix is cheapest."""
+    policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
+    engine = _engine(loaded, policy, store_target, "gate-priced-crossfix")
+    _, outcome = _judge(engine)
+    assert outcome.decisions["gated"].startswith(
+        "judge (answers=2+selection) -> crossfix: cheapest (predicted ms: exact "
+    )
+    assert {s.mode for s in outcome.reused if not s.exact} == {"crossfix"}
+
+
+def test_a_priced_gate_never_takes_a_route_predicted_slower_than_dense(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """Each layerwise pass dearer than a whole dense forward: dense, reusing nothing."""
+    policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
+    engine = _engine(loaded, policy, store_target, "gate-priced-dense")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> dense: cheapest")
+    assert not outcome.reused
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_a_priced_gate_sends_a_judge_to_exact_when_the_judge_mode_rarely_keeps(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """Keep shares unmeasured (0): crossfix's worst case, dearer than exact; exact it is."""
+    policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), ())
+    engine = _engine(loaded, policy, store_target, "gate-priced-exact")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> exact: cheapest")
+    assert not [s for s in outcome.reused if not s.exact]
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_a_priced_gate_leaves_ordinary_calls_alone(loaded: LoadedModel, store_target: str) -> None:
+    policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
+    engine = _engine(loaded, policy, store_target, "gate-priced-ordinary")
+    _, outcome = _judge(engine, CONTINUE)
+    assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
+
+
+def test_a_priced_gate_needs_the_dense_policy() -> None:
+    with pytest.raises(ValueError, match="dense policy"):
+        GatedPolicy(NaivePolicy(), ExactPolicy(), pricing=JudgePricing(CostModel(1, 0, 0, 0, 0)))

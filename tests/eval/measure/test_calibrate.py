@@ -178,6 +178,8 @@ def test_end_to_end_on_a_tiny_model_writes_a_policy_for_that_model(tmp_path: Pat
     with pytest.raises(FingerprintMismatch):
         load_policy(path, OTHER_FP)
     assert render_calibration(result).row_count == 5
+    # the judge routes' cost model was timed on this model and travels in the policy
+    assert policy.cost is not None and policy.cost.s_per_token_layer > 0
 
 
 @pytest.mark.slow

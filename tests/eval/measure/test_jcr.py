@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvsplice.agents.judge import DisplayOrder
 from kvsplice.client.modes.base import CandidateBlock
 from kvsplice.client.reuse_engine import ReusedSpan
-from kvsplice.eval.measure.jcr import JudgeRecord, candidate_token_layers, summarize
+from kvsplice.eval.measure.jcr import JudgeRecord, call_route, candidate_token_layers, summarize
 from kvsplice.eval.measure.judge_selection import (
     choice_token_ids,
     constrained_slot,
@@ -155,3 +155,27 @@ def test_choice_tokens_must_be_single_distinct_tokens() -> None:
     assert choice_token_ids(_Digits(), ("1", "2")) == (49, 50)
     with pytest.raises(ValueError, match="not one"):
         choice_token_ids(_Digits(), ("1", "10"))
+
+
+def test_a_call_route_names_the_gate_route_and_the_pass_that_kept_it() -> None:
+    gate = "judge (answers=4+selection) -> crossfix: cheapest (predicted ms: exact 30)"
+    assert (
+        call_route("gated", {"gated": gate, "crossfix": "kept: margin 2.00 >= 1 at check 4"})
+        == "crossfix@4"
+    )
+    assert (
+        call_route(
+            "gated",
+            {
+                "gated": gate,
+                "crossfix": "dense: margin 0.1 < 1 at check 20, computed on from there",
+            },
+        )
+        == "crossfix>dense"
+    )
+    assert call_route("gated", {"gated": "judge (role=judge) -> exact: zero drift"}) == "exact"
+    assert (
+        call_route("crossfix:check=8+margin=0", {"crossfix": "kept: margin 0.01 >= 0 at check 8"})
+        == "crossfix@8"
+    )
+    assert call_route("naive", {}) == "naive"

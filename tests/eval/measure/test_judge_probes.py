@@ -15,6 +15,7 @@ from kvsplice.eval.measure.judge_probes import (
     guard,
     judge_probe,
     margin_error,
+    staged_pass_kept,
     staged_probes,
     staged_replay,
 )
@@ -117,6 +118,9 @@ def test_staged_replay_keeps_the_cheap_pass_then_the_deep_one_then_dense() -> No
     assert staged_replay(cheap, deep, (0.0, 0.5))[0] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="differ"):
         staged_replay(cheap, deep[::-1], (1.0, 0.5))
+    # the cheap pass keeps a (1 of 3), the deep one b of the two it sees (1 of 2)
+    assert staged_pass_kept(cheap, deep, (1.0, 0.5)) == (pytest.approx(1 / 3), 0.5)
+    assert staged_pass_kept(cheap, deep, (0.0, 0.5)) == (1.0, 0.0)
 
 
 def test_staged_probes_pair_a_cheaper_check_with_a_deeper_one_only() -> None:

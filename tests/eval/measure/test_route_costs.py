@@ -1,0 +1,25 @@
+"""Timing the judge routes' cost model on a tiny model (an embedded store for the reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from eval_factories import make_tiny_loaded, use_one_torch_thread
+
+from kvsplice.client.modes.route_cost import JudgeShape, dense_cost
+from kvsplice.eval.measure.route_costs import measure_cost_model
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
+
+
+def test_the_measured_model_prices_a_longer_dense_prefill_dearer(tmp_path: Path) -> None:
+    use_one_torch_thread()
+    loaded = make_tiny_loaded()
+    with EmbeddedStore(loopback_config(str(tmp_path / "lmdb"))) as store:
+        cost = measure_cost_model(loaded, store.target, lengths=(16, 96), repeats=1)
+    assert cost.s_per_token_layer > 0
+    layers = loaded.layout.num_layers
+    short, long = (JudgeShape(n, layers, 0, n, 0) for n in (16, 96))
+    assert dense_cost(long, cost) > dense_cost(short, cost)
+    with pytest.raises(ValueError, match="increasing"):
+        measure_cost_model(loaded, store.target, lengths=(96, 16))
