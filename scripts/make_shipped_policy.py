@@ -1,20 +1,24 @@
-"""Write the admission policy the package ships for SmolLM2-135M (client/modes/shipped/).
+"""Write the admission policy the package ships for a packaged model (client/modes/shipped/).
 
 It is `kvsplice calibrate`'s judge probes alone, on the shipped judge sample × 4 shuffled
 orders (no execution-agent probes: the shipped policy admits no approximate mode for
 ordinary calls, which then run `exact`): what the probes admit for judges, with its
-guard margins and its measured JCR. Run:
-    .venv/bin/python scripts/make_shipped_policy.py
+guard margins and its measured JCR, and the judge routes' cost model timed here (the
+risk gate prices routes with it). Run (model: a packaged name, default SmolLM2; its own
+dtype, as `--dtype auto` loads it):
+    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS]]
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import torch
 from rich.console import Console
 
 from kvsplice.client.model.models import ModelConfig, load_model
+from kvsplice.client.model.packaged_models import PACKAGED_MODELS
 from kvsplice.client.modes.admission import SHIPPED_DIR, save_policy
 from kvsplice.eval.measure.calibrate import (
     CalibrationConfig,
@@ -26,8 +30,10 @@ from kvsplice.eval.measure.calibrate import (
 def main() -> None:
     torch.set_num_threads(1)
     console = Console()
-    loaded = load_model(ModelConfig())
-    config = CalibrationConfig(modes=(), judge_seeds=(0, 1, 2, 3))
+    name = sys.argv[1] if len(sys.argv) > 1 else ModelConfig().source
+    seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    loaded = load_model(ModelConfig(source=name, dtype=PACKAGED_MODELS[name].dtype))
+    config = CalibrationConfig(modes=(), judge_seeds=tuple(range(seeds)))
     result = run_calibration(config, progress=console.log, loaded=loaded)
     console.print(render_judge_probes(result))
     policy = replace(result.policy, created_at=result.policy.created_at)
