@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from eval_factories import make_tiny_loaded, use_one_torch_thread
+from helpers.evaluation import make_tiny_loaded, use_one_torch_thread
 
 from kvsplice.client.modes.route_cost import JudgeShape, dense_cost
 from kvsplice.eval.measure.route_costs import measure_cost_model
