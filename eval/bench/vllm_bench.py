@@ -68,6 +68,7 @@ class ConfigResult:
     name: str
     agent_ttft_s: list[float] = field(default_factory=list)
     output_match: float = 0.0
+    agent_output_match: list[bool] = field(default_factory=list)
     external_hit_tokens: int = 0
     stored_bytes_per_token: float | None = None
     agent_cached_tokens: list[int] = field(default_factory=list)
@@ -104,8 +105,10 @@ def run_bench(config: VllmBenchConfig, task_text: str) -> dict[str, Any]:
 def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, Any]:
     reference = next(r for r in results if r.name == "recompute")
     for result in results:
-        same = sum(a == b for a, b in zip(result.outputs, reference.outputs, strict=True))
-        result.output_match = same / len(reference.outputs)
+        result.agent_output_match = [
+            a == b for a, b in zip(result.outputs, reference.outputs, strict=True)
+        ]
+        result.output_match = sum(result.agent_output_match) / len(reference.outputs)
     report = _report(config, results)
     config.out_json.parent.mkdir(parents=True, exist_ok=True)
     config.out_json.write_text(json.dumps(report, indent=2))
