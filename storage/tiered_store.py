@@ -5,7 +5,8 @@ Owns key scoping, the locking discipline and who is told that a segment is gone;
 bytes at rest belong to the tiers, bookkeeping to `Catalog`.
 NOTE: past 600 lines since the shared tier (issue 15) and fair eviction (issue 16)
 both hooked into its put/remove paths under the same striped locks; moving the
-eviction choice out (beside `storage/pressure.py`) is the next split (issue 13).
+eviction choice out (beside `storage/pressure.py`) is the next split (issue 26; 676
+lines after the failover read-through of issue 25).
 """
 
 from __future__ import annotations

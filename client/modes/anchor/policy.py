@@ -6,6 +6,8 @@ reusing each placeholder and the text after it as corrected K/V. Otherwise the
 call is dense (KVComm: an agent relying on an unshareable placeholder prefills)
 and, after its first token, each such placeholder joins (or becomes) an anchor
 with this agent's real − base offsets.
+NOTE: 641 lines, past the 600-line limit: splitting the pool decoding and the gate out by
+concept is part of issue 26 (one Params per mode, modes standing alone), not done yet.
 
 Bases, as KVComm builds them: another agent's answer (`agent_*` placeholders)
 has the K/V its sender computed (the sender stores it after its call under
