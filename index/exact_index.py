@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class ExactIndex:
         self._segments: dict[tuple[str, bytes], SegmentMeta] = {}
         # children[(namespace, parent_key)][first_token] = metas, longest first
         self._children: dict[_ChildKey, dict[int, list[SegmentMeta]]] = {}
+        self._lengths: dict[str, Counter[int]] = {}  # segments per length, per namespace
 
     def __len__(self) -> int:
         return len(self._segments)
@@ -69,6 +71,7 @@ class ExactIndex:
         by_first = self._children.setdefault((meta.namespace, meta.parent_key), {})
         siblings = by_first.setdefault(meta.token_ids[0], [])
         bisect.insort(siblings, meta, key=_longest_first)
+        self._lengths.setdefault(meta.namespace, Counter())[meta.num_tokens] += 1
 
     def remove(self, namespace: str, context_key: bytes) -> bool:
         """Forget a segment; `False` if it was not indexed. Its children stay
@@ -84,7 +87,21 @@ class ExactIndex:
             del by_first[meta.token_ids[0]]
         if not by_first:
             del self._children[child_key]
+        lengths = self._lengths[namespace]
+        lengths[meta.num_tokens] -= 1
+        if lengths[meta.num_tokens] == 0:
+            del lengths[meta.num_tokens]
+            if not lengths:
+                del self._lengths[namespace]
         return True
+
+    def segment_lengths(self, namespace: str, most: int) -> tuple[int, ...]:
+        """The `most` commonest segment lengths indexed in `namespace`, commonest first;
+        if it holds none, those of every namespace (how workers here chunk their KV)."""
+        lengths = self._lengths.get(namespace)
+        if lengths is None:
+            lengths = sum(self._lengths.values(), Counter())
+        return tuple(length for length, _ in lengths.most_common(most))
 
     def lookup_prefix(
         self, namespace: str, fingerprint: str, token_ids: Sequence[int]

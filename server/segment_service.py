@@ -33,6 +33,7 @@ from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
 from kvsplice.server.admin_models import NamespaceStats, SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.pressure import NamespacePressure
 from kvsplice.storage.tiered_store import StoredSegment, TieredStore
@@ -288,12 +289,38 @@ class SegmentService:
     def lookup_prefix(
         self, namespace: str, fingerprint: str, token_ids: Sequence[int]
     ) -> PrefixMatch:
-        """The longest run of stored segments covering `token_ids` from position 0."""
+        """The longest run of stored segments covering `token_ids` from position 0, the
+        shared tier's included (blocking I/O where the local index stops short)."""
+        probe = self.lookup_local(namespace, fingerprint, token_ids)
+        return self.counted(namespace, self.extend_shared(probe))
+
+    def lookup_local(
+        self, namespace: str, fingerprint: str, token_ids: Sequence[int]
+    ) -> SharedProbe:
+        """The longest run the local index holds (loop only), with what a shared tier may
+        carry further: if `extendable`, `extend_from_shared` (off the loop). Count the
+        final match with `counted`."""
         check_namespace(namespace)
         check_fingerprint(fingerprint)
         tokens = check_token_ids("token_ids", token_ids, self.config.max_query_tokens)
         match = self._exact.lookup_prefix(namespace, fingerprint, tokens)
         match = self._stored_prefix(namespace, match)
+        shared = self._store.shared
+        short = match.num_matched_tokens < len(tokens)
+        lengths = (
+            self._exact.segment_lengths(namespace, MAX_PROBE_LENGTHS)
+            if short and shared is not None and not shared.status().degraded
+            else ()
+        )
+        return SharedProbe(namespace, fingerprint, tokens, match, lengths)
+
+    def extend_shared(self, probe: SharedProbe) -> PrefixMatch:
+        """`probe.match` carried into the shared tier if `extendable` (thread-safe: store
+        I/O only; what it reads through is indexed on the loop)."""
+        return extend_from_shared(self._store, probe) if probe.extendable else probe.match
+
+    def counted(self, namespace: str, match: PrefixMatch) -> PrefixMatch:
+        """`match`, counted as the namespace's hit or miss (loop only)."""
         self._count(namespace, match.num_matched_tokens > 0)
         return match
 

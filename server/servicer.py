@@ -131,9 +131,12 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def LookupPrefix(
         self, request: pb.LookupPrefixRequest, context: aio.ServicerContext
     ) -> pb.LookupPrefixResponse:
-        match = self._segments.lookup_prefix(
-            self._allow(context, request.namespace), request.model_fingerprint, request.token_ids
-        )
+        namespace = self._allow(context, request.namespace)
+        probe = self._segments.lookup_local(namespace, request.model_fingerprint, request.token_ids)
+        match = probe.match
+        if probe.extendable:
+            match = await asyncio.to_thread(self._segments.extend_shared, probe)
+        match = self._segments.counted(namespace, match)
         num_queried = len(request.token_ids)
         self._metrics.record_lookup(
             "exact", match.num_matched_tokens > 0, num_queried, match.num_matched_tokens

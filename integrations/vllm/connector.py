@@ -67,7 +67,8 @@ class KvspliceConnector(KVConnectorBase_V1):
         _check_parallelism(vllm_config)
         self.block_size = vllm_config.cache_config.block_size
         self.chunk_tokens = self.config.chunk_tokens_for(self.block_size)
-        self.fingerprint = engine_fingerprint(_model_dir(vllm_config), _kv_dtype(vllm_config))
+        kv_dtype = _kv_dtype(vllm_config)
+        self.fingerprint = engine_fingerprint(_model_dir(vllm_config), kv_dtype)
         self.clients = StoreClients(self.config)
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
@@ -78,7 +79,7 @@ class KvspliceConnector(KVConnectorBase_V1):
                 self.fingerprint,
                 self.block_size,
                 self.chunk_tokens,
-                save_decode=self.config.save_decode,
+                save_decode=self.config.save_decode_for(kv_dtype),
             )
             _recompute_on_load_failure(transfer)
         logger.info(

@@ -25,7 +25,9 @@ class ConnectorConfig:
     `chunk_tokens` (None: the engine's block size) cuts the key chain; it must be a
     multiple of the block size so chunk edges fall on block edges. `namespace` is
     the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
-    `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`).
+    `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`);
+    None (the default) means: only where the engine keeps K/V in float32
+    (`save_decode_for`).
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
     """
@@ -37,7 +39,7 @@ class ConnectorConfig:
     chunk_tokens: int | None = None
     quant: str = "none"
     same_host_reads: bool = True
-    save_decode: bool = False
+    save_decode: bool | None = None
     lookup_timeout_ms: int = 500
     max_pending_saves: int = 256
 
@@ -77,6 +79,16 @@ class ConnectorConfig:
             if name in values:
                 values[name] = _as_bool(values[name])
         return cls(**values)
+
+    def save_decode_for(self, kv_dtype: str) -> bool:
+        """Whether decode-written K/V is stored, for an engine whose K/V is `kv_dtype`.
+
+        By default only in float32: decode-written K/V differs from a prefill's in its
+        last bits (other kernels), which in float32 is ~1e-7 relative and left every
+        greedy output we measured unchanged, while in bf16/fp16 it can change a later
+        token (see docs/vllm.md). An explicit `save_decode` wins.
+        """
+        return kv_dtype == "float32" if self.save_decode is None else self.save_decode
 
     def chunk_tokens_for(self, block_size: int) -> int:
         """The chunk length for an engine with `block_size`-token blocks."""

@@ -55,6 +55,14 @@ def bench_vllm(
     threads: Annotated[
         str, typer.Option(help="CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
     ] = "0-1",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Engine dtype: float32, bfloat16 or float16. In bfloat16 a prefix loaded from "
+            "anywhere (vLLM's own prefix cache too) rounds unlike one-pass prefill, so greedy "
+            "outputs can part late in an answer."
+        ),
+    ] = "float32",
     work_dir: Annotated[
         Path, typer.Option(help="Sidecar data, connector storage and engine logs.")
     ] = Path("results/bench-vllm"),
@@ -77,7 +85,7 @@ def bench_vllm(
         config = VllmBenchConfig(
             model_dir=str(model_directory(model_config(model, model_cache))),
             out_json=json_path, work_dir=work_dir, configs=names,
-            answer_tokens=answer_tokens, threads=threads, problem_index=problem,
+            answer_tokens=answer_tokens, threads=threads, problem_index=problem, dtype=dtype,
         )  # fmt: skip
     except ValueError as error:
         fail(str(error))

@@ -113,3 +113,30 @@ def test_a_key_the_catalog_never_heard_of_is_read_through_to_the_cluster(
         )
         assert client_c.delete(chain[0][0].context_key)  # deleted here: never resurrected
         assert client_c.get_segment(chain[0][0].context_key) is None
+
+
+def test_a_lookup_past_what_the_index_knows_reads_the_chain_through_from_the_cluster(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    config = shared_config(cluster.url, key_prefix)
+    a = start_sidecar("a", config)
+    chain = make_chain(24, tokens_per_segment=32, seed=27)
+    with make_client(a) as client_a:
+        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
+    shared = a.server.store.shared
+    assert shared.wait_published(5.0)
+    # no event will ever tell c of the chain (trimmed off the stream, say)
+    shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
+    c = start_sidecar("c", config)
+    own = make_chain(1, tokens_per_segment=32, seed=28)  # c's workers chunk by 32 tokens too
+    with make_client(c) as client_c:
+        assert client_c.put_segment(*own[0])
+        assert (
+            client_c.lookup_prefix(FINGERPRINT, chain_tokens(chain)[:40]).num_matched_tokens == 32
+        )
+        assert found_and_read(c, chain) == (768, 24)
+        # degraded: no probe is sent, the lookup answers from the index alone
+        c.server.store.shared.connection.breaker.trip(ConnectionError("test: cluster away"))
+        other = make_chain(2, tokens_per_segment=32, seed=29)
+        assert client_c.lookup_prefix(FINGERPRINT, chain_tokens(other)).num_matched_tokens == 0
+        assert client_c.lookup_prefix(FINGERPRINT, chain_tokens(chain)).num_matched_tokens == 768

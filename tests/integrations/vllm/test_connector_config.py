@@ -42,6 +42,16 @@ def test_chunks_fall_on_block_edges() -> None:
         ConnectorConfig("h:1", chunk_tokens=200).chunk_tokens_for(128)
 
 
+def test_decode_written_kv_is_stored_by_default_only_in_float32() -> None:
+    default = ConnectorConfig("h:1")
+    assert [default.save_decode_for(d) for d in ("float32", "bfloat16", "float16")] == [
+        True, False, False,
+    ]  # fmt: skip
+    for value, expected in (("false", False), ("true", True)):
+        explicit = ConnectorConfig.from_extra_config({"target": "h:1", "save_decode": value})
+        assert {explicit.save_decode_for(d) for d in ("float32", "bfloat16")} == {expected}
+
+
 def test_a_cache_salt_gives_its_own_namespace() -> None:
     assert salted_namespace("team-a", None) == "team-a"
     salted = {salted_namespace("team-a", salt) for salt in ("s1", "s2", "a secret with spaces")}
