@@ -181,7 +181,13 @@ def _services(
         started = []
         for i, kv in enumerate(transfer):
             spec = EngineSpec(
-                f"{name}-{i}", config.model_dir, free_port(), kv, apc, config.dtype, env=env,
+                f"{name}-{i}",
+                config.model_dir,
+                free_port(),
+                kv,
+                apc,
+                config.dtype,
+                env=env,
                 extra_args=extra,
             )
             engine = Engine(spec, logs).start()
