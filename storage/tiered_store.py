@@ -2,11 +2,8 @@
 namespace quotas, capacity eviction and removal notifications.
 
 Owns key scoping, the locking discipline and who is told that a segment is gone;
-bytes at rest belong to the tiers, bookkeeping to `Catalog`.
-NOTE: past 600 lines since the shared tier (issue 15) and fair eviction (issue 16)
-both hooked into its put/remove paths under the same striped locks; moving the
-eviction choice out (beside `storage/pressure.py`) is the next split (issue 26; 676
-lines after the failover read-through of issue 25).
+bytes at rest belong to the tiers, bookkeeping to `Catalog`, making room (quota
+reservations, capacity evictions) to `RoomMaker`.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from functools import reduce
-from typing import Final, Literal, NamedTuple
+from typing import Final, Literal
 
 import xxhash
 
@@ -37,6 +34,7 @@ from kvsplice.storage.catalog_loader import load_catalog
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.keyspace import segment_key
 from kvsplice.storage.pressure import NamespacePressure, PressureCounters
+from kvsplice.storage.room_maker import RoomMaker
 from kvsplice.storage.segment_codec import (
     encode_segment,
     meta_digest,
@@ -92,12 +90,6 @@ class StoreStats:
     shared: SharedStatus | None = None  # the shared tier's state, when there is one
 
 
-class _Victim(NamedTuple):
-    key: bytes
-    entry: CatalogEntry
-    stripe: threading.RLock
-
-
 class TieredStore:
     """Segments and blobs over `tiers` (fastest first; the last is durable).
 
@@ -130,7 +122,6 @@ class TieredStore:
         clock: Callable[[], float] = time.time,
         shared: SharedTier | None = None,
     ) -> None:
-        self._config = config
         self._stack = TierStack(tiers)
         self._shared = shared
         self._clock = clock
@@ -141,6 +132,16 @@ class TieredStore:
         self._listeners = StoreListeners()
         self._removals: Counter[str] = Counter(lost=num_dropped)
         self._pressure = PressureCounters()
+        room_shared = None if shared is None else (self._shared_catalog, shared)
+        self._room = RoomMaker(
+            config,
+            self._catalog,
+            self._lock,
+            self._stripe,
+            self._stack,
+            self._pressure,
+            room_shared,
+        )
         self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
         self._closed = False
         if shared is not None:
@@ -367,135 +368,21 @@ class TieredStore:
     def _write_blob(self, key: bytes, body: bytes) -> None:
         removed: Removed = []
         try:
-            self._write_durable(key, body, removed)
+            self._room.write_durable(key, body, removed)
         finally:
             self._notify(removed)
 
     def _put_locked(self, key: bytes, body: bytes, entry: CatalogEntry, removed: Removed) -> None:
-        victims = self._reserve_quota(key, entry)
+        victims = self._room.reserve_quota(key, entry)
         try:
-            self._evict(victims, "quota", removed)
-            self._write_durable(key, body, removed, entry.meta.namespace)
+            self._room.evict(victims, "quota", removed)
+            self._room.write_durable(key, body, removed, entry.meta.namespace)
             with self._lock:
                 self._catalog.insert(key, entry)
         finally:
             with self._lock:
                 self._catalog.unreserve(entry.meta.namespace, entry.body_nbytes)
         self._stack.fill_caches(key, body)
-
-    def _reserve_quota(self, key: bytes, entry: CatalogEntry) -> list[_Victim]:
-        """Reserve the entry's bytes, claiming the namespace's LRU victims that must go first."""
-        namespace, nbytes = entry.meta.namespace, entry.body_nbytes
-        quota = self._config.quota_for(namespace)
-        with self._lock:
-            victims: list[_Victim] = []
-            if quota is not None:
-                old = self._catalog.get(key)
-                replaced_nbytes = 0 if old is None else old.body_nbytes
-                excess = self._catalog.used_bytes(namespace) - replaced_nbytes + nbytes - quota
-                victims = self._claim(namespace, excess, exclude=key) if nbytes <= quota else []
-                if nbytes > quota or sum(v.entry.body_nbytes for v in victims) < excess:
-                    self._unclaim(victims)
-                    self._pressure.refused(namespace, "quota")
-                    raise ResourceExhausted(
-                        f"namespace {namespace!r}: {nbytes} bytes do not fit its quota of "
-                        f"{quota} bytes (segments being read cannot be evicted)"
-                    )
-                self._pop_claimed(victims)
-            self._catalog.reserve(namespace, nbytes)
-        return victims
-
-    def _write_durable(
-        self, key: bytes, body: bytes, removed: Removed, namespace: str | None = None
-    ) -> None:
-        """Put into the durable tier, evicting while it is full: fair share first (see
-        `Catalog.fair_victims`), so a writer never silently empties another namespace.
-
-        With a shared tier the local tiers cache the cluster: a capacity victim is only
-        dropped here (still cataloged, read back from the cluster), not removed.
-        """
-        durable = self._stack.durable
-        capacity = durable.capacity_bytes()
-        if capacity is not None and len(body) > capacity:
-            if namespace is not None:
-                with self._lock:
-                    self._pressure.refused(namespace, "capacity")
-            raise ResourceExhausted(f"{len(body)} bytes exceed {durable.name}'s {capacity} bytes")
-        while True:
-            try:
-                durable.put(key, body)
-                return
-            except ResourceExhausted as exc:
-                with self._lock:
-                    # NOTE: room in the durable tier is made only by segments it holds.
-                    victims = [
-                        _Victim(k, entry, self._stripe(k))
-                        for k, entry in self._catalog.fair_victims(
-                            namespace, len(body), key, self._try_local_stripe
-                        )
-                    ]
-                    if self._shared is None:
-                        self._pop_claimed(victims)
-                    else:
-                        self._shared_catalog.mark_remote([victim.key for victim in victims])
-                    if not victims and namespace is not None:
-                        self._pressure.refused(namespace, "capacity")
-                if not victims:
-                    raise ResourceExhausted(
-                        f"{durable.name} is full and no unleased segment is left to evict"
-                    ) from exc
-                if self._shared is None:
-                    self._evict(victims, "capacity", removed)
-                else:
-                    self._drop_local(victims)
-
-    def _drop_local(self, victims: list[_Victim]) -> None:
-        """Delete claimed victims from the local tiers only (the shared tier keeps them)."""
-        try:
-            for victim in victims:
-                self._stack.delete(victim.key)
-        finally:
-            self._unclaim(victims)
-
-    def _claim(self, namespace: str | None, nbytes: int, exclude: bytes) -> list[_Victim]:
-        """LRU unleased segments worth >= `nbytes` whose stripes were free (caller holds `_lock`).
-
-        Stripes are only tried, never waited for: see the class docstring.
-        """
-        # NOTE: room in the durable tier is made only by segments it holds; a segment
-        # known from the shared tier alone frees nothing there (quotas count both).
-        try_claim = self._try_stripe if namespace is not None else self._try_local_stripe
-        victims = []
-        for key, entry in self._catalog.lru_victims(namespace, nbytes, exclude, try_claim):
-            victims.append(_Victim(key, entry, self._stripe(key)))
-        return victims
-
-    def _try_stripe(self, key: bytes) -> bool:
-        return self._stripe(key).acquire(blocking=False)
-
-    def _try_local_stripe(self, key: bytes) -> bool:
-        if self._shared is not None and (
-            self._shared_catalog.is_remote(key) or self._shared.is_pending(key)
-        ):
-            return False  # frees nothing here, or not shared yet: the only copy
-        return self._try_stripe(key)
-
-    def _pop_claimed(self, victims: list[_Victim]) -> None:
-        for victim in victims:
-            self._catalog.pop(victim.key)
-
-    def _unclaim(self, victims: list[_Victim]) -> None:
-        for victim in victims:
-            victim.stripe.release()
-
-    def _evict(self, victims: list[_Victim], reason: str, removed: Removed) -> None:
-        """Delete claimed (already uncataloged) victims from every tier."""
-        removed.extend((victim.entry.meta, reason) for victim in victims)
-        try:
-            for victim in victims:
-                self._stack.delete(victim.key)
-        finally:
-            self._unclaim(victims)
 
     def _read(self, key: bytes, namespace: str, lease: bool) -> StoredSegment | None:
         removed: Removed = []
@@ -592,7 +479,7 @@ class TieredStore:
     def _cache_shared(self, key: bytes, body: Body, removed: Removed) -> None:
         """Keep a copy of a shared record in the local tiers, room permitting."""
         try:
-            self._write_durable(key, bytes(body), removed)
+            self._room.write_durable(key, bytes(body), removed)
             self._stack.fill_caches(key, body)
         except ResourceExhausted as exc:
             logger.info("segment %s read from the shared tier, not cached: %s", key.hex(), exc)
