@@ -10,7 +10,6 @@ import asyncio
 import logging
 import threading
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 from kvsplice.server.app import StoreServer, build
@@ -100,12 +99,7 @@ class EmbeddedStore:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _run(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from types import TracebackType
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -71,12 +70,7 @@ class SidecarProcess:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 

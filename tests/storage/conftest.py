@@ -8,9 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pytest
 import redis
-import xxhash
+from helpers.store import make_meta
 
-from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.segment import SegmentMeta
 
 FINGERPRINT = "kvfp1-" + "ab" * 16
@@ -31,26 +30,11 @@ def _make_segment(
 ) -> tuple[SegmentMeta, bytes]:
     """A valid (meta, payload) pair whose payload is `nbytes` seeded random bytes."""
     payload = _make_payload(nbytes, seed)
-    parent = root_key(FINGERPRINT)
-    meta = SegmentMeta(
-        namespace=namespace,
-        model_fingerprint=FINGERPRINT,
-        context_key=context_key(parent, token_ids),
-        parent_key=parent,
-        content_key=content_key(token_ids),
-        token_ids=tuple(token_ids),
-        start_position=0,
-        layer_start=0,
-        layer_end=4,
-        boundary_layers=(2,),
-        payload_nbytes=nbytes,
-        checksum=xxhash.xxh3_64_intdigest(payload),
-        ttl_s=ttl_s,
-        created_at_s=created_at_s,
-        left_tail_ids=(7, 8),
-        index_text="some text",
-        labels=(("agent", "critic"),),
-    )
+    meta = make_meta(
+        token_ids, payload, namespace=namespace, fingerprint=FINGERPRINT,
+        layer_end=4, boundary_layers=(2,), ttl_s=ttl_s, created_at_s=created_at_s,
+        left_tail_ids=(7, 8), index_text="some text", labels=(("agent", "critic"),),
+    )  # fmt: skip
     return meta, payload
 
 
