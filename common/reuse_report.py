@@ -40,8 +40,25 @@ def _check_count(name: str, value: int) -> None:
         raise ValueError(f"{name} {value} not in [0, {MAX_REPORTED_COUNT}]")
 
 
+class TokenHits:
+    """The reused-token total and the token hit rate of a record that counts prompt tokens
+    and the reused ones by where they were served."""
+
+    num_prompt_tokens: int
+    hit_tokens: Mapping[Served, int]
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return sum(self.hit_tokens.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        """The token hit rate in [0, 1] (`token_hit_rate`); None before the first call."""
+        return token_hit_rate(self.num_hit_tokens, self.num_prompt_tokens)
+
+
 @dataclass(frozen=True)
-class ReuseReport:
+class ReuseReport(TokenHits):
     """Reuse over `num_calls` calls: their prompt tokens, the reused ones by `Served`,
     and `segment_reads`: (context key, served) -> reads, only for `UNSEEN_SERVED`."""
 
@@ -69,14 +86,6 @@ class ReuseReport:
             if served not in UNSEEN_SERVED:
                 raise ValueError(f"segment reads served {served!r}: not one of {UNSEEN_SERVED}")
             _check_count("segment reads", n)
-
-    @property
-    def num_hit_tokens(self) -> int:
-        return sum(self.hit_tokens.values())
-
-    @property
-    def hit_rate(self) -> float | None:
-        return token_hit_rate(self.num_hit_tokens, self.num_prompt_tokens)
 
     @property
     def empty(self) -> bool:

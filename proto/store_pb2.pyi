@@ -291,7 +291,14 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens")
+    __slots__ = ("num_segments", "num_bytes", "num_hits", "num_misses", "num_evictions", "num_refused_puts", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +310,7 @@ class StatsResponse(_message.Message):
     NUM_LOCAL_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_IN_PLACE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_GRPC_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
     num_segments: int
     num_bytes: int
     num_hits: int
@@ -314,7 +322,8 @@ class StatsResponse(_message.Message):
     num_local_hit_tokens: int
     num_in_place_hit_tokens: int
     num_grpc_hit_tokens: int
-    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_refused_puts: _Optional[int] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ...) -> None: ...
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, num_segments: _Optional[int] = ..., num_bytes: _Optional[int] = ..., num_hits: _Optional[int] = ..., num_misses: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_refused_puts: _Optional[int] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DescribeDataPlaneRequest(_message.Message):
     __slots__ = ("namespace",)

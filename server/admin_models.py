@@ -8,57 +8,15 @@ models only fix the JSON the endpoints return.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 from kvsplice.common.keys import KEY_NBYTES
-from kvsplice.common.reuse_report import SERVED, token_hit_rate
-from kvsplice.common.segment import SegmentMeta, validate_namespace
-
-
-@dataclass(frozen=True)
-class NamespaceStats:
-    """Usage, lookup outcomes and reported reuse of one namespace since the process started.
-
-    The token counts are what workers reported (`StoreClient.report_reuse`): prompt
-    tokens of their calls, and those reused, by where they were served
-    (`hit_tokens_by_source`: "local", "in_place", "grpc"; empty: not split).
-    """
-
-    namespace: str
-    num_segments: int
-    stored_bytes: int
-    num_hits: int  # lookups and reads that found a segment
-    num_misses: int
-    num_requested_tokens: int = 0  # prompt tokens of the calls workers reported
-    num_hit_tokens: int = 0  # ... of which they reused
-    num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
-    num_refused_puts: int = 0  # refused for lack of room (quota, full tier)
-    num_calls: int = 0  # calls workers reported
-    hit_tokens_by_source: Mapping[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        validate_namespace(self.namespace)
-        for name in ("num_segments", "stored_bytes", "num_hits", "num_misses",
-                     "num_requested_tokens", "num_hit_tokens", "num_evictions",
-                     "num_refused_puts", "num_calls"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} {getattr(self, name)} < 0")
-        if self.num_hit_tokens > self.num_requested_tokens:
-            raise ValueError(f"{self.num_hit_tokens} hit tokens > {self.num_requested_tokens}")
-        by_source = self.hit_tokens_by_source
-        if set(by_source) - set(SERVED) or any(n < 0 for n in by_source.values()):
-            raise ValueError(f"hit_tokens_by_source {dict(by_source)} is not counts by {SERVED}")
-        if by_source and sum(by_source.values()) != self.num_hit_tokens:
-            raise ValueError(f"hit_tokens_by_source {dict(by_source)} != {self.num_hit_tokens}")
-
-    @property
-    def hit_rate(self) -> float | None:
-        """The token hit rate in [0, 1]; None before the first report
-        (`common.reuse_report.token_hit_rate`, the one definition kvsplice reports)."""
-        return token_hit_rate(self.num_hit_tokens, self.num_requested_tokens)
+from kvsplice.common.namespace_stats import COUNTERS, NamespaceStats, counters, json_name
+from kvsplice.common.reuse_report import SERVED
+from kvsplice.common.segment import SegmentMeta
 
 
 @dataclass(frozen=True)
@@ -113,8 +71,9 @@ class AdminSource(Protocol):
         """True once tiers are mounted and indexes rebuilt, False while shutting down."""
         ...
 
-    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
-        """Stats of `namespace`, or of every namespace when None (empty if unknown)."""
+    def namespace_stats(self, namespace: str | None) -> dict[str, NamespaceStats]:
+        """Stats of `namespace`, or of every namespace when None (empty if unknown), by
+        namespace in sorted order."""
         ...
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
@@ -170,42 +129,33 @@ class FlushResult:
     num_blobs: int
 
 
-class NamespaceStatsOut(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    namespace: str
-    num_segments: int
-    stored_bytes: int
-    num_hits: int
-    num_misses: int
-    num_requested_tokens: int
-    num_hit_tokens: int
-    hit_rate: float | None  # token hit rate: num_hit_tokens / num_requested_tokens
-    hit_tokens_by_source: dict[str, int]  # reused tokens by where served: local, in_place, grpc
-    num_calls: int  # calls workers reported
-    num_evictions: int
-    num_refused_puts: int
-
-    @classmethod
-    def of(cls, stats: NamespaceStats) -> NamespaceStatsOut:
-        return cls(
-            namespace=stats.namespace,
-            num_segments=stats.num_segments,
-            stored_bytes=stats.stored_bytes,
-            num_hits=stats.num_hits,
-            num_misses=stats.num_misses,
-            num_requested_tokens=stats.num_requested_tokens,
-            num_hit_tokens=stats.num_hit_tokens,
-            hit_rate=stats.hit_rate,
-            hit_tokens_by_source={s: stats.hit_tokens_by_source.get(s, 0) for s in SERVED},
-            num_calls=stats.num_calls,
-            num_evictions=stats.num_evictions,
-            num_refused_puts=stats.num_refused_puts,
-        )
+def _row_fields() -> dict[str, Any]:
+    """A /v1/stats row: the namespace, every `NamespaceStats` counter under its JSON name, then
+    the reused tokens (in all, by where served) and the token hit rate."""
+    return {
+        "namespace": (str, ...),
+        **{json_name(name): (int, ...) for name in COUNTERS},
+        "num_hit_tokens": (int, ...),
+        "hit_rate": (float | None, ...),  # num_hit_tokens / num_requested_tokens
+        json_name("hit_tokens"): (dict[str, int], ...),  # local, in_place, grpc
+    }
 
 
-class StatsOut(BaseModel):
-    namespaces: list[NamespaceStatsOut]
+NamespaceStatsOut = create_model(
+    "NamespaceStatsOut", __config__=ConfigDict(frozen=True), **_row_fields()
+)
+StatsOut = create_model("StatsOut", namespaces=(list[NamespaceStatsOut], ...))  # type: ignore[valid-type]
+
+
+def stats_row(namespace: str, stats: NamespaceStats) -> dict[str, Any]:
+    """The /v1/stats row of `namespace` (the fields of `NamespaceStatsOut`)."""
+    return {
+        "namespace": namespace,
+        **{json_name(name): value for name, value in counters(stats).items()},
+        "num_hit_tokens": stats.num_hit_tokens,
+        "hit_rate": stats.hit_rate,
+        json_name("hit_tokens"): {s: stats.hit_tokens.get(s, 0) for s in SERVED},
+    }
 
 
 class SegmentPageOut(BaseModel):

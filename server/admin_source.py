@@ -10,9 +10,9 @@ import logging
 
 from kvsplice.common.errors import InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
+from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.server.admin_models import (
     FlushResult,
-    NamespaceStats,
     SegmentHits,
     SegmentSummary,
     TierOverview,
@@ -51,9 +51,9 @@ class StoreAdminSource:
     def is_ready(self) -> bool:
         return self._segments.is_ready()
 
-    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+    def namespace_stats(self, namespace: str | None) -> dict[str, NamespaceStats]:
         if namespace is not None and namespace not in self._segments.known_namespaces():
-            return []  # `AdminSource`: an unknown namespace has no row (gRPC Stats: zeros)
+            return {}  # `AdminSource`: an unknown namespace has no row (gRPC Stats: zeros)
         return self._segments.namespace_stats(namespace)
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:

@@ -20,7 +20,6 @@ from kvsplice.proto import segment_header
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
 from kvsplice.proto.segment_header import meta_to_header
-from kvsplice.server.admin_models import NamespaceStats
 from kvsplice.server.anchor_service import AnchorRecord, AnchorWrite
 from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
@@ -239,22 +238,6 @@ def anchors_responses(
                 data = view[start : start + chunk_nbytes].tobytes()
                 chunk = pb.AnchorChunk(anchor_id=record.anchor_id, agent_id=agent_id, data=data)
                 yield pb.GetAnchorsResponse(chunk=chunk)
-
-
-def stats_response(stats: NamespaceStats) -> pb.StatsResponse:
-    return pb.StatsResponse(
-        num_segments=stats.num_segments,
-        num_bytes=stats.stored_bytes,
-        num_hits=stats.num_hits,
-        num_misses=stats.num_misses,
-        num_evictions=stats.num_evictions,
-        num_refused_puts=stats.num_refused_puts,
-        num_calls=stats.num_calls,
-        num_prompt_tokens=stats.num_requested_tokens,
-        num_local_hit_tokens=stats.hit_tokens_by_source.get("local", 0),
-        num_in_place_hit_tokens=stats.hit_tokens_by_source.get("in_place", 0),
-        num_grpc_hit_tokens=stats.hit_tokens_by_source.get("grpc", 0),
-    )
 
 
 def reuse_report(request: pb.ReportReuseRequest) -> ReuseReport:

@@ -8,7 +8,7 @@ internet. It reads the store through `AdminSource`, behind the admin API's own a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from importlib.resources import files
 
@@ -17,13 +17,9 @@ from fastapi.params import Depends
 from fastapi.responses import HTMLResponse
 
 from kvsplice.common import units
-from kvsplice.common.reuse_report import token_hit_rate
-from kvsplice.server.admin_models import (
-    AdminSource,
-    NamespaceStats,
-    SegmentHits,
-    TierOverview,
-)
+from kvsplice.common.namespace_stats import NamespaceStats
+from kvsplice.common.reuse_report import SERVED, token_hit_rate
+from kvsplice.server.admin_models import AdminSource, SegmentHits, TierOverview
 
 NUM_TOP_SEGMENTS = 10
 REFRESH_MS = 2000
@@ -47,19 +43,19 @@ def _table(headers: Sequence[str], rows: Sequence[str], empty: str, num_left: in
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def namespaces_panel(rows: Sequence[NamespaceStats]) -> str:
+def namespaces_panel(rows: Mapping[str, NamespaceStats]) -> str:
     cells = [
-        f'<tr class="ns" data-namespace="{escape(r.namespace)}" '
+        f'<tr class="ns" data-namespace="{escape(ns)}" '
         f'data-hit-rate="{"" if r.hit_rate is None else r.hit_rate}">'
-        f"<td>{escape(r.namespace)}</td>"
+        f"<td>{escape(ns)}</td>"
         f'<td class="num" data-field="num_segments">{r.num_segments}</td>'
-        f'<td class="num" data-field="stored_bytes" data-value="{r.stored_bytes}">'
-        f"{human_bytes(r.stored_bytes)}</td>"
+        f'<td class="num" data-field="stored_bytes" data-value="{r.num_bytes}">'
+        f"{human_bytes(r.num_bytes)}</td>"
         f'<td class="num" data-field="hit_rate">{percent(r.hit_rate)}</td>'
-        f'<td class="num" data-field="tokens">{r.num_hit_tokens} / {r.num_requested_tokens}</td>'
+        f'<td class="num" data-field="tokens">{r.num_hit_tokens} / {r.num_prompt_tokens}</td>'
         f'<td class="num" data-field="by_source">{_by_source(r)}</td>'
         "</tr>"
-        for r in rows
+        for ns, r in rows.items()
     ]
     headers = (
         "namespace", "segments", "stored", "token hit rate", "tokens reused / prompt",
@@ -69,8 +65,7 @@ def namespaces_panel(rows: Sequence[NamespaceStats]) -> str:
 
 
 def _by_source(r: NamespaceStats) -> str:
-    by = r.hit_tokens_by_source
-    return " / ".join(str(by.get(s, 0)) for s in ("local", "in_place", "grpc"))
+    return " / ".join(str(r.hit_tokens.get(s, 0)) for s in SERVED)
 
 
 def _fill_bar(tier: TierOverview) -> str:
@@ -129,13 +124,14 @@ def top_panel(top: Sequence[SegmentHits]) -> str:
     return _table(headers, cells, "no segment read yet", num_left=2)
 
 
-def summary(rows: Sequence[NamespaceStats]) -> str:
+def summary(rows: Mapping[str, NamespaceStats]) -> str:
+    stats = rows.values()
     hit_rate = token_hit_rate(
-        sum(r.num_hit_tokens for r in rows), sum(r.num_requested_tokens for r in rows)
+        sum(r.num_hit_tokens for r in stats), sum(r.num_prompt_tokens for r in stats)
     )
     return (
-        f'<p id="summary"><b data-field="num_segments">{sum(r.num_segments for r in rows)}</b> '
-        f"segments, <b>{human_bytes(sum(r.stored_bytes for r in rows))}</b> stored, "
+        f'<p id="summary"><b data-field="num_segments">{sum(r.num_segments for r in stats)}</b> '
+        f"segments, <b>{human_bytes(sum(r.num_bytes for r in stats))}</b> stored, "
         f'token hit rate <b data-field="hit_rate">{percent(hit_rate)}</b> over '
         f"{len(rows)} namespaces</p>"
     )

@@ -27,11 +27,12 @@ from kvsplice.common.errors import (
 )
 from kvsplice.common.fingerprint import is_fingerprint
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, root_key
+from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
-from kvsplice.server.admin_models import NamespaceStats, SegmentHits, SegmentSummary
+from kvsplice.server.admin_models import SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
@@ -353,7 +354,7 @@ class SegmentService:
 
     # -- stats (also the admin API's `AdminSource`) ------------------------------------
 
-    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+    def namespace_stats(self, namespace: str | None) -> dict[str, NamespaceStats]:
         """Stats of `namespace` (zeros if unknown), or of every namespace `known_namespaces`."""
         usage = self._store.namespace_usage()
         pressure = self._store.namespace_pressure()
@@ -368,11 +369,11 @@ class SegmentService:
                 | set(self._reported)
             )
         )
-        return [self._stats_of(name, usage, pressure.get(name)) for name in names]
+        return {name: self._stats_of(name, usage, pressure.get(name)) for name in names}
 
     def known_namespaces(self) -> set[str]:
         """Namespaces the store holds, or that were looked up or removed from since start."""
-        return {row.namespace for row in self.namespace_stats(None)}
+        return set(self.namespace_stats(None))
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
         check_namespace(namespace)
@@ -404,17 +405,15 @@ class SegmentService:
         pressure = pressure or NamespacePressure()
         reported = self._reported.get(namespace, ReuseReport())
         return NamespaceStats(
-            namespace=namespace,
             num_segments=ns_usage.segments,
-            stored_bytes=ns_usage.bytes,
+            num_bytes=ns_usage.bytes,
             num_hits=ns_usage.hits + self._hits.get(namespace, 0),
             num_misses=ns_usage.misses + self._misses.get(namespace, 0),
-            num_requested_tokens=reported.num_prompt_tokens,
-            num_hit_tokens=reported.num_hit_tokens,
             num_evictions=sum(pressure.removals.values()),
             num_refused_puts=sum(pressure.refusals.values()),
             num_calls=reported.num_calls,
-            hit_tokens_by_source={str(k): n for k, n in reported.hit_tokens.items()},
+            num_prompt_tokens=reported.num_prompt_tokens,
+            hit_tokens=reported.hit_tokens,
         )
 
     def _count(self, namespace: str, hit: bool) -> None:

@@ -22,6 +22,7 @@ from kvsplice.common.errors import NotFound, StreamStalled
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
+from kvsplice.proto.stats_wire import stats_response
 from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.data_plane import DataPlane
@@ -203,8 +204,8 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
     async def Stats(
         self, request: pb.StatsRequest, context: aio.ServicerContext
     ) -> pb.StatsResponse:
-        (stats,) = self._segments.namespace_stats(self._allow(context, request.namespace))
-        return convert.stats_response(stats)
+        namespace = self._allow(context, request.namespace)
+        return stats_response(self._segments.namespace_stats(namespace)[namespace])
 
     async def ReportReuse(
         self, request: pb.ReportReuseRequest, context: aio.ServicerContext

@@ -33,7 +33,6 @@ from kvsplice.client.store.store_types import (
     ClientCounters,
     PrefixLookup,
     SimilarCandidate,
-    StoreStats,
 )
 from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
@@ -44,9 +43,11 @@ from kvsplice.common.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
+from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_report
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
+from kvsplice.proto.stats_wire import stats_of
 
 T = TypeVar("T")
 # `_same_host` before the sidecar was asked where its data plane is.
@@ -358,9 +359,9 @@ class StoreClient:
         call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
         return self._once("delete", call, self.config.lookup_timeout_s, False)
 
-    def stats(self) -> StoreStats | None:
+    def stats(self) -> NamespaceStats | None:
         request = wire.stats_request(self.namespace)
-        call = self._unary(self._stub.Stats, request, wire.stats_result)
+        call = self._unary(self._stub.Stats, request, stats_of)
         return self._idempotent("stats", call, self.config.lookup_timeout_s, None)
 
     def close(self) -> None:

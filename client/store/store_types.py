@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvsplice.common.reuse_report import Served, token_hit_rate
-
 
 @dataclass(frozen=True)
 class SegmentRef:
@@ -70,30 +68,6 @@ class AnchorEntry:
     base_payload: bytes = b""
     agent_payloads: Mapping[str, bytes] = field(default_factory=dict)
     agent_ids: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    """Usage and lookup outcomes of the client's namespace."""
-
-    num_segments: int
-    num_bytes: int
-    num_hits: int
-    num_misses: int
-    num_evictions: int = 0  # removed without a delete (capacity, quota, ttl, lost)
-    num_refused_puts: int = 0  # puts the store turned away (quota or capacity)
-    num_calls: int = 0  # calls workers reported (`StoreClient.report_reuse`)
-    num_prompt_tokens: int = 0  # ... their prompt tokens
-    hit_tokens: Mapping[Served, int] = field(default_factory=dict)  # ... reused, by source
-
-    @property
-    def num_hit_tokens(self) -> int:
-        return sum(self.hit_tokens.values())
-
-    @property
-    def hit_rate(self) -> float | None:
-        """The token hit rate (`common.reuse_report.token_hit_rate`); None before a report."""
-        return token_hit_rate(self.num_hit_tokens, self.num_prompt_tokens)
 
 
 @dataclass

@@ -19,7 +19,6 @@ from kvsplice.client.store.store_types import (
     PrefixLookup,
     SegmentRef,
     SimilarCandidate,
-    StoreStats,
 )
 from kvsplice.common.buffers import BufferPool, writable_buffer
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
@@ -349,21 +348,3 @@ def similar_result(response: pb.FindSimilarResponse) -> list[SimilarCandidate]:
         )
         for c in response.candidates
     ]
-
-
-def stats_result(response: pb.StatsResponse) -> StoreStats:
-    return StoreStats(
-        num_segments=response.num_segments,
-        num_bytes=response.num_bytes,
-        num_hits=response.num_hits,
-        num_misses=response.num_misses,
-        num_evictions=response.num_evictions,
-        num_refused_puts=response.num_refused_puts,
-        num_calls=response.num_calls,
-        num_prompt_tokens=response.num_prompt_tokens,
-        hit_tokens={
-            "local": response.num_local_hit_tokens,
-            "in_place": response.num_in_place_hit_tokens,
-            "grpc": response.num_grpc_hit_tokens,
-        },
-    )

@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvsplice.common.errors import InvalidRequest, StoreUnavailable
+from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.server.admin import MAX_PAGE_LIMIT, build_admin_app, run_admin
-from kvsplice.server.admin_models import NamespaceStats, SegmentSummary
+from kvsplice.server.admin_models import SegmentSummary
 from kvsplice.server.metrics import StoreMetrics
 
 TOKEN = "s3cret-token"
@@ -43,12 +44,12 @@ class FakeSource:
     def is_ready(self) -> bool:
         return self.ready
 
-    def namespace_stats(self, namespace: str | None) -> list[NamespaceStats]:
+    def namespace_stats(self, namespace: str | None) -> dict[str, NamespaceStats]:
         if self.fault is not None:
             raise self.fault
         if namespace is None:
-            return list(self.stats.values())
-        return [self.stats[namespace]] if namespace in self.stats else []
+            return self.stats
+        return {namespace: self.stats[namespace]} if namespace in self.stats else {}
 
     def list_segments(self, namespace: str, offset: int, limit: int) -> list[SegmentSummary]:
         return self.segments.get(namespace, [])[offset : offset + limit]
@@ -58,15 +59,14 @@ def make_source(num_segments: int = 3) -> FakeSource:
     return FakeSource(
         stats={
             "tenant-a": NamespaceStats(
-                "tenant-a",
-                3,
-                12_288,
+                num_segments=3,
+                num_bytes=12_288,
                 num_hits=3,
                 num_misses=1,
-                num_requested_tokens=400,
-                num_hit_tokens=300,
+                num_prompt_tokens=400,
+                hit_tokens={"grpc": 300},
             ),
-            "tenant-b": NamespaceStats("tenant-b", 0, 0, num_hits=0, num_misses=0),
+            "tenant-b": NamespaceStats(),
         },
         segments={"tenant-a": [make_summary(i) for i in range(num_segments)]},
     )
@@ -129,7 +129,7 @@ def test_stats_of_all_namespaces_and_of_one() -> None:
         "num_requested_tokens": 400,
         "num_hit_tokens": 300,
         "hit_rate": 0.75,  # the token hit rate
-        "hit_tokens_by_source": {"local": 0, "in_place": 0, "grpc": 0},
+        "hit_tokens_by_source": {"local": 0, "in_place": 0, "grpc": 300},
         "num_calls": 0,
         "num_evictions": 0,
         "num_refused_puts": 0,

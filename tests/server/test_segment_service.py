@@ -200,10 +200,10 @@ def test_stats_are_per_namespace_and_count_hits_and_misses() -> None:
     service.lookup_prefix(NAMESPACE, FINGERPRINT, [9])  # miss
     service.get(NAMESPACE, meta.context_key)  # hit
     service.lookup_prefix("tenant-b", FINGERPRINT, [9])  # another tenant's miss
-    (stats,) = service.namespace_stats(NAMESPACE)
+    stats = service.namespace_stats(NAMESPACE)[NAMESPACE]
     assert (stats.num_segments, stats.num_hits, stats.num_misses) == (1, 2, 1)
-    assert stats.stored_bytes >= 100
-    (other,) = service.namespace_stats("tenant-b")
+    assert stats.num_bytes >= 100
+    other = service.namespace_stats("tenant-b")["tenant-b"]
     assert (other.num_segments, other.num_hits, other.num_misses) == (0, 0, 1)
 
 
@@ -222,7 +222,7 @@ def test_stats_count_each_namespaces_evictions_and_refused_puts(tmp_path: Path) 
         big = make_payload(5000)
         with pytest.raises(ResourceExhausted):
             service.put(make_meta([99], big), big)
-        (stats,) = service.namespace_stats(NAMESPACE)
+        stats = service.namespace_stats(NAMESPACE)[NAMESPACE]
         assert stats.num_segments == 2 and stats.num_evictions == 2
         assert stats.num_refused_puts == 1
     finally:
