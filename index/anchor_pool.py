@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvsplice.common.config_flags import flag
 from kvsplice.common.segment import validate_namespace
 
 logger = logging.getLogger(__name__)
@@ -58,8 +59,13 @@ class AnchorPoolConfig:
     """`capacity` V: most entries a pool holds; `window` W: with the KVCOMM policy,
     the victim is the least-activated of the W oldest entries (ties: the oldest)."""
 
-    capacity: int = 20
-    window: int = 5
+    capacity: int = field(
+        default=20, metadata=flag("Anchors kept per placeholder.", name="anchor-capacity", min=1)
+    )
+    window: int = field(
+        default=5,
+        metadata=flag("Recent uses an anchor's score counts.", name="anchor-window", min=1),
+    )
     policy: str = "least_used_of_oldest"
 
     def __post_init__(self) -> None:

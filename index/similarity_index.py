@@ -17,47 +17,11 @@ from datasketch import MinHashLSH
 
 from kvsplice.common.keys import content_key
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.index.signature import Signature, SignatureKind, Signer
+from kvsplice.index.signature import Signature, SignatureKind
 from kvsplice.index.signature_table import SignatureTable
+from kvsplice.index.similarity_config import SimilarityConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SimilarityConfig:
-    """MinHash/LSH parameters. `threshold` tunes the LSH bands (datasketch's
-    optimizer); `min_jaccard` drops weaker candidates; at most `max_candidates`
-    LSH candidates (best estimated Jaccard first) are verified per query."""
-
-    num_perm: int = 128
-    seed: int = 1
-    threshold: float = 0.6
-    text_shingle_words: int = 3
-    token_shingle_tokens: int = 6
-    min_jaccard: float = 0.4
-    max_candidates: int = 64
-
-    def __post_init__(self) -> None:
-        if not 16 <= self.num_perm <= 1024:
-            raise ValueError(f"num_perm {self.num_perm} must be in [16, 1024]")
-        if not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"threshold {self.threshold} must be in (0, 1)")
-        if not 0.0 <= self.min_jaccard <= 1.0:
-            raise ValueError(f"min_jaccard {self.min_jaccard} must be in [0, 1]")
-        if self.text_shingle_words < 1:
-            raise ValueError(f"text_shingle_words {self.text_shingle_words} must be >= 1")
-        if self.token_shingle_tokens < 1:
-            raise ValueError(f"token_shingle_tokens {self.token_shingle_tokens} must be >= 1")
-        if self.max_candidates < 1:
-            raise ValueError(f"max_candidates {self.max_candidates} must be >= 1")
-
-    def build_signer(self) -> Signer:
-        return Signer(
-            num_perm=self.num_perm,
-            seed=self.seed,
-            text_shingle_words=self.text_shingle_words,
-            token_shingle_tokens=self.token_shingle_tokens,
-        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from kvsplice.common.config_flags import MIB, flag
 from kvsplice.common.segment import validate_namespace
 
 if TYPE_CHECKING:
@@ -29,8 +30,22 @@ def _positive(name: str, value: float | None) -> None:
 class MemoryTierConfig:
     """A byte-budgeted in-process tier; `policy` picks what it evicts first."""
 
-    max_bytes: int
-    policy: str = "lru"
+    max_bytes: int = field(
+        metadata=flag(
+            "Memory tier budget; 0 disables it.",
+            name="memory-mib",
+            mib=True,
+            min=0,
+            default=1024 * MIB,
+            switch=True,
+        )
+    )
+    policy: str = field(
+        default="lru",
+        metadata=flag(
+            "What the memory tier evicts first.", name="memory-policy", choices=EVICTION_POLICIES
+        ),
+    )
     compress: bool = False
 
     def __post_init__(self) -> None:
@@ -43,10 +58,29 @@ class MemoryTierConfig:
 class LMDBTierConfig:
     """The durable tier: an LMDB environment directory of at most `map_size_bytes`."""
 
-    path: str
-    map_size_bytes: int = 1 << 30
-    compress: bool = False
-    sync: bool = True
+    path: str = field(
+        metadata=flag(
+            "Durable tier directory (created).",
+            name="lmdb-path",
+            path=True,
+            default="kvsplice-data/lmdb",
+            switch=True,
+        )
+    )
+    map_size_bytes: int = field(
+        default=1 << 30,
+        metadata=flag(
+            "LMDB tier budget (its map size).",
+            name="lmdb-map-size-mib",
+            mib=True,
+            min=1,
+            default=4096 * MIB,
+        ),
+    )
+    compress: bool = field(
+        default=False, metadata=flag("zstd on the LMDB tier (rarely pays on int8 KV).")
+    )
+    sync: bool = field(default=True, metadata=flag("fsync every LMDB commit.", name="lmdb-sync"))
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -69,9 +103,26 @@ class RedisTierConfig:
     `max_pending_publish` written keys wait to be shared (the oldest are dropped).
     """
 
-    url: str = "redis://127.0.0.1:6379/0"
-    cluster: bool = False
-    read_from_replicas: bool = False
+    url: str = field(
+        default="redis://127.0.0.1:6379/0",
+        metadata=flag(
+            "Shared Redis/Valkey tier: redis://, rediss://, valkey:// (a cluster takes "
+            "host:port,host:port seeds). Unreachable at start: serve degraded, connect later.",
+            name="redis-url",
+            default=None,
+            switch=True,
+        ),
+    )
+    cluster: bool = field(
+        default=False,
+        metadata=flag(
+            "--redis-url names seed nodes of a Redis/Valkey Cluster.", name="redis-cluster"
+        ),
+    )
+    read_from_replicas: bool = field(
+        default=False,
+        metadata=flag("Cluster reads may go to replicas.", name="redis-read-replicas"),
+    )
     key_prefix: str = "kvsplice:"
     compress: bool = False
     ttl_s: float | None = None
@@ -113,7 +164,10 @@ class StoreConfig:
     lmdb: LMDBTierConfig | None = None
     redis: RedisTierConfig | None = None
     namespace_quota_bytes: Mapping[str, int] = field(default_factory=dict)
-    default_quota_bytes: int | None = None
+    default_quota_bytes: int | None = field(
+        default=None,
+        metadata=flag("Per-namespace byte quota.", name="quota-mib", mib=True, min=1),
+    )
 
     def __post_init__(self) -> None:
         if self.memory is None and self.lmdb is None:

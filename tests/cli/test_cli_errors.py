@@ -169,19 +169,16 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     pytest.importorskip("torch")
     from kvsplice.agents.layouts import LAYOUTS
     from kvsplice.cli.common import PACKAGED_MODEL_NAMES
-    from kvsplice.cli.serve import MemoryPolicy
     from kvsplice.cli.worker import Graph, Layout, Quant, Workload
     from kvsplice.client.model.packaged_models import PACKAGED_MODELS
     from kvsplice.eval.bench.agents import WORKLOADS
     from kvsplice.eval.bench.mode_runner import GRAPHS
     from kvsplice.kvmath.quant import QUANT_SCHEMES
-    from kvsplice.storage.config import EVICTION_POLICIES
 
     assert tuple(Workload) == WORKLOADS
     assert tuple(Graph) == GRAPHS
     assert tuple(Quant) == QUANT_SCHEMES
     assert tuple(Layout) == tuple(LAYOUTS)
-    assert tuple(MemoryPolicy) == tuple(EVICTION_POLICIES)
     assert tuple(PACKAGED_MODELS) == PACKAGED_MODEL_NAMES
 
 

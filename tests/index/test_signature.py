@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers.index import make_meta
 
 from kvsplice.index.signature import SignatureKind
-from kvsplice.index.similarity_index import SimilarityConfig
+from kvsplice.index.similarity_config import SimilarityConfig
 
 
 def make_signer(**overrides):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvsplice.index.signature_table import SignatureTable
-from kvsplice.index.similarity_index import SimilarityConfig
+from kvsplice.index.similarity_config import SimilarityConfig
 
 
 def make_signatures(count: int):
