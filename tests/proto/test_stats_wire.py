@@ -21,13 +21,12 @@ def test_a_round_trip_keeps_every_counter_in_the_fields_older_clients_read() -> 
     assert stats_wire.stats_of(response) == STATS
     assert (response.num_bytes, response.num_prompt_tokens) == (4096, 100)
     assert (response.num_local_hit_tokens, response.num_grpc_hit_tokens) == (10, 30)
-    assert dict(response.counters) == {}  # every counter so far has a field of its own
 
 
 def test_a_counter_without_a_field_travels_in_the_map(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stats_wire, "_OWN_FIELDS", stats_wire._OWN_FIELDS - {"num_calls"})
     response = stats_wire.stats_response(STATS)
-    assert (response.num_calls, dict(response.counters)) == (0, {"num_calls": 4})
+    assert (response.num_calls, response.counters["num_calls"]) == (0, 4)
     assert stats_wire.stats_of(response) == STATS
 
 
