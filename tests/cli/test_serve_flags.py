@@ -38,10 +38,10 @@ def serve_config(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     return config
 
 
-def test_the_flags_and_their_variables_are_the_contract() -> None:
+def test_the_flags_and_their_variables_stay_the_contract() -> None:
     serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
     options = {p.opts[0].removeprefix("--"): p for p in serve.params if p.opts[0] != "--help"}
-    assert sorted(options) == sorted(SERVE_FLAGS)
+    assert set(SERVE_FLAGS) <= set(options)  # none renamed or dropped; new ones may come
     for name, option in options.items():
         assert option.envvar == "KVSPLICE_" + name.upper().replace("-", "_")
         assert option.help
