@@ -108,11 +108,7 @@ class RoomMaker:
     def evict(self, victims: list[Victim], reason: str, removed: Removed) -> None:
         """Delete claimed (already uncataloged) victims from every tier."""
         removed.extend((victim.entry.meta, reason) for victim in victims)
-        try:
-            for victim in victims:
-                self._stack.delete(victim.key)
-        finally:
-            self._unclaim(victims)
+        self._drop_local(victims)
 
     def _claim_capacity(self, namespace: str | None, nbytes: int, key: bytes) -> list[Victim]:
         """Claim fair-share victims worth `nbytes` of the durable tier (uncataloged, or marked
@@ -134,7 +130,8 @@ class RoomMaker:
         return victims
 
     def _drop_local(self, victims: list[Victim]) -> None:
-        """Delete claimed victims from the local tiers only (the shared tier keeps them)."""
+        """Delete claimed victims from the local tiers and release their stripes (a shared
+        tier keeps its copies: the store publishes removals, not this)."""
         try:
             for victim in victims:
                 self._stack.delete(victim.key)
