@@ -1,9 +1,9 @@
 """Command-line flags that config fields carry, and configs built back from their values.
 
-A field that a flag sets says so in its metadata (`field(metadata=flag(...))`): its help,
-its name when that is not the field's, its bounds and units. The CLI derives its options
-from `flag_fields` (as vLLM's `arg_utils` derives its flags from config fields), so a flag
-is written once, beside the field it sets. Nothing here parses arguments or reads env vars.
+A field a flag sets is declared with `flag(default, help, ...)`: its help, its flag's name
+where that is not the field's, its bounds and units go into the field's metadata. The CLI
+derives its options from `flag_fields` (as vLLM's `arg_utils` derives its flags from config
+fields), so a flag is written once, beside its field. Nothing here parses arguments.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Flag:
     """How the command line sets a config field.
 
     `help` documents the field; `name` is the flag without `--` (default: the field's name,
-    dashed); `default` is the command line's default where it is not the field's, in the
+    dashed); `cli_default` is the command line's default where it is not the field's, in the
     field's units; `mib`: the flag counts MiB of a field in bytes; `min`/`max`: bounds of
     the flag; `path`: it names a file (`exists`: one that exists; `dir_okay`: or a folder);
     `choices`: its values, case-insensitive; `switch`: the optional config holding the field
@@ -33,7 +33,7 @@ class Flag:
 
     help: str
     name: str | None = None
-    default: Any = ...  # the field's own
+    cli_default: Any = ...  # the field's own
     mib: bool = False
     min: float | None = None
     max: float | None = None
@@ -52,9 +52,10 @@ class Flag:
         return str(value) if self.path or self.choices else value
 
 
-def flag(help: str, **options: Any) -> dict[str, Flag]:
-    """The metadata of a field the command line sets (`Flag` says what `options` mean)."""
-    return {_KEY: Flag(help, **options)}
+def flag(default: Any, help: str, **options: Any) -> Any:
+    """A dataclass field of `default` (`MISSING`: none) that the command line sets, documented
+    by `help` (`Flag` says what `options` mean)."""
+    return dataclasses.field(default=default, metadata={_KEY: Flag(help, **options)})
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class FlagField:
     @property
     def default(self) -> Any:
         """The flag's default, in the flag's units."""
-        default = self.field.default if self.flag.default is ... else self.flag.default
+        default = self.field.default if self.flag.cli_default is ... else self.flag.cli_default
         if default is MISSING:
             raise TypeError(f"flag --{self.name} sets {self.field.name}, which has no default")
         return default // MIB if self.flag.mib and default is not None else default

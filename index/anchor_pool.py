@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvsplice.common.config_flags import flag
@@ -59,13 +59,8 @@ class AnchorPoolConfig:
     """`capacity` V: most entries a pool holds; `window` W: with the KVCOMM policy,
     the victim is the least-activated of the W oldest entries (ties: the oldest)."""
 
-    capacity: int = field(
-        default=20, metadata=flag("Anchors kept per placeholder.", name="anchor-capacity", min=1)
-    )
-    window: int = field(
-        default=5,
-        metadata=flag("Recent uses an anchor's score counts.", name="anchor-window", min=1),
-    )
+    capacity: int = flag(20, "Anchors kept per placeholder.", name="anchor-capacity", min=1)
+    window: int = flag(5, "Recent uses an anchor's score counts.", name="anchor-window", min=1)
     policy: str = "least_used_of_oldest"
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ nor datasketch; the index itself lives there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsplice.common.config_flags import flag
@@ -21,13 +21,10 @@ class SimilarityConfig:
     optimizer); `min_jaccard` drops weaker candidates; at most `max_candidates`
     LSH candidates (best estimated Jaccard first) are verified per query."""
 
-    num_perm: int = field(
-        default=128, metadata=flag("MinHash permutations.", name="lsh-num-perm", min=16)
-    )
+    num_perm: int = flag(128, "MinHash permutations.", name="lsh-num-perm", min=16)
     seed: int = 1
-    threshold: float = field(
-        default=0.6,
-        metadata=flag("MinHash LSH Jaccard threshold.", name="lsh-threshold", min=0, max=1),
+    threshold: float = flag(
+        0.6, "MinHash LSH Jaccard threshold.", name="lsh-threshold", min=0, max=1
     )
     text_shingle_words: int = 3
     token_shingle_tokens: int = 6

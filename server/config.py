@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
 from kvsplice.common.config_flags import MIB, flag
 from kvsplice.common.segment import MAX_SEGMENT_TOKENS
@@ -34,23 +34,17 @@ class SegmentServiceConfig:
 
     # 64 MiB: a 512-token segment of an 8B GQA model in fp16 (32 layers x 8 KV heads x 128
     # x K,V x 2 B = 128 KiB/token), 1,400 tokens of SmolLM2-135M in fp32 (45 KiB/token).
-    max_payload_nbytes: int = field(
-        default=64 * MIB,
-        metadata=flag(
-            "Largest accepted segment payload (64: a 512-token segment of an 8B model, fp16).",
-            name="max-payload-mib",
-            mib=True,
-            min=1,
-        ),
-    )
+    max_payload_nbytes: int = flag(
+        64 * MIB,
+        "Largest accepted segment payload (64: a 512-token segment of an 8B model, fp16).",
+        name="max-payload-mib", mib=True, min=1,
+    )  # fmt: skip
     max_segment_tokens: int = 65_536
     max_query_tokens: int = 262_144
     max_index_text_chars: int = 262_144
     max_layers: int = 1024
     max_labels: int = 32
-    default_ttl_s: float | None = field(
-        default=None, metadata=flag("TTL of segments put without one (none: keep).")
-    )
+    default_ttl_s: float | None = flag(None, "TTL of segments put without one (none: keep).")
     default_similar_limit: int = 8
     max_similar_limit: int = 64
     max_anchor_nbytes: int = 256 * MIB  # one anchor's payloads (streamed in chunks)
@@ -84,35 +78,18 @@ class TlsConfig:
     """TLS for gRPC and the admin API: PEM files; `client_ca_path` set means mTLS (a client
     certificate signed by that CA is required)."""
 
-    cert_path: str = field(
-        metadata=flag(
-            "Server certificate (PEM): TLS.",
-            name="tls-cert",
-            path=True,
-            exists=True,
-            default=None,
-            switch=True,
-        )
-    )
-    key_path: str = field(
-        metadata=flag(
-            "Its private key (PEM).",
-            name="tls-key",
-            path=True,
-            exists=True,
-            default=None,
-            switch=True,
-        )
-    )
-    client_ca_path: str | None = field(
-        default=None,
-        metadata=flag(
-            "Require client certificates signed by this CA (mTLS).",
-            name="tls-client-ca",
-            path=True,
-            exists=True,
-        ),
-    )
+    cert_path: str = flag(
+        MISSING, "Server certificate (PEM): TLS.",
+        name="tls-cert", path=True, exists=True, cli_default=None, switch=True,
+    )  # fmt: skip
+    key_path: str = flag(
+        MISSING, "Its private key (PEM).",
+        name="tls-key", path=True, exists=True, cli_default=None, switch=True,
+    )  # fmt: skip
+    client_ca_path: str | None = flag(
+        None, "Require client certificates signed by this CA (mTLS).",
+        name="tls-client-ca", path=True, exists=True,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("cert_path", "key_path", "client_ca_path"):
@@ -140,50 +117,33 @@ class ServerConfig:
     while the tier faults (a failover), before it reports ready.
     """
 
-    listen_address: str = field(
-        default="127.0.0.1:50051",
-        metadata=flag("gRPC address: host:port or unix:/path.", name="listen"),
+    listen_address: str = flag(
+        "127.0.0.1:50051", "gRPC address: host:port or unix:/path.", name="listen"
     )
     store: StoreConfig = field(default_factory=_default_store)
     exact_index: ExactIndexConfig = field(default_factory=ExactIndexConfig)
     similarity: SimilarityConfig = field(default_factory=SimilarityConfig)
     anchor_pool: AnchorPoolConfig = field(default_factory=AnchorPoolConfig)
     service: SegmentServiceConfig = field(default_factory=SegmentServiceConfig)
-    auth_token: str | None = field(
-        default=None, metadata=flag("One admin token ('Bearer <token>') on every call.")
-    )
-    tenants_path: str | None = field(
-        default=None,
-        metadata=flag(
-            "Tenants file (kvsplice tenants add): namespaces and role per token hash; "
-            "re-read on SIGHUP.",
-            name="tenants",
-            path=True,
-            exists=True,
-            dir_okay=False,
-        ),
-    )
+    auth_token: str | None = flag(None, "One admin token ('Bearer <token>') on every call.")
+    tenants_path: str | None = flag(
+        None,
+        "Tenants file (kvsplice tenants add): namespaces and role per token hash; "
+        "re-read on SIGHUP.",
+        name="tenants", path=True, exists=True, dir_okay=False,
+    )  # fmt: skip
     tls: TlsConfig | None = None
-    stream_idle_timeout_s: float = field(
-        default=10.0,
-        metadata=flag("Cut an upload (or a GetSegment reader) silent this long.", min=0.1),
+    stream_idle_timeout_s: float = flag(
+        10.0, "Cut an upload (or a GetSegment reader) silent this long.", min=0.1
     )
-    max_inflight_upload_nbytes: int = field(
-        default=256 * MIB,
-        metadata=flag(
-            "Payload MiB all uploads in progress may declare together.",
-            name="max-inflight-upload-mib",
-            mib=True,
-            min=1,
-        ),
+    max_inflight_upload_nbytes: int = flag(
+        256 * MIB, "Payload MiB all uploads in progress may declare together.",
+        name="max-inflight-upload-mib", mib=True, min=1,
+    )  # fmt: skip
+    chunk_nbytes: int = flag(
+        4 * MIB, "Stream frame size of payloads.", name="chunk-mib", mib=True, min=1, max=64
     )
-    chunk_nbytes: int = field(
-        default=4 * MIB,
-        metadata=flag("Stream frame size of payloads.", name="chunk-mib", mib=True, min=1, max=64),
-    )
-    grace_period_s: float = field(
-        default=10.0, metadata=flag("On SIGTERM, how long in-flight RPCs may drain.", min=0)
-    )
+    grace_period_s: float = flag(10.0, "On SIGTERM, how long in-flight RPCs may drain.", min=0)
     sweep_interval_s: float = 60.0
     catch_up_timeout_s: float = 30.0
     max_concurrent_rpcs: int | None = None

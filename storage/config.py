@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -30,21 +30,12 @@ def _positive(name: str, value: float | None) -> None:
 class MemoryTierConfig:
     """A byte-budgeted in-process tier; `policy` picks what it evicts first."""
 
-    max_bytes: int = field(
-        metadata=flag(
-            "Memory tier budget; 0 disables it.",
-            name="memory-mib",
-            mib=True,
-            min=0,
-            default=1024 * MIB,
-            switch=True,
-        )
-    )
-    policy: str = field(
-        default="lru",
-        metadata=flag(
-            "What the memory tier evicts first.", name="memory-policy", choices=EVICTION_POLICIES
-        ),
+    max_bytes: int = flag(
+        MISSING, "Memory tier budget; 0 disables it.",
+        name="memory-mib", mib=True, min=0, cli_default=1024 * MIB, switch=True,
+    )  # fmt: skip
+    policy: str = flag(
+        "lru", "What the memory tier evicts first.", name="memory-policy", choices=EVICTION_POLICIES
     )
     compress: bool = False
 
@@ -58,29 +49,16 @@ class MemoryTierConfig:
 class LMDBTierConfig:
     """The durable tier: an LMDB environment directory of at most `map_size_bytes`."""
 
-    path: str = field(
-        metadata=flag(
-            "Durable tier directory (created).",
-            name="lmdb-path",
-            path=True,
-            default="kvsplice-data/lmdb",
-            switch=True,
-        )
-    )
-    map_size_bytes: int = field(
-        default=1 << 30,
-        metadata=flag(
-            "LMDB tier budget (its map size).",
-            name="lmdb-map-size-mib",
-            mib=True,
-            min=1,
-            default=4096 * MIB,
-        ),
-    )
-    compress: bool = field(
-        default=False, metadata=flag("zstd on the LMDB tier (rarely pays on int8 KV).")
-    )
-    sync: bool = field(default=True, metadata=flag("fsync every LMDB commit.", name="lmdb-sync"))
+    path: str = flag(
+        MISSING, "Durable tier directory (created).",
+        name="lmdb-path", path=True, cli_default="kvsplice-data/lmdb", switch=True,
+    )  # fmt: skip
+    map_size_bytes: int = flag(
+        1 << 30, "LMDB tier budget (its map size).",
+        name="lmdb-map-size-mib", mib=True, min=1, cli_default=4096 * MIB,
+    )  # fmt: skip
+    compress: bool = flag(False, "zstd on the LMDB tier (rarely pays on int8 KV).")
+    sync: bool = flag(True, "fsync every LMDB commit.", name="lmdb-sync")
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -103,25 +81,17 @@ class RedisTierConfig:
     `max_pending_publish` written keys wait to be shared (the oldest are dropped).
     """
 
-    url: str = field(
-        default="redis://127.0.0.1:6379/0",
-        metadata=flag(
-            "Shared Redis/Valkey tier: redis://, rediss://, valkey:// (a cluster takes "
-            "host:port,host:port seeds). Unreachable at start: serve degraded, connect later.",
-            name="redis-url",
-            default=None,
-            switch=True,
-        ),
+    url: str = flag(
+        "redis://127.0.0.1:6379/0",
+        "Shared Redis/Valkey tier: redis://, rediss://, valkey:// (a cluster takes "
+        "host:port,host:port seeds). Unreachable at start: serve degraded, connect later.",
+        name="redis-url", cli_default=None, switch=True,
+    )  # fmt: skip
+    cluster: bool = flag(
+        False, "--redis-url names seed nodes of a Redis/Valkey Cluster.", name="redis-cluster"
     )
-    cluster: bool = field(
-        default=False,
-        metadata=flag(
-            "--redis-url names seed nodes of a Redis/Valkey Cluster.", name="redis-cluster"
-        ),
-    )
-    read_from_replicas: bool = field(
-        default=False,
-        metadata=flag("Cluster reads may go to replicas.", name="redis-read-replicas"),
+    read_from_replicas: bool = flag(
+        False, "Cluster reads may go to replicas.", name="redis-read-replicas"
     )
     key_prefix: str = "kvsplice:"
     compress: bool = False
@@ -164,9 +134,8 @@ class StoreConfig:
     lmdb: LMDBTierConfig | None = None
     redis: RedisTierConfig | None = None
     namespace_quota_bytes: Mapping[str, int] = field(default_factory=dict)
-    default_quota_bytes: int | None = field(
-        default=None,
-        metadata=flag("Per-namespace byte quota.", name="quota-mib", mib=True, min=1),
+    default_quota_bytes: int | None = flag(
+        None, "Per-namespace byte quota.", name="quota-mib", mib=True, min=1
     )
 
     def __post_init__(self) -> None:
