@@ -3,7 +3,8 @@ namespace quotas, capacity eviction and removal notifications.
 
 Owns key scoping, the locking discipline and who is told that a segment is gone;
 bytes at rest belong to the tiers, bookkeeping to `Catalog`, making room (quota
-reservations, capacity evictions) to `RoomMaker`.
+reservations, capacity evictions) to `RoomMaker`, reads through to the shared tier
+to `SharedReads`.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from functools import reduce
-from typing import Final, Literal
 
 import xxhash
 
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
-    ResourceExhausted,
-    StoreUnavailable,
 )
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.blob_store import BlobStore
@@ -42,7 +39,8 @@ from kvsplice.storage.segment_codec import (
     segment_payload,
 )
 from kvsplice.storage.segment_events import SharedEvent
-from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog, verified_entry
+from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog
+from kvsplice.storage.shared_reads import UNREACHABLE, SharedReads, digest_or_none
 from kvsplice.storage.shared_tier import SharedStatus, SharedTier
 from kvsplice.storage.store_listeners import (
     ArrivalListener,
@@ -51,7 +49,7 @@ from kvsplice.storage.store_listeners import (
     StoreListeners,
 )
 from kvsplice.storage.tier import StorageTier, TierStats
-from kvsplice.storage.tier_stack import Body, TierStack
+from kvsplice.storage.tier_stack import TierStack
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +139,11 @@ class TieredStore:
             self._stack,
             self._pressure,
             room_shared,
+        )
+        self._shared_reads = (
+            None
+            if shared is None
+            else SharedReads(shared, self._shared_catalog, self._stack, self._room, self._expired)
         )
         self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
         self._closed = False
@@ -406,17 +409,17 @@ class TieredStore:
     ) -> StoredSegment | None:
         entry = self._live_entry(key, removed)
         if entry is None:
-            return None if self._shared is None else self._read_through(key, removed, arrived)
+            return self._read_through(key, removed, arrived)
         digest = entry.meta_digest
-        body = self._stack.get(key, is_current=lambda b: _digest_or_none(b) == digest)
-        if body is None and self._shared is not None:
-            fetched = self._fetch_shared(key, entry, removed)
-            if fetched is _UNREACHABLE:
+        body = self._stack.get(key, is_current=lambda b: digest_or_none(b) == digest)
+        if body is None and self._shared_reads is not None:
+            fetched = self._shared_reads.fetch(key, entry, removed)
+            if fetched is UNREACHABLE:
                 return None  # a miss for now, not a loss: the segment stays cataloged
             body = fetched
             with self._lock:  # the fetch may have adopted another version of the key
                 entry = self._catalog.get(key) or entry
-        if body is not None and _digest_or_none(body) != entry.meta_digest:
+        if body is not None and digest_or_none(body) != entry.meta_digest:
             logger.warning("durable tier holds a version of %s this store did not write", key.hex())
             return None
         if body is not None:
@@ -427,64 +430,17 @@ class TieredStore:
         self._remove_locked(key, entry, "lost", removed)
         return None
 
-    def _fetch_shared(
-        self, key: bytes, entry: CatalogEntry, removed: Removed
-    ) -> Body | Literal[_Unreachable.TOKEN] | None:
-        """The shared tier's copy of a locally missing segment, cached in the local tiers;
-        None if the shared tier lacks it, `_UNREACHABLE` while it is degraded (or its copy
-        fails verification)."""
-        assert self._shared is not None
-        try:
-            body = self._shared.get(key)
-        except StoreUnavailable as exc:
-            logger.debug("segment %s not fetched from the shared tier: %s", key.hex(), exc)
-            return _UNREACHABLE
-        if body is None:
-            # NOTE: a replica may not hold a record its primary just wrote: with replica
-            # reads, absence is a miss for now, never proof of loss.
-            return _UNREACHABLE if self._shared.config.read_from_replicas else None
-        if _digest_or_none(body) != entry.meta_digest:
-            adopted = self._shared_catalog.adopt(key, body)  # a twin put elsewhere
-            if adopted is None:
-                return _UNREACHABLE
-            entry = adopted
-        self._cache_shared(key, body, removed)
-        return body
-
     def _read_through(
         self, key: bytes, removed: Removed, arrived: list[SegmentMeta]
     ) -> StoredSegment | None:
-        """A key the catalog does not know, read from the shared tier (a put whose event
-        this sidecar has not applied, or never will: missed while its catch-up failed,
-        or trimmed off the stream); cataloged, cached and announced if it verifies."""
-        assert self._shared is not None
-        if self._shared.is_pending(key):
-            return None  # removed here, the removal not yet published: never resurrect
-        try:
-            body = self._shared.get(key)
-        except StoreUnavailable as exc:
-            logger.debug("segment %s not read through: %s", key.hex(), exc)
+        """A key the catalog does not know, read through to the shared tier (if any)."""
+        reads = self._shared_reads
+        found = None if reads is None else reads.read_through(key, removed)
+        if found is None:
             return None
-        if body is None:
-            return None
-        entry = verified_entry(key, body)
-        if entry is None or self._expired(entry):
-            return None
-        if not self._shared_catalog.catalog_fetched(key, entry):
-            return None  # defensive: events apply under this same stripe
-        self._cache_shared(key, body, removed)
+        entry, body = found
         arrived.append(entry.meta)
         return StoredSegment(entry.meta, segment_payload(body, entry.meta))
-
-    def _cache_shared(self, key: bytes, body: Body, removed: Removed) -> None:
-        """Keep a copy of a shared record in the local tiers, room permitting."""
-        try:
-            self._room.write_durable(key, bytes(body), removed)
-            self._stack.fill_caches(key, body)
-        except ResourceExhausted as exc:
-            logger.info("segment %s read from the shared tier, not cached: %s", key.hex(), exc)
-        else:
-            self._shared_catalog.mark_local(key)
 
     def _live_entry(self, key: bytes, removed: Removed) -> CatalogEntry | None:
         """The key's entry unless expired; an expired one is removed (or doomed if leased)."""
@@ -541,24 +497,8 @@ class TieredStore:
         self._listeners.removed([meta for meta, _ in removed])
 
 
-class _Unreachable(Enum):
-    """The shared tier could not answer (degraded, or its copy failed verification)."""
-
-    TOKEN = 0
-
-
-_UNREACHABLE: Final = _Unreachable.TOKEN
-
-
 def _record_of(meta: SegmentMeta, payload: bytes | memoryview) -> tuple[bytes, bytes, CatalogEntry]:
     """The tier key, the encoded body and the catalog entry of a segment to store."""
     body = encode_segment(meta, payload_view(meta, payload))
     key = segment_key(meta.namespace, meta.context_key)
     return key, body, CatalogEntry(meta, len(body), meta_digest(body))
-
-
-def _digest_or_none(body: Body) -> int | None:
-    try:
-        return meta_digest(body)
-    except CorruptPayload:
-        return None
