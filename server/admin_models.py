@@ -8,7 +8,7 @@ models only fix the JSON the endpoints return.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, create_model
@@ -45,18 +45,8 @@ class SegmentSummary:
 
     @classmethod
     def from_meta(cls, meta: SegmentMeta) -> SegmentSummary:
-        return cls(
-            segment_id=meta.segment_id,
-            model_fingerprint=meta.model_fingerprint,
-            num_tokens=meta.num_tokens,
-            start_position=meta.start_position,
-            layer_start=meta.layer_start,
-            layer_end=meta.layer_end,
-            boundary_layers=meta.boundary_layers,
-            payload_nbytes=meta.payload_nbytes,
-            created_at_s=meta.created_at_s,
-            ttl_s=meta.ttl_s,
-        )
+        """The summary of `meta` (each field is the meta's attribute of the same name)."""
+        return cls(**{f.name: getattr(meta, f.name) for f in fields(cls)})
 
 
 class AdminSource(Protocol):

@@ -26,6 +26,7 @@ from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
 PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
+_SEGMENT_REF_FIELDS = tuple(pb.SegmentRef.DESCRIPTOR.fields_by_name)
 
 
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
@@ -122,14 +123,8 @@ def segment_frames(stored: StoredSegment, chunk_nbytes: int) -> Iterator[bytes]:
 
 
 def _segment_ref(meta: SegmentMeta) -> pb.SegmentRef:
-    return pb.SegmentRef(
-        context_key=meta.context_key,
-        start_position=meta.start_position,
-        num_tokens=meta.num_tokens,
-        layer_start=meta.layer_start,
-        layer_end=meta.layer_end,
-        payload_nbytes=meta.payload_nbytes,
-    )
+    """Each field of the reference is the meta's attribute of the same name."""
+    return pb.SegmentRef(**{name: getattr(meta, name) for name in _SEGMENT_REF_FIELDS})
 
 
 def prefix_response(match: PrefixMatch) -> pb.LookupPrefixResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from kvsplice.common.keys import root_key
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.config import LMDBTierConfig, StoreConfig, build_store
+from kvsplice.storage.tiered_store import TieredStore
 
 
 def test_put_then_get_returns_the_same_bytes_and_meta() -> None:
@@ -207,53 +209,47 @@ def test_stats_are_per_namespace_and_count_hits_and_misses() -> None:
     assert (other.num_segments, other.num_hits, other.num_misses) == (0, 0, 1)
 
 
-def test_stats_count_each_namespaces_evictions_and_refused_puts(tmp_path: Path) -> None:
-    store = build_store(
-        StoreConfig(
-            lmdb=LMDBTierConfig(str(tmp_path / "db"), sync=False),
-            namespace_quota_bytes={NAMESPACE: 3000},
-        )
+@pytest.fixture
+def quota_store(tmp_path: Path) -> Iterator[TieredStore]:
+    """An LMDB store where NAMESPACE may hold 3000 bytes: about two 1000-byte segments."""
+    config = StoreConfig(
+        lmdb=LMDBTierConfig(str(tmp_path / "db"), sync=False),
+        namespace_quota_bytes={NAMESPACE: 3000},
     )
-    try:
-        service = make_service(store)
-        for i in range(4):
-            payload = make_payload(1000, seed=i)
-            service.put(make_meta([i + 1], payload), payload)
-        big = make_payload(5000)
-        with pytest.raises(ResourceExhausted):
-            service.put(make_meta([99], big), big)
-        stats = service.namespace_stats(NAMESPACE)[NAMESPACE]
-        assert stats.num_segments == 2 and stats.num_evictions == 2
-        assert stats.num_refused_puts == 1
-    finally:
-        store.close()
+    store = build_store(config)
+    yield store
+    store.close()
+
+
+def test_stats_count_each_namespaces_evictions_and_refused_puts(quota_store: TieredStore) -> None:
+    service = make_service(quota_store)
+    for i in range(4):
+        payload = make_payload(1000, seed=i)
+        service.put(make_meta([i + 1], payload), payload)
+    big = make_payload(5000)
+    with pytest.raises(ResourceExhausted):
+        service.put(make_meta([99], big), big)
+    stats = service.namespace_stats(NAMESPACE)[NAMESPACE]
+    assert stats.num_segments == 2 and stats.num_evictions == 2
+    assert stats.num_refused_puts == 1
 
 
 @pytest.mark.parametrize("listed", [True, False])
 def test_a_segment_a_lookup_listed_counts_as_used_for_eviction(
-    tmp_path: Path, listed: bool
+    quota_store: TieredStore, listed: bool
 ) -> None:
     # Workers read listed segments in place or from their own tier, never through `get`:
     # the listing itself must keep the segment warm, or the hottest chains go first.
-    store = build_store(
-        StoreConfig(
-            lmdb=LMDBTierConfig(str(tmp_path / "db"), sync=False),
-            namespace_quota_bytes={NAMESPACE: 3000},
-        )
-    )
-    try:
-        service = make_service(store)
-        older, newer, third = ([7, i] for i in range(3))
-        metas = []
-        for i, tokens in enumerate((older, newer)):
-            payload = make_payload(1000, seed=i)
-            metas.append(make_meta(tokens, payload))
-            service.put(metas[-1], payload)
-        if listed:
-            assert service.lookup_prefix(NAMESPACE, FINGERPRINT, older).num_matched_tokens == 2
-        payload = make_payload(1000, seed=9)
-        service.put(make_meta(third, payload), payload)  # evicts one of the two
-        survivors = {m.token_ids for m in metas if store.get_meta(NAMESPACE, m.context_key)}
-        assert survivors == ({tuple(older)} if listed else {tuple(newer)})
-    finally:
-        store.close()
+    service = make_service(quota_store)
+    older, newer, third = ([7, i] for i in range(3))
+    metas = []
+    for i, tokens in enumerate((older, newer)):
+        payload = make_payload(1000, seed=i)
+        metas.append(make_meta(tokens, payload))
+        service.put(metas[-1], payload)
+    if listed:
+        assert service.lookup_prefix(NAMESPACE, FINGERPRINT, older).num_matched_tokens == 2
+    payload = make_payload(1000, seed=9)
+    service.put(make_meta(third, payload), payload)  # evicts one of the two
+    survivors = {m.token_ids for m in metas if quota_store.get_meta(NAMESPACE, m.context_key)}
+    assert survivors == ({tuple(older)} if listed else {tuple(newer)})
