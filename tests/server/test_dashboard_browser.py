@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import xxhash
+from helpers.store import make_meta
 
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.dashboard import human_bytes
@@ -41,14 +40,7 @@ if not CHROMIUM.exists():
 
 def make_segment(namespace: str, tokens: tuple[int, ...], nbytes: int) -> tuple[SegmentMeta, bytes]:
     payload = random.Random(hash(tokens)).randbytes(nbytes)
-    parent = root_key(FINGERPRINT)
-    meta = SegmentMeta(
-        namespace=namespace, model_fingerprint=FINGERPRINT,
-        context_key=context_key(parent, tokens), parent_key=parent, content_key=content_key(tokens),
-        token_ids=tokens, start_position=0, layer_start=0, layer_end=30,
-        payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload),
-    )  # fmt: skip
-    return meta, payload
+    return make_meta(tokens, payload, namespace=namespace, fingerprint=FINGERPRINT), payload
 
 
 def fill(target: str, namespace: str, num_segments: int, hits: int, misses: int) -> None:

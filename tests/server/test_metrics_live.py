@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 import xxhash
+from helpers.store import make_meta
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.common.keys import content_key, context_key, root_key
 from kvsplice.common.reuse_report import SERVED, ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
@@ -29,14 +29,8 @@ MIB = 1 << 20
 def make_segment(i: int, nbytes: int, **fields: object) -> tuple[SegmentMeta, bytes]:
     payload = random.Random(i).randbytes(nbytes)
     tokens = (i, i + 1, i + 2, i + 3)
-    parent = root_key(FINGERPRINT)
-    meta = SegmentMeta(
-        namespace=NAMESPACE, model_fingerprint=FINGERPRINT,
-        context_key=context_key(parent, tokens), parent_key=parent, content_key=content_key(tokens),
-        token_ids=tokens, start_position=0, layer_start=0, layer_end=30,
-        payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload),
-    )  # fmt: skip
-    return replace(meta, **fields), payload
+    meta = make_meta(tokens, payload, namespace=NAMESPACE, fingerprint=FINGERPRINT, **fields)
+    return meta, payload
 
 
 def start(path: Path, memory_mib: int = 1, lmdb_mib: int = 4) -> EmbeddedStore:
