@@ -1,7 +1,7 @@
 """`kvsplice serve` and `kvsplice health`: the sidecar's flags, checked before anything is created.
 
 `serve`'s flags are those of `ServerConfig`'s fields (`kvsplice.cli.config_options`), so a
-new flag is a field's `flag(...)` metadata. Addresses, ports, the Redis URL's form and the
+new flag is a config field declared with `flag(...)`. Addresses, ports, the Redis URL's form and the
 LMDB directory are checked up front so a mistake is one line on stderr, not a half-started
 server. An unreachable Redis is not a mistake: the sidecar starts degraded (issue 15).
 """
