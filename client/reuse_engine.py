@@ -25,13 +25,12 @@ from kvsplice.client.execute.reuse_map import ReusedRange, ReuseMap
 from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
-from kvsplice.client.modes.base import ReusePolicy, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext, StoreContext
+from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt, StoreContext
 from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentStore
 from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.client.store.segment_writer import SegmentWriter
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES
@@ -129,7 +128,7 @@ class ReuseEngine:
         self,
         loaded: LoadedModel,
         policy: ReusePolicy | str,
-        store: SegmentStore | None = None,
+        store: StoreClient | None = None,
         config: EngineConfig | None = None,
         admission: AdmissionPolicy | None = None,
     ) -> None:

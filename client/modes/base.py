@@ -1,23 +1,34 @@
-"""The reuse-policy interface, the prompts it plans for, and plan assembly.
+"""The reuse-policy interface: the prompts it plans for, the context it plans in, what it returns.
 
 Owns `ReusePolicy`, the prompt protocols the client accepts (the agents'
-`RenderedPrompt` satisfies them), `span_role` and `PlanBuilder`. The context a policy
-works in is `call_context`'s, what its plan returns `planned_call`'s; the rules of each
-mode live in their own modules; storing after a call in `recorder`.
+`RenderedPrompt` satisfies them), `span_role`, `CallContext`/`StoreContext` (what a
+policy may use during one call; the engine builds one per call and nothing changes it
+after), `PlannedCall` (what `plan` returns and `after_call` gets back), `ModeSpec` and
+`PlanBuilder`. The rules of each mode live in their own modules; what several share in
+`shared`; storing after a call in `recorder`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
+import torch
+
+from kvsplice.client.execute.call_executor import CallExecutor
+from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
-from kvsplice.client.modes.call_context import CallContext
-from kvsplice.client.modes.planned_call import PlannedCall
+from kvsplice.client.store.local_tier import LocalTier
+from kvsplice.client.store.segment_io import SpanRecord
+from kvsplice.client.store.segment_puts import SegmentSink
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import LayoutMismatch
+from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -56,6 +67,76 @@ def span_role(span: PromptSpan) -> SpanRole:
     if span.name.startswith("agent_"):
         return "agent_output"
     return "condition"
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a policy may use during one call (built by the engine per call, never changed).
+
+    `executor` runs plans of both kinds (its `layerwise` loop for approximate
+    ones); `rope` moves keys; `decode_dtype`: what fetched payloads decode to
+    (fp32: shift first, cast once). An engine without a store hands its policies
+    this; with one, a `StoreContext`. What a policy planned comes back to it as
+    its `PlannedCall`; what the run produced, as the `ExecutionState` `after_call` gets.
+    """
+
+    fingerprint: str
+    executor: CallExecutor
+    rope: RopeSpec
+    decode_dtype: torch.dtype
+    timings: CallTimings
+    decode_text: Callable[[Sequence[int]], str]
+    encode_text: Callable[[str], tuple[int, ...]]
+    quant: str
+
+
+@dataclass(frozen=True)
+class StoreContext(CallContext):
+    """A call's context on an engine with a store; code that looks segments up or puts
+    them takes this one (without a store there is nothing to find and nowhere to put).
+
+    `local`: the worker's decoded tier (0 bytes: none). `writer`: where `record_call`
+    hands the call's segments (the engine's `SegmentWriter` thread, or `DirectPuts`).
+    """
+
+    store: StoreClient
+    local: LocalTier
+    writer: SegmentSink
+
+    @classmethod
+    def of(
+        cls, ctx: CallContext, store: StoreClient, local: LocalTier, writer: SegmentSink
+    ) -> StoreContext:
+        """`ctx` (a plain `CallContext`) with the engine's store, tier and writer."""
+        return cls(**vars(ctx), store=store, local=local, writer=writer)
+
+
+Memo = TypeVar("Memo")
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedCall(Generic[Memo]):
+    """One call's plan and what the policy leaves with it; immutable once returned.
+
+    result: `plan`'s run through the decoder layers when the policy already ran it (to
+    test it); the executor continues from it instead of running `plan` again (None: not run).
+    records: K/V the policy computed while planning (a placeholder's standalone base),
+    put by its `after_call` after the first token, before the call's own segments.
+    decisions: what it decided and why, for the call's outcome (e.g.
+    {"anchor_gate": "ambiguous"}, {"halo_acceptance": "rejected"}).
+    memo: what `plan` leaves for the policy's own `after_call` (None: nothing).
+    """
+
+    plan: CallPlan
+    result: LayerwiseResult | None = None
+    records: tuple[SpanRecord, ...] = ()
+    decisions: Mapping[str, str] = field(default_factory=dict)
+    memo: Memo | None = None
+
+    def __post_init__(self) -> None:
+        # NOTE: a read-only copy, so neither the policy nor the engine can change a
+        # planned call's decisions after the fact (the dataclass is frozen, a dict is not).
+        object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
 
 
 class ReusePolicy(Protocol):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,14 +37,17 @@ from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.execute.spans import resumed_spans, reuse_spans
-from kvsplice.client.modes.base import ModeSpec, PlanBuilder, SpannedPrompt, candidate_blocks
-from kvsplice.client.modes.blend import BlendConfig, blend_rule
-from kvsplice.client.modes.call_context import CallContext
-from kvsplice.client.modes.exact import plan_exact_prefix
-from kvsplice.client.modes.naive import same_tokens_segment
+from kvsplice.client.modes.base import (
+    CallContext,
+    ModeSpec,
+    PlanBuilder,
+    PlannedCall,
+    SpannedPrompt,
+    candidate_blocks,
+)
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
+from kvsplice.client.modes.shared import blend_rule, plan_exact_prefix, same_tokens_segment
 
 logger = logging.getLogger(__name__)
 
@@ -52,31 +55,50 @@ MODE = "crossfix"
 
 
 @dataclass(frozen=True)
-class CrossfixConfig:
-    """blend: which answer tokens keep being computed (ratio, check layer, deviation);
-    min_margin: the first token's top-1 − top-2 logit a cheap prefill must reach
-    (0: always kept; inf: always dense)."""
+class Params:
+    """crossfix's parameters (`crossfix:check=24+r=0+margin=0.15`).
 
-    blend: BlendConfig = field(default_factory=lambda: BlendConfig(ratio=0.0, check_layer=24))
-    min_margin: float = 0.15
-    deep_check: int = 0
-    deep_margin: float = 0.0
+    ratio and check_layer: which answer tokens keep being computed (CacheBlend's rule,
+    by value deviation); min_margin: the first token's top-1 − top-2 logit a cheap
+    prefill must reach (0: always kept); deep_check, deep_margin: a second pass's.
+    """
+
+    ratio: float = knob(
+        0.0, "r", "share of the answer tokens still computed above the check layer "
+        "(0: every answer token reads its stored K/V there)", low=0, high=1,
+    )  # fmt: skip
+    check_layer: int = knob(
+        24, "check", "layers below it computed for every answer token, attending to the "
+        "whole prompt (the other answers included)",
+        low=0, high=1024, grid=(24, 20, 16, 12, 8, 4),
+    )  # fmt: skip
+    min_margin: float = knob(
+        0.15, "margin", "first-token logit margin (top-1 − top-2) a cheap prefill must reach "
+        "to be kept, else the call goes deeper (0: always kept)", low=0, high=1e9,
+    )  # fmt: skip
+    deep_check: int = knob(
+        0, "deep", "a second pass's check layer (0: none): resumes from the first pass's "
+        "exact states and computes the answers on up to it", low=0, high=1024,
+    )  # fmt: skip
+    deep_margin: float = knob(
+        0.0, "deep_margin", "the margin the second pass must reach to be kept, else the "
+        "call is dense from there on", low=0, high=1e9,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for margin in (self.min_margin, self.deep_margin):
-            if math.isnan(margin) or margin < 0:
-                raise ValueError(f"margin {margin} must be >= 0")
-        if self.deep_check and self.deep_check <= self.blend.check_layer:
+        check_ranges(self)
+        if self.deep_check and self.deep_check <= self.check_layer:
             raise ValueError(
-                f"deep_check {self.deep_check} must be above check_layer {self.blend.check_layer}"
+                f"deep_check {self.deep_check} must be above check_layer {self.check_layer}"
             )
 
     @property
     def check_layers(self) -> tuple[int, ...]:
-        """The passes' check layers, cheapest first (one, or two with a deeper pass)."""
+        """The passes' check layers, cheapest first (one, or two with a deeper pass; what
+        the gate's cost model prices)."""
         if self.deep_check:
-            return self.blend.check_layer, self.deep_check
-        return (self.blend.check_layer,)
+            return self.check_layer, self.deep_check
+        return (self.check_layer,)
 
     @property
     def margins(self) -> tuple[float, ...]:
@@ -110,8 +132,8 @@ def decision_margin(logits: torch.Tensor, choices: Sequence[int]) -> float:
 class CrossfixPolicy(WholeSpanRecordingPolicy):
     mode = MODE
 
-    def __init__(self, config: CrossfixConfig | None = None) -> None:
-        self.config = config or CrossfixConfig()
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params or Params()
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
@@ -127,7 +149,7 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
         reused = builder.build()
         if not any(s.source is not None and not s.source.exact for s in reused.spans):
             return PlannedCall(exact, decisions={MODE: "nothing to reuse"})
-        return _Staged(self.config, ctx, reused, declared_choices(prompt)).run()
+        return _Staged(self.params, ctx, reused, declared_choices(prompt)).run()
 
 
 class _Staged:
@@ -140,9 +162,9 @@ class _Staged:
     """
 
     def __init__(
-        self, config: CrossfixConfig, ctx: CallContext, reused: CallPlan, choices: Sequence[int]
+        self, params: Params, ctx: CallContext, reused: CallPlan, choices: Sequence[int]
     ) -> None:
-        self.config = config
+        self.params = params
         self.ctx = ctx
         self.choices = choices
         self.executor = ctx.executor.layerwise
@@ -150,11 +172,11 @@ class _Staged:
         # a check layer past the model's last layer is its last (a shallow model)
         stages = {
             min(c, self.num_layers - 1): m
-            for c, m in zip(config.check_layers, config.margins, strict=True)
+            for c, m in zip(params.check_layers, params.margins, strict=True)
         }
         self.checks, self.margins = tuple(stages), tuple(stages.values())
         spans = reuse_spans(reused, approx_start_layer=0, mode=MODE)
-        rule = blend_rule(replace(config.blend, check_layer=self.checks[0]))
+        rule = blend_rule(self.checks[0], params.ratio)
         self.first = CallPlan(
             reused.token_ids, tuple(spans), subsets=(rule,), capture_layers=(self.checks[0],)
         )
@@ -169,7 +191,7 @@ class _Staged:
         failed: list[str] = []
         for stage, check in enumerate(self.checks):
             if result is not None:
-                rule = blend_rule(replace(self.config.blend, check_layer=check))
+                rule = blend_rule(check, self.params.ratio)
                 spans = resumed_spans(
                     plan, result, self.checks[stage - 1], keep_sources=True,
                     exact_until=self.exact_until,
@@ -199,46 +221,4 @@ class _Staged:
             return self.executor.run(plan)
 
 
-@dataclass(frozen=True)
-class Params:
-    """crossfix's parameters (`crossfix:check=24+r=0+margin=0.15`)."""
-
-    ratio: float = knob(
-        0.0, "r", "share of the answer tokens still computed above the check layer "
-        "(0: every answer token reads its stored K/V there)", low=0, high=1,
-    )  # fmt: skip
-    check_layer: int = knob(
-        24, "check", "layers below it computed for every answer token, attending to the "
-        "whole prompt (the other answers included)",
-        low=0, high=1024, grid=(24, 20, 16, 12, 8, 4),
-    )  # fmt: skip
-    min_margin: float = knob(
-        0.15, "margin", "first-token logit margin (top-1 − top-2) a cheap prefill must reach "
-        "to be kept, else the call goes deeper (0: always kept)", low=0, high=1e9,
-    )  # fmt: skip
-    deep_check: int = knob(
-        0, "deep", "a second pass's check layer (0: none): resumes from the first pass's "
-        "exact states and computes the answers on up to it", low=0, high=1024,
-    )  # fmt: skip
-    deep_margin: float = knob(
-        0.0, "deep_margin", "the margin the second pass must reach to be kept, else the "
-        "call is dense from there on", low=0, high=1e9,
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
-    @property
-    def check_layers(self) -> tuple[int, ...]:
-        """The passes' check layers, cheapest first (what the gate's cost model prices)."""
-        return self.config().check_layers
-
-    def config(self) -> CrossfixConfig:
-        blend = BlendConfig(ratio=self.ratio, check_layer=self.check_layer)
-        return CrossfixConfig(
-            blend=blend, min_margin=self.min_margin,
-            deep_check=self.deep_check, deep_margin=self.deep_margin,
-        )  # fmt: skip
-
-
-SPEC = ModeSpec(MODE, Params, lambda p: CrossfixPolicy(p.config()), judge_capable=True)
+SPEC = ModeSpec(MODE, Params, CrossfixPolicy, judge_capable=True)

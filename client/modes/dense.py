@@ -9,10 +9,8 @@ from __future__ import annotations
 import logging
 
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.modes.base import ModeSpec, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext
+from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
 from kvsplice.client.modes.params import NoParams
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 
 logger = logging.getLogger(__name__)

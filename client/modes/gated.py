@@ -23,10 +23,16 @@ from typing import Any, Protocol
 
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.modes.base import ModeSpec, ReusePolicy, SpannedPrompt, candidate_blocks
-from kvsplice.client.modes.call_context import CallContext, StoreContext
+from kvsplice.client.modes.base import (
+    CallContext,
+    ModeSpec,
+    PlannedCall,
+    ReusePolicy,
+    SpannedPrompt,
+    StoreContext,
+    candidate_blocks,
+)
 from kvsplice.client.modes.params import NoParams
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.modes.route_cost import (
     CostModel,

@@ -1,8 +1,8 @@
 """Mode `halo` (EPIC's LegoLink, seed 004): naive's reuse with each span's first h tokens computed.
 
-Naive's plan decides what is reused; every approximate span's first h tokens
-are computed against the true left context (`halo_plan`) and the rest is read
-at every layer. With an acceptance config, the boundary KL test runs before the
+The position-only plan (`shared.plan_position_only`) decides what is reused;
+every approximate span's first h tokens are computed against the true left
+context (`halo_plan`) and the rest is read at every layer. With an acceptance bound, the boundary KL test runs before the
 first token (its runs are in the TTFT): accepted → its probed run is the call's
 prefill; rejected → the call is dense past the exact prefix.
 
@@ -36,12 +36,10 @@ from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
 from kvsplice.client.execute.spans import is_reused, replace_spans, reuse_spans
-from kvsplice.client.modes.base import ModeSpec, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext
-from kvsplice.client.modes.naive import NaivePolicy
+from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
+from kvsplice.client.modes.shared import plan_position_only
 
 logger = logging.getLogger(__name__)
 
@@ -76,20 +74,6 @@ def halo_plan(plan: CallPlan, num_halo: int, exact_names: Container[str] = froze
     return replace_spans(plan, spans)
 
 
-@dataclass(frozen=True)
-class AcceptanceConfig:
-    """num_probe m: trailing tokens probed per approximate span; epsilon_nats: KL bound."""
-
-    num_probe: int = 4
-    epsilon_nats: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.num_probe < 1:
-            raise ValueError(f"num_probe {self.num_probe} must be >= 1")
-        if not self.epsilon_nats >= 0:
-            raise ValueError(f"epsilon_nats {self.epsilon_nats} must be >= 0")
-
-
 @dataclass(frozen=True, eq=False)
 class AcceptanceResult:
     """kl_nats[i] belongs to probe_slots[i]; reuse: the run of the probed plan.
@@ -107,19 +91,20 @@ class AcceptanceResult:
 def check_acceptance(
     executor: LayerwiseExecutor,
     plan: CallPlan,
-    config: AcceptanceConfig | None = None,
+    num_probe: int = 4,
+    epsilon_nats: float = 0.05,
     exact_names: Container[str] = frozenset(),
 ) -> AcceptanceResult:
-    """Run `plan` with probes and the reference; accept when boundary KL stays under ε."""
-    config = config or AcceptanceConfig()
-    probed, probes = probed_plan(plan, config.num_probe, exact_names)
+    """Run `plan` with `num_probe` probes per approximate span and the reference; accept
+    when boundary KL stays under ε = `epsilon_nats` for a strict majority of probes."""
+    probed, probes = probed_plan(plan, num_probe, exact_names)
     reuse = executor.run(probed)
     if not probes:
         return AcceptanceResult(True, (), (), reuse, 0)
     reference = executor.run(reference_plan(probed, probes, exact_names))
     rows = [probed.logits_slots.index(slot) for slot in probes]
     kl = kl_nats(reference.logits, reuse.logits[rows])
-    within = sum(k <= config.epsilon_nats for k in kl)
+    within = sum(k <= epsilon_nats for k in kl)
     accepted = within * 2 > len(kl)
     logger.debug("acceptance %s: probes %s KL %s", accepted, probes, kl)
     return AcceptanceResult(accepted, probes, kl, reuse, sum(reference.num_computed))
@@ -176,47 +161,50 @@ MODE = "halo"
 
 
 @dataclass(frozen=True)
-class HaloConfig:
-    """num_halo h: tokens recomputed at the start of each approximate span (EPIC: k ≤ 32).
+class Params:
+    """halo's parameters (`halo:h=4+eps=0.05`): num_halo h, tokens recomputed at the start
+    of each approximate span (EPIC: k ≤ 32); epsilon_nats, the boundary KL test's bound
+    (None: reuse without testing) with `num_probe` trailing tokens probed per span."""
 
-    acceptance: the boundary KL test (None: reuse without testing).
-    """
-
-    num_halo: int = 4
-    acceptance: AcceptanceConfig | None = None
+    num_halo: int = knob(
+        4, "h", "tokens recomputed at the start of each approximate span", low=0, grid=(8, 4, 2)
+    )
+    epsilon_nats: float | None = knob(
+        None, "eps", "the boundary KL acceptance bound in nats, or none (no test)", low=0
+    )
+    num_probe: int = knob(4, "probes", "trailing tokens the KL test probes per span", variant=False)
 
     def __post_init__(self) -> None:
-        if self.num_halo < 0:
-            raise ValueError(f"num_halo {self.num_halo} must be >= 0")
+        check_ranges(self)
+        if self.num_probe < 1:
+            raise ValueError(f"num_probe {self.num_probe} must be >= 1")
 
 
 class HaloPolicy(WholeSpanRecordingPolicy):
     mode = MODE
 
-    def __init__(self, config: HaloConfig | None = None) -> None:
-        self.config = config or HaloConfig()
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params or Params()
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
-        naive = NaivePolicy().plan(prompt, ctx)
+        naive = plan_position_only(prompt, ctx, MODE)
         if all(s.source is None or s.source.exact for s in naive.plan.spans):
             return naive  # exact reuse or nothing: no junction to repair
         executor = ctx.executor.layerwise
         spans = reuse_spans(naive.plan, approx_start_layer=executor.num_layers, mode=MODE)
         exact_names = {s.name for s in spans if s.source is not None and s.source.exact}
         reused = CallPlan(naive.plan.token_ids, tuple(spans))
-        plan = halo_plan(reused, self.config.num_halo, exact_names)
-        acceptance = self.config.acceptance
-        if acceptance is None:
+        plan = halo_plan(reused, self.params.num_halo, exact_names)
+        epsilon, num_probe = self.params.epsilon_nats, self.params.num_probe
+        if epsilon is None:
             return PlannedCall(plan, records=naive.records)
         with timed(ctx.timings, "prefill_s"):
-            verdict = check_acceptance(executor, plan, acceptance, exact_names)
+            verdict = check_acceptance(executor, plan, num_probe, epsilon, exact_names)
         decisions = {"halo_acceptance": "accepted" if verdict.accepted else "rejected"}
         if not verdict.accepted:
-            logger.debug(
-                "halo rejected: boundary KL %s > %s", verdict.kl_nats, acceptance.epsilon_nats
-            )
+            logger.debug("halo rejected: boundary KL %s > %s", verdict.kl_nats, epsilon)
             return PlannedCall(exact_only(naive.plan), records=naive.records, decisions=decisions)
-        probed, _ = probed_plan(plan, acceptance.num_probe, exact_names)
+        probed, _ = probed_plan(plan, num_probe, exact_names)
         return PlannedCall(probed, verdict.reuse, records=naive.records, decisions=decisions)
 
 
@@ -229,25 +217,4 @@ def exact_only(plan: CallPlan) -> CallPlan:
     return replace_spans(plan, spans)
 
 
-@dataclass(frozen=True)
-class Params:
-    """halo's parameters (`halo:h=4+eps=0.05`)."""
-
-    num_halo: int = knob(
-        4, "h", "tokens recomputed at the start of each approximate span", low=0, grid=(8, 4, 2)
-    )
-    epsilon_nats: float | None = knob(
-        None, "eps", "the boundary KL acceptance bound in nats, or none (no test)", low=0
-    )
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
-    def config(self) -> HaloConfig:
-        eps = self.epsilon_nats
-        return HaloConfig(
-            self.num_halo, None if eps is None else AcceptanceConfig(epsilon_nats=eps)
-        )
-
-
-SPEC = ModeSpec(MODE, Params, lambda p: HaloPolicy(p.config()))
+SPEC = ModeSpec(MODE, Params, HaloPolicy)

@@ -17,10 +17,15 @@ import logging
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers, truncate
-from kvsplice.client.modes.base import ModeSpec, PlanBuilder, SpannedPrompt, candidate_blocks
-from kvsplice.client.modes.call_context import CallContext
+from kvsplice.client.modes.base import (
+    CallContext,
+    ModeSpec,
+    PlanBuilder,
+    PlannedCall,
+    SpannedPrompt,
+    candidate_blocks,
+)
 from kvsplice.client.modes.params import NoParams
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.kvmath.segment_kv import SegmentKV
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -29,12 +29,18 @@ from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_result import CapturedStates
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, segment_span, tile_spans
-from kvsplice.client.modes.base import ModeSpec, PlanBuilder, PromptSpan, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext, StoreContext
-from kvsplice.client.modes.exact import plan_exact_prefix
+from kvsplice.client.modes.base import (
+    CallContext,
+    ModeSpec,
+    PlanBuilder,
+    PlannedCall,
+    PromptSpan,
+    SpannedPrompt,
+    StoreContext,
+)
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
+from kvsplice.client.modes.shared import plan_exact_prefix
 from kvsplice.client.store.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
 from kvsplice.client.store.store_types import SimilarCandidate
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -178,33 +184,12 @@ def _rank(window: Window) -> float:
 MODE = "multicut"
 
 
-@dataclass(frozen=True)
-class MulticutConfig:
-    """w_exact: the depth-aware guard; cut_every: store cuts at layers k, 2k, … < L.
-
-    max_candidates: same-token segments fetched per span before giving up.
-    """
-
-    w_exact: ExactWindow = field(default_factory=lambda: ExactWindow(DEFAULT_W_EXACT))
-    cut_every: int = 4
-    max_candidates: int = 3
-
-    def __post_init__(self) -> None:
-        if self.cut_every < 1:
-            raise ValueError(f"cut_every {self.cut_every} must be >= 1")
-        if self.max_candidates < 1:
-            raise ValueError(f"max_candidates {self.max_candidates} must be >= 1")
-
-    def cut_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Layers 0 < l < L whose entering residual stream is stored."""
-        return tuple(range(self.cut_every, num_layers, self.cut_every))
-
-
 class MulticutPolicy(RecordingPolicy):
     mode = MODE
 
-    def __init__(self, config: MulticutConfig | None = None) -> None:
-        self.config = config or MulticutConfig()
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params or Params()
+        self.w_exact = self.params.window()
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
@@ -220,7 +205,7 @@ class MulticutPolicy(RecordingPolicy):
             placed = self._place(span, prompt, ctx, num_layers)
             if placed is not None:
                 reused.append(placed)
-        cuts = self.config.cut_layers(num_layers)
+        cuts = self.params.cut_layers(num_layers)
         return PlannedCall(CallPlan.tiled(prompt.token_ids, reused, capture_layers=cuts))
 
     def after_call(
@@ -250,7 +235,7 @@ class MulticutPolicy(RecordingPolicy):
             candidates = ctx.store.find_similar(
                 ctx.fingerprint, tokens, left_context_ids=left_tail(prompt.token_ids, span.start)
             )
-        exact_tokens = [c for c in candidates if c.exact_tokens][: self.config.max_candidates]
+        exact_tokens = [c for c in candidates if c.exact_tokens][: self.params.max_candidates]
         for candidate in exact_tokens:
             fetched = fetch_segment(
                 ctx.store, candidate.segment.segment_id, fingerprint=ctx.fingerprint,
@@ -287,8 +272,8 @@ class MulticutPolicy(RecordingPolicy):
         identical = window == start and meta.start_position == start
         stored = [c for c in kv.boundary_states if 0 < c < num_layers] + [num_layers]
         if not identical:
-            stored = [c for c in stored if self.config.w_exact(c) != FULL]
-        cut = choose_cut(stored, window, start, self.config.w_exact)
+            stored = [c for c in stored if self.w_exact(c) != FULL]
+        cut = choose_cut(stored, window, start, self.w_exact)
         return cut or None
 
     def _response_states(
@@ -305,7 +290,7 @@ class MulticutPolicy(RecordingPolicy):
             0, reuse.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"
         )
         spans = (prompt_span, PlanSpan(reuse.num_tokens, end, name="response"))
-        cuts = self.config.cut_layers(num_layers)
+        cuts = self.params.cut_layers(num_layers)
         ids = reuse.token_ids + tuple(int(t) for t in response_ids)
         result = executor.run(CallPlan(ids, spans, capture_layers=cuts))
         return {c: result.hidden_states[c].span(reuse.num_tokens, end) for c in cuts}
@@ -363,7 +348,9 @@ class Params:
     """multicut's parameters: the W_exact table, or one cut below which no window is needed.
 
     `multicut:cut=16`: cuts at or below layer 16 reuse with no exact window; deeper
-    ones need the whole left context (it replaces the table).
+    ones need the whole left context (it replaces the table). cut_every: store cuts
+    at layers k, 2k, … < L; max_candidates: same-token segments fetched per span
+    before giving up.
     """
 
     w_exact: tuple[tuple[int, Window], ...] = knob(
@@ -374,13 +361,26 @@ class Params:
         None, "cut", "layers below the cut reused with no exact window; deeper cuts need "
         "the whole left context", low=0,
     )  # fmt: skip
+    cut_every: int = knob(4, "cut_every", "boundary states stored every k layers", variant=False)
+    max_candidates: int = knob(
+        3, "candidates", "same-token segments fetched per span before giving up", variant=False
+    )
 
     def __post_init__(self) -> None:
         check_ranges(self)
         object.__setattr__(self, "w_exact", ExactWindow(tuple(self.w_exact)).points)
+        if self.cut_every < 1:
+            raise ValueError(f"cut_every {self.cut_every} must be >= 1")
+        if self.max_candidates < 1:
+            raise ValueError(f"max_candidates {self.max_candidates} must be >= 1")
 
     def window(self) -> ExactWindow:
+        """The guard: the table, or `cut`'s one point."""
         return ExactWindow(self.w_exact if self.cut is None else ((self.cut, 0),))
 
+    def cut_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers 0 < l < L whose entering residual stream is stored."""
+        return tuple(range(self.cut_every, num_layers, self.cut_every))
 
-SPEC = ModeSpec(MODE, Params, lambda p: MulticutPolicy(MulticutConfig(w_exact=p.window())))
+
+SPEC = ModeSpec(MODE, Params, MulticutPolicy)

@@ -16,9 +16,13 @@ from typing import Any
 
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.reuse_map import ReusedRange
-from kvsplice.client.modes.base import PromptSpan, SpannedPrompt
-from kvsplice.client.modes.call_context import CallContext, StoreContext
-from kvsplice.client.modes.planned_call import PlannedCall
+from kvsplice.client.modes.base import (
+    CallContext,
+    PlannedCall,
+    PromptSpan,
+    SpannedPrompt,
+    StoreContext,
+)
 from kvsplice.client.store.segment_io import SpanRecord, left_tail
 from kvsplice.client.store.segment_puts import DirectPuts
 from kvsplice.common.chain import KeyChain

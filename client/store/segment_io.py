@@ -11,50 +11,18 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from kvsplice.client.execute.call_timings import CallTimings, timed
-from kvsplice.client.store.store_types import ClientCounters, PrefixLookup, SimilarCandidate
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, context_key
-from kvsplice.common.reuse_report import ReusedRun, Served
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
-
-
-class SegmentStore(Protocol):
-    """The store client calls the reuse path makes (`StoreClient` satisfies it)."""
-
-    namespace: str
-    counters: ClientCounters  # calls served as misses because the store was unreachable
-
-    def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool: ...
-
-    def get_segment(
-        self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
-    ) -> tuple[SegmentMeta, bytes | memoryview] | None: ...
-
-    def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup: ...
-
-    def find_similar(
-        self,
-        model_fingerprint: str,
-        token_ids: Sequence[int],
-        *,
-        text: str = "",
-        left_context_ids: Sequence[int] = (),
-        parent_key: bytes | None = None,
-        limit: int = 0,
-    ) -> list[SimilarCandidate]: ...
-
-    def served_from(self, context_key: bytes | None) -> Served: ...
-
-    def report_reuse(self, num_prompt_tokens: int, reused: Sequence[ReusedRun] = ()) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +54,7 @@ def left_tail(token_ids: Sequence[int], start: int) -> tuple[int, ...]:
 
 
 def fetch_segment(
-    store: SegmentStore,
+    store: StoreClient,
     key: str | bytes,
     *,
     fingerprint: str,
@@ -140,7 +108,7 @@ def span_meta(
 
 
 def put_span(
-    store: SegmentStore,
+    store: StoreClient,
     record: SpanRecord,
     *,
     fingerprint: str,
@@ -152,7 +120,7 @@ def put_span(
     return put_meta(store, meta, record.kv, quant=quant)
 
 
-def put_meta(store: SegmentStore, meta: SegmentMeta, kv: SegmentKV, *, quant: str) -> bool:
+def put_meta(store: StoreClient, meta: SegmentMeta, kv: SegmentKV, *, quant: str) -> bool:
     """Encode `kv` under `quant` and put it under `meta`; False if the store was unreachable."""
     payload = encode_payload(kv, model_fingerprint=meta.model_fingerprint, quant=quant)
     return store.put_segment(meta, payload)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentStore, SpanRecord, put_meta, span_meta
+from kvsplice.client.store.segment_io import SpanRecord, put_meta, span_meta
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.segment import SegmentMeta
 
@@ -31,7 +32,7 @@ class SegmentSink(Protocol):
 class DirectPuts:
     """Puts records before `submit` returns; `local` keeps each one stored (0 bytes: none)."""
 
-    store: SegmentStore
+    store: StoreClient
     fingerprint: str
     quant: str
     local: LocalTier

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentStore, SpanRecord, put_meta, span_meta
+from kvsplice.client.store.segment_io import SpanRecord, put_meta, span_meta
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import KvspliceError
 from kvsplice.common.segment import SegmentMeta
 
@@ -46,7 +47,7 @@ class SegmentWriter:
 
     def __init__(
         self,
-        store: SegmentStore,
+        store: StoreClient,
         *,
         fingerprint: str,
         quant: str,

@@ -12,13 +12,12 @@ next text's offset right after it, concatenated along tokens into one segment
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 import torch
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
-from kvsplice.client.store.segment_io import SegmentStore, slice_segment
+from kvsplice.client.store.segment_io import slice_segment
 from kvsplice.client.store.store_types import AnchorEntry
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, sender_base_root
@@ -26,34 +25,6 @@ from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
-
-
-class AnchorStore(SegmentStore, Protocol):
-    """The store calls the anchor policy makes besides segments (`StoreClient` has them)."""
-
-    def put_anchor(
-        self,
-        model_fingerprint: str,
-        placeholder_id: str,
-        anchor_id: str,
-        base_payload: bytes,
-        agent_payloads: Mapping[str, bytes],
-        num_tokens: int,
-    ) -> list[str] | None: ...
-
-    def get_anchors(
-        self,
-        model_fingerprint: str,
-        placeholder_id: str,
-        *,
-        include_payloads: bool = True,
-        anchor_ids: Sequence[str] = (),
-        agent_id: str | None = None,
-    ) -> list[AnchorEntry]: ...
-
-    def touch_anchors(
-        self, model_fingerprint: str, placeholder_id: str, anchor_ids: Sequence[str]
-    ) -> int: ...
 
 
 def placeholder_id_of(name: str) -> str:

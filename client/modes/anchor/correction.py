@@ -1,6 +1,6 @@
 """KVComm offset correction: approximate a placeholder's (and the next text's) K/V in one agent.
 
-Owns `correct`: base + Σ_a w_a · offset_a, with weights from `weights`,
+Owns `correct`: base + Σ_a w_a · offset_a, with weights from `anchors`,
 and `anchor_spans`, which turns a correction into full-reuse plan spans.
 Whether to reuse at all is `gate`'s decision; fetching anchors is the
 policy's.
@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.client.execute.plan import PlanSpan
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, base_features
-from kvsplice.client.modes.anchor.weights import (
-    WeightConfig,
+from kvsplice.client.modes.anchor.anchors import (
+    AgentOffsets,
+    Anchor,
     anchor_weights,
+    base_features,
     rms,
     token_distances,
     whole_distances,
@@ -89,7 +90,7 @@ def correct(
     query: AnchorQuery,
     anchors: Sequence[Anchor],
     rope: RopeSpec,
-    config: WeightConfig | None = None,
+    tau: float = 0.1,
 ) -> AnchorCorrection:
     """K̂ = shift(base) + Σ_a w_a · shift(Δ_a), V̂ likewise, for layers ≥ 1 (layer 0: base).
 
@@ -97,16 +98,15 @@ def correct(
     offsets for `query.agent_id` (and next-text offsets when `query.next_base`
     is given). Placeholder offsets use the anchor's first T tokens.
     """
-    config = config or WeightConfig()
     offsets = _offsets_of(query, anchors)
     features = [base_features(query.base, anchors, kind, rope) for kind in ("key", "value")]
-    ph_weights = _weights(features, token_distances, config)
+    ph_weights = _weights(features, token_distances, tau)
     placeholder = _apply(
         query.base, [o.placeholder for o in offsets], ph_weights, query.position, rope
     )  # fmt: skip
     next_text, next_weights = None, None
     if query.next_base is not None:
-        next_weights = _weights(features, whole_distances, config)
+        next_weights = _weights(features, whole_distances, tau)
         deltas = [o.prefix for o in offsets if o.prefix is not None]
         next_position = query.position + query.num_tokens
         next_text = _apply(query.next_base, deltas, next_weights, next_position, rope)
@@ -158,10 +158,10 @@ def _next_fits(offsets: AgentOffsets, next_base: SegmentKV) -> bool:
 def _weights(
     features: list[tuple[torch.Tensor, torch.Tensor]],
     distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    config: WeightConfig,
+    tau: float,
 ) -> KVWeights:
     """features: (query, anchors) of aligned base keys, then of base values -> [A, T] or [A]."""
-    keys, values = (anchor_weights(distance(q, a), rms(q), config) for q, a in features)
+    keys, values = (anchor_weights(distance(q, a), rms(q), tau) for q, a in features)
     return KVWeights(keys, values)
 
 

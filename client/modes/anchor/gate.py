@@ -7,7 +7,7 @@ touch the pool (`AnchorPool.touch`/`add` are the caller's) and computes no K/V.
 Default distance "value" (KVCOMM's code: the base V cache): values carry no
 RoPE, so no alignment can go wrong and anchors made at any position compare
 alike. "key" aligns anchor keys to the query's positions first; "hidden" uses
-stored boundary states. Distances are normalized (see `weights`):
+stored boundary states. Distances are normalized (see `anchors`):
 KVCOMM's raw L2 with τ = 1 makes H ≈ 0, so its gate almost never fires.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, cast
 
 import torch
 
@@ -25,40 +25,18 @@ from kvsplice.client.modes.anchor.anchors import (
     METRICS,
     Anchor,
     Metric,
+    anchor_weights,
     base_features,
     eligible_anchors,
+    rms,
+    whole_distances,
 )
-from kvsplice.client.modes.anchor.weights import WeightConfig, anchor_weights, rms, whole_distances
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
 GateReason = Literal["pool_too_small", "too_few_eligible", "ambiguous", "confident"]
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """gamma: entropy threshold factor (H > γ·log2|A| → dense); top_p: activation mass.
-
-    hidden_layer: which boundary state the "hidden" metric compares.
-    """
-
-    gamma: float = 0.3
-    metric: Metric = "value"
-    top_p: float = 0.9
-    hidden_layer: int | None = None
-    weights: WeightConfig = field(default_factory=WeightConfig)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"gamma {self.gamma} must be in [0, 1]")
-        if self.metric not in METRICS:
-            raise ValueError(f"metric {self.metric!r} is not one of {METRICS}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
-        if self.metric == "hidden" and self.hidden_layer is None:
-            raise ValueError("metric 'hidden' needs hidden_layer")
 
 
 @dataclass(frozen=True)
@@ -83,30 +61,37 @@ def decide(
     query_base: SegmentKV,
     pool: Sequence[Anchor],
     rope: RopeSpec,
-    config: GateConfig | None = None,
     agent_id: str | None = None,
+    *,
+    gamma: float = 0.3,
+    metric: str = "value",
+    tau: float = 0.1,
+    top_p: float = 0.9,
+    hidden_layer: int | None = None,
 ) -> GateDecision:
     """Gate one placeholder sample (its standalone base K/V) against a placeholder's pool.
 
     ≤ 1 pooled anchor, or ≤ 1 anchor at least as long as the sample (and, with
     `agent_id`, holding offsets for that agent): dense. Otherwise H =
-    −Σ w·log2 w of the normalized softmax(−d/τ) weights; H > γ·log2|A|: dense.
+    −Σ w·log2 w of the normalized softmax(−d/τ) weights over `metric` distances;
+    H > γ·log2|A|: dense. Reusing, the anchors making up the `top_p` weight mass are
+    activated. hidden_layer: which boundary state the "hidden" metric compares.
     """
-    config = config or GateConfig()
+    _check_gate(gamma, metric, top_p, hidden_layer)
     if len(pool) <= 1:
         return GateDecision(False, "pool_too_small")
     anchors = eligible_anchors(pool, query_base.num_tokens, agent_id)
     ids = tuple(a.anchor_id for a in anchors)
     if len(anchors) <= 1:
         return GateDecision(False, "too_few_eligible", ids)
-    query, keyed = base_features(query_base, anchors, config.metric, rope, config.hidden_layer)
-    weights = anchor_weights(whole_distances(query, keyed), rms(query), config.weights)
+    query, keyed = base_features(query_base, anchors, cast(Metric, metric), rope, hidden_layer)
+    weights = anchor_weights(whole_distances(query, keyed), rms(query), tau)
     entropy = entropy_bits(weights)
-    threshold = config.gamma * math.log2(len(anchors))
+    threshold = gamma * math.log2(len(anchors))
     listed = tuple(float(w) for w in weights)
     if entropy > threshold:
         return GateDecision(False, "ambiguous", ids, listed, entropy, threshold)
-    active = top_p_ids(ids, weights, config.top_p)
+    active = top_p_ids(ids, weights, top_p)
     return GateDecision(True, "confident", ids, listed, entropy, threshold, active)
 
 
@@ -127,3 +112,14 @@ def top_p_ids(ids: Sequence[str], weights: torch.Tensor, top_p: float) -> tuple[
         if mass >= top_p - 1e-9:
             break
     return tuple(chosen)
+
+
+def _check_gate(gamma: float, metric: str, top_p: float, hidden_layer: int | None) -> None:
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma {gamma} must be in [0, 1]")
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r} is not one of {METRICS}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p {top_p} must be in (0, 1]")
+    if metric == "hidden" and hidden_layer is None:
+        raise ValueError("metric 'hidden' needs hidden_layer")

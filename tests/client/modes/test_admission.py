@@ -143,11 +143,11 @@ def test_an_admitted_mode_takes_the_policy_parameters(loaded: LoadedModel) -> No
     blend = ReuseEngine(loaded, "blend", admission=admission).policy
     halo = ReuseEngine(loaded, "halo", admission=admission).policy
     multicut = ReuseEngine(loaded, "multicut", admission=admission).policy
-    assert isinstance(blend, BlendPolicy) and blend.config.ratio == 0.2
-    assert isinstance(halo, HaloPolicy) and halo.config.num_halo == 6
-    assert halo.config.acceptance is not None and halo.config.acceptance.epsilon_nats == 0.05
+    assert isinstance(blend, BlendPolicy) and blend.params.ratio == 0.2
+    assert isinstance(halo, HaloPolicy) and halo.params.num_halo == 6
+    assert halo.params.epsilon_nats == 0.05
     assert isinstance(multicut, MulticutPolicy)
-    assert multicut.config.w_exact(8) == 64 and multicut.config.w_exact(9) == "full"
+    assert multicut.w_exact(8) == 64 and multicut.w_exact(9) == "full"
     with pytest.raises(ModeNotAdmitted):
         ReuseEngine(loaded, "anchor", admission=admission)
 

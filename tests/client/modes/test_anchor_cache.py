@@ -7,7 +7,7 @@ import torch
 from helpers.modes import make_filled_segment
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
-from kvsplice.client.modes.anchor.cache import AnchorKey, DecodedAnchors, anchor_nbytes
+from kvsplice.client.modes.anchor.pools import AnchorKey, DecodedAnchors, anchor_nbytes
 
 FP = "kvfp1-" + "0" * 32
 

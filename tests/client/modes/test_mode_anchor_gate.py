@@ -12,13 +12,11 @@ from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixtur
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.anchor.gate import (
-    GateConfig,
     GateDecision,
     decide,
     entropy_bits,
     top_p_ids,
 )
-from kvsplice.client.modes.anchor.weights import WeightConfig
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 AGENT = "agent-1"
@@ -34,7 +32,7 @@ def make_anchor(anchor_id: str, base: SegmentKV | list[float], agent: str = AGEN
 def gate(
     pool: list[Anchor], query: SegmentKV = QUERY, agent: str | None = None, **config: Any
 ) -> GateDecision:
-    return decide(query, pool, SYNTH_ROPE, GateConfig(**config), agent)
+    return decide(query, pool, SYNTH_ROPE, agent, **config)
 
 
 def bits(weights: list[float]) -> float:
@@ -71,11 +69,11 @@ def test_entropy_is_in_bits_and_compared_with_gamma_log2_of_the_eligible_count()
     """RMS distances 1 and 3 over their median 2, τ = 1: w = softmax(−0.5, −1.5), H = 0.84 bits."""
     pool = [make_anchor("a", [1.0, 1.0]), make_anchor("b", [3.0, 3.0])]
     weights = [1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(1.0))]
-    lenient = gate(pool, gamma=1.0, weights=WeightConfig(tau=1.0))
+    lenient = gate(pool, gamma=1.0, tau=1.0)
     assert math.isclose(lenient.entropy_bits, bits(weights), rel_tol=1e-6)
     assert lenient.weights == pytest.approx(weights)
     assert (lenient.reuse, lenient.reason, lenient.threshold_bits) == (True, "confident", 1.0)
-    strict = gate(pool, gamma=0.3, weights=WeightConfig(tau=1.0))
+    strict = gate(pool, gamma=0.3, tau=1.0)
     assert (strict.reuse, strict.reason) == (False, "ambiguous")
     assert math.isclose(strict.threshold_bits, 0.3)
 
@@ -143,7 +141,7 @@ def test_hidden_metric_reads_boundary_states() -> None:
 )  # fmt: skip
 def test_config_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(ValueError):
-        GateConfig(**bad)
+        gate([], **bad)
 
 
 def test_on_a_tiny_llama_a_known_question_reuses_and_a_fresh_one_goes_dense() -> None:

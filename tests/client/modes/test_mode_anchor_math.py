@@ -30,7 +30,6 @@ from kvsplice.client.modes.anchor.correction import (
     anchor_spans,
     correct,
 )
-from kvsplice.client.modes.anchor.weights import WeightConfig
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 LAYERS, HEADS, DIM = SYNTH_LAYERS, SYNTH_HEADS, SYNTH_DIM
@@ -57,7 +56,7 @@ def test_two_synthetic_anchors_get_hand_computed_softmax_weights() -> None:
     query = AnchorQuery(
         AGENT, make_segment([0.0, 0.0]), position=0, next_base=make_segment([0.0, 0.0])
     )
-    result = correct(query, anchors, ROPE, WeightConfig(tau=1.0))
+    result = correct(query, anchors, ROPE, tau=1.0)
     per_token = [softmax([-1 / 2, -3 / 2]), softmax([-4 / 3, -2 / 3])]
     expected = torch.tensor(per_token).T  # [A, T]
     torch.testing.assert_close(result.placeholder_weights.values, expected)

@@ -10,8 +10,7 @@ from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixtur
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsplice.client.modes.anchor.weights import (
-    WeightConfig,
+from kvsplice.client.modes.anchor.anchors import (
     anchor_weights,
     token_distances,
     whole_distances,
@@ -27,9 +26,9 @@ def test_median_normalized_weights_are_a_scale_free_distribution(
     distances: list[float], scale: float
 ) -> None:
     d = torch.tensor(distances)
-    weights = anchor_weights(d, 1.0, WeightConfig())
+    weights = anchor_weights(d, 1.0)
     assert bool((weights >= 0).all()) and math.isclose(float(weights.sum()), 1.0, abs_tol=1e-5)
-    torch.testing.assert_close(anchor_weights(d * scale, 1.0, WeightConfig()), weights)
+    torch.testing.assert_close(anchor_weights(d * scale, 1.0), weights)
 
 
 @settings(max_examples=50, deadline=None)
@@ -37,9 +36,9 @@ def test_median_normalized_weights_are_a_scale_free_distribution(
 def test_weights_follow_the_anchors_when_permuted(distances: list[float], seed: int) -> None:
     d = torch.tensor(distances)
     perm = torch.randperm(len(distances), generator=torch.Generator().manual_seed(seed))
-    config = WeightConfig(normalize="query_rms")
     torch.testing.assert_close(
-        anchor_weights(d[perm], 2.0, config), anchor_weights(d, 2.0, config)[perm]
+        anchor_weights(d[perm], 2.0, normalize="query_rms"),
+        anchor_weights(d, 2.0, normalize="query_rms")[perm],
     )
 
 
@@ -47,22 +46,20 @@ def test_weights_follow_the_anchors_when_permuted(distances: list[float], seed: 
 @given(distances=st.lists(positive, min_size=2, max_size=8))
 def test_a_closer_anchor_never_weighs_less(distances: list[float]) -> None:
     d = torch.tensor(distances)
-    weights = anchor_weights(d, 1.0, WeightConfig())
+    weights = anchor_weights(d, 1.0)
     order = torch.argsort(d)
     assert bool((weights[order][:-1] >= weights[order][1:] - 1e-6).all())
 
 
 def test_query_rms_normalization_divides_by_the_query_scale() -> None:
-    weights = anchor_weights(
-        torch.tensor([1.0, 3.0]), 2.0, WeightConfig(tau=0.5, normalize="query_rms")
-    )
+    weights = anchor_weights(torch.tensor([1.0, 3.0]), 2.0, 0.5, normalize="query_rms")
     expected = torch.softmax(torch.tensor([-1.0, -3.0]), dim=0)  # d / 2 / 0.5
     torch.testing.assert_close(weights, expected)
 
 
 def test_exact_matches_split_the_weight_and_win_per_column() -> None:
     distances = torch.tensor([[0.0, 1.0], [0.0, 2.0], [5.0, 3.0]])  # [A=3, T=2]
-    weights = anchor_weights(distances, 1.0, WeightConfig())
+    weights = anchor_weights(distances, 1.0)
     assert weights[:, 0].tolist() == [0.5, 0.5, 0.0]
     assert math.isclose(float(weights[:, 1].sum()), 1.0, abs_tol=1e-6)
     assert 0 < float(weights[2, 1]) < float(weights[0, 1])
@@ -80,4 +77,4 @@ def test_distances_are_rms_over_features() -> None:
 )  # fmt: skip
 def test_config_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(ValueError):
-        WeightConfig(**bad)
+        anchor_weights(torch.ones(2), 1.0, **bad)

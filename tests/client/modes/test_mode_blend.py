@@ -23,10 +23,11 @@ from transformers import LlamaForCausalLM
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
-from kvsplice.client.modes.blend import (
-    BlendConfig,
+from kvsplice.client.modes.blend import Params
+from kvsplice.client.modes.shared import (
     DeviationSelector,
     blend_plan,
+    blend_rule,
     num_selected,
     token_deviation,
 )
@@ -43,8 +44,9 @@ def foreign_chunk(model: LlamaForCausalLM) -> SegmentKV:
     return capture(model, (*other, *CHUNK), len(other), len(other) + len(CHUNK))
 
 
-def run_blend(model: LlamaForCausalLM, config: BlendConfig) -> LayerwiseResult:
-    plan = blend_plan(IDS, [(START, foreign_chunk(model))], config)
+def run_blend(model: LlamaForCausalLM, params: Params) -> LayerwiseResult:
+    rule = blend_rule(params.check_layer, params.ratio, params.deviation)
+    plan = blend_plan(IDS, [(START, foreign_chunk(model))], rule)
     return LayerwiseExecutor(model).run(plan)
 
 
@@ -81,7 +83,7 @@ def test_selector_keeps_the_top_k_deviations_in_ascending_order() -> None:
 
 def test_ratio_one_is_dense() -> None:
     model = make_llama()
-    result = run_blend(model, BlendConfig(ratio=1.0))
+    result = run_blend(model, Params(ratio=1.0))
     torch.testing.assert_close(result.logits_last, dense_logits(model, IDS), atol=ATOL, rtol=0)
     assert result.kept_slots[1] == tuple(range(len(IDS)))
 
@@ -92,7 +94,7 @@ def test_ratio_zero_is_naive_reuse() -> None:
     naive = plan_with(IDS, full_reuse_span(foreign_chunk(model), START, make_rope(model)))
     naive_logits = LayerwiseExecutor(model).run(naive).logits_last
     torch.testing.assert_close(
-        run_blend(model, BlendConfig(ratio=0.0)).logits_last, naive_logits, atol=ATOL, rtol=0
+        run_blend(model, Params(ratio=0.0)).logits_last, naive_logits, atol=ATOL, rtol=0
     )
     # measured max |Δlogit| vs dense: naive 0.196, r = 0.15 0.176, r = 0.5 0.086
     assert (naive_logits - dense_logits(model, IDS)).abs().max() > 1000 * ATOL
@@ -111,7 +113,7 @@ def test_selected_set_is_the_top_k_deviation_at_the_check_layer_plus_the_rest(
     tensors = (dense.keys, old_keys) if deviation == "key" else (dense.values, old.values)
     scores = (tensors[0][1] - tensors[1][1]).square().sum(dim=(0, 2))
     top = sorted((START + int(i) for i in torch.topk(scores, 3).indices), key=int)
-    result = run_blend(model, BlendConfig(ratio=0.25, deviation=deviation))
+    result = run_blend(model, Params(ratio=0.25, deviation=deviation))
     assert result.kept_slots[1] == (*range(START), *top, *range(END, len(IDS)))
     assert (result.logits_last - dense_logits(model, IDS)).abs().max() > 100 * ATOL
 
@@ -121,4 +123,4 @@ def test_selected_set_is_the_top_k_deviation_at_the_check_layer_plus_the_rest(
 )
 def test_config_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(ValueError):
-        BlendConfig(**bad)
+        Params(**bad)

@@ -16,21 +16,19 @@ from helpers.client import FakePrompt, make_prompt
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.models import LoadedModel
-from kvsplice.client.modes.anchor.policy import AnchorConfig, AnchorPolicy
-from kvsplice.client.modes.base import ReusePolicy, SpannedPrompt
-from kvsplice.client.modes.blend import BlendConfig
-from kvsplice.client.modes.call_context import CallContext
+from kvsplice.client.modes.anchor.params import Params as AnchorParams
+from kvsplice.client.modes.anchor.policy import AnchorPolicy
+from kvsplice.client.modes.base import CallContext, PlannedCall, ReusePolicy, SpannedPrompt
 from kvsplice.client.modes.crossfix import (
-    CrossfixConfig,
     CrossfixPolicy,
     decision_margin,
     first_token_margin,
 )
+from kvsplice.client.modes.crossfix import Params as CrossfixParams
 from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
 from kvsplice.client.modes.gated import GatedPolicy, JudgePricing
 from kvsplice.client.modes.naive import NaivePolicy
-from kvsplice.client.modes.planned_call import PlannedCall
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
@@ -42,6 +40,8 @@ QUESTIONS = ("what is two plus two?", "name a prime number above ten")
 NEAR_DUPLICATE = "what is two plus two!"
 SELECT = "\nSelect the agent whose answer is best. Selected agent id: "
 CONTINUE = "\nUse their answers and answer again."
+# A margin no first token reaches on the tiny model (the knob's upper bound): never kept.
+NEVER_KEPT = 1e9
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -126,7 +126,7 @@ class _ChoicePrompt:
 def test_crossfix_guards_on_the_choices_a_prompt_declares(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    config = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=1), min_margin=0.0)
+    config = CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0)
     engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-choices")
     plain = _comparing(_answers(engine), SELECT)
     choices = (5, 6, 7)
@@ -150,13 +150,13 @@ def test_crossfix_without_a_store_equals_dense(loaded: LoadedModel) -> None:
 @pytest.mark.parametrize(
     ("config", "decision"),
     [
-        (CrossfixConfig(BlendConfig(ratio=1.0), min_margin=0.0), "kept"),
-        (CrossfixConfig(BlendConfig(ratio=0.5), min_margin=math.inf), "dense"),
+        (CrossfixParams(ratio=1.0, check_layer=1, min_margin=0.0), "kept"),
+        (CrossfixParams(ratio=0.5, check_layer=1, min_margin=NEVER_KEPT), "dense"),
     ],
     ids=["ratio-1", "margin-inf"],
 )
 def test_crossfix_degenerate_settings_equal_dense(
-    loaded: LoadedModel, store_target: str, config: CrossfixConfig, decision: str
+    loaded: LoadedModel, store_target: str, config: CrossfixParams, decision: str
 ) -> None:
     engine = _engine(loaded, CrossfixPolicy(config), store_target, f"xf-degenerate-{decision}")
     prompt, outcome = _judge(engine)
@@ -168,7 +168,7 @@ def test_crossfix_degenerate_settings_equal_dense(
 def test_crossfix_reuses_answer_blocks_above_the_check_layer(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    config = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=1), min_margin=0.0)
+    config = CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0)
     engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-reuse")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith("kept: margin")
@@ -186,10 +186,10 @@ def test_crossfix_guard_keeps_only_confident_prefills(
     loaded: LoadedModel, store_target: str
 ) -> None:
     """The same call, kept below its margin and prefilled densely above it."""
-    probe = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    probe = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     _, kept = _judge(_engine(loaded, probe, store_target, "xf-guard-probe"))
     margin = first_token_margin(kept.logits_first)
-    strict = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=margin + 1e-3))
+    strict = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=margin + 1e-3))
     engine = _engine(loaded, strict, store_target, "xf-guard-strict")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith("dense: margin")
@@ -201,14 +201,13 @@ def test_crossfix_deeper_pass_resumed_equals_a_fresh_pass_at_its_check_layer(
 ) -> None:
     """Oracle of the resume: a first pass at check 1 refused, a second resumed from its
     states at layer 1 and checked at 3, gives what one pass at check 3 gives."""
-    staged = CrossfixConfig(
-        BlendConfig(ratio=0.0, check_layer=1), min_margin=math.inf, deep_check=3
+    staged = CrossfixParams(ratio=0.0, check_layer=1, min_margin=NEVER_KEPT, deep_check=3
     )  # fmt: skip
     engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged")
     _, outcome = _judge(engine)
     decision = outcome.decisions["crossfix"]
     assert decision.startswith("kept: margin") and "at check 3 (after margin" in decision
-    fresh = CrossfixConfig(BlendConfig(ratio=0.0, check_layer=3), min_margin=0.0)
+    fresh = CrossfixParams(ratio=0.0, check_layer=3, min_margin=0.0)
     _, reference = _judge(_engine(loaded, CrossfixPolicy(fresh), store_target, "xf-fresh3"))
     assert float((outcome.logits_first - reference.logits_first).abs().max()) <= ATOL
     assert outcome.generated_ids == reference.generated_ids
@@ -219,9 +218,8 @@ def test_crossfix_deeper_pass_resumed_equals_a_fresh_pass_at_its_check_layer(
 
 
 def test_crossfix_refused_by_every_pass_is_dense(loaded: LoadedModel, store_target: str) -> None:
-    staged = CrossfixConfig(
-        BlendConfig(ratio=0.0, check_layer=1), min_margin=math.inf, deep_check=2,
-        deep_margin=math.inf,
+    staged = CrossfixParams(ratio=0.0, check_layer=1, min_margin=NEVER_KEPT, deep_check=2,
+        deep_margin=NEVER_KEPT,
     )  # fmt: skip
     engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged-dense")
     prompt, outcome = _judge(engine)
@@ -234,7 +232,7 @@ def test_crossfix_refused_by_every_pass_is_dense(loaded: LoadedModel, store_targ
 
 def test_crossfix_deep_check_must_be_deeper() -> None:
     with pytest.raises(ValueError, match="must be above"):
-        CrossfixConfig(BlendConfig(ratio=0.0, check_layer=3), deep_check=2)
+        CrossfixParams(ratio=0.0, check_layer=3, deep_check=2)
 
 
 def _gated(
@@ -267,7 +265,7 @@ def test_gate_lets_ordinary_calls_run_the_serving_mode(
 def test_gate_sends_a_judge_to_the_mode_admitted_for_judges(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    crossfix = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    crossfix = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     policy = _gated(NaivePolicy(), crossfix, ("crossfix",))
     engine = _engine(loaded, policy, store_target, "gate-judge-crossfix")
     _, outcome = _judge(engine)
@@ -279,7 +277,7 @@ def test_gate_sends_a_judge_to_the_mode_admitted_for_judges(
 
 def test_a_judge_mode_wins_over_a_zero_drift_serving_mode(loaded: LoadedModel) -> None:
     """The shipped policy's shape: ordinary calls run exact, judges the admitted judge mode."""
-    crossfix = CrossfixPolicy(CrossfixConfig(BlendConfig(ratio=0.0), min_margin=0.0))
+    crossfix = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     policy = _gated(ExactPolicy(), crossfix, ("crossfix",))
     engine = ReuseEngine(loaded, policy, None, EngineConfig(store_segments=False))
     outcome = engine.run(_comparing([(40, 41), (50, 51)], SELECT), GENERATION)
@@ -302,7 +300,7 @@ def test_pooled_anchors_serve_a_judge_from_other_agents_and_placeholders(
     """PAL-KV: a judge has no anchors of its own (its template is new); KVComm's per-agent
     pools leave it dense, the pooled retrieval finds the execution agents' anchors."""
     kvcomm = _engine(loaded, AnchorPolicy(), store_target, "pal-kvcomm")
-    pooled = _engine(loaded, AnchorPolicy(AnchorConfig(pool_judges=True)), store_target, "pal-kv")
+    pooled = _engine(loaded, AnchorPolicy(AnchorParams(pool_judges=1)), store_target, "pal-kv")
     decisions = {}
     for name, engine in (("kvcomm", kvcomm), ("pooled", pooled)):
         for question in QUESTIONS:
@@ -354,8 +352,8 @@ def test_the_gate_hands_the_routed_policy_its_own_planned_call(loaded: LoadedMod
 
 
 def _priced(cost: CostModel, checks: tuple[int, ...], keep: tuple[float, ...]) -> GatedPolicy:
-    blend = BlendConfig(ratio=0.0, check_layer=checks[0])
-    crossfix = CrossfixPolicy(CrossfixConfig(blend, min_margin=0.0))
+    params = CrossfixParams(ratio=0.0, check_layer=checks[0], min_margin=0.0)
+    crossfix = CrossfixPolicy(params)
     return GatedPolicy(
         NaivePolicy(), ExactPolicy(), crossfix, judge_admitted=("crossfix",),
         pricing=JudgePricing(cost, checks, keep), dense=DensePolicy(),

@@ -23,8 +23,8 @@ from transformers import LlamaForCausalLM
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.modes.halo import (
-    AcceptanceConfig,
     AcceptanceResult,
+    Params,
     check_acceptance,
     halo_plan,
     halo_split,
@@ -115,7 +115,7 @@ def test_probes_are_the_last_tokens_of_each_approximate_span() -> None:
 
 def run_acceptance(model: LlamaForCausalLM, segment: SegmentKV) -> AcceptanceResult:
     return check_acceptance(
-        LayerwiseExecutor(model), naive_plan(model, segment), AcceptanceConfig(4, 0.05)
+        LayerwiseExecutor(model), naive_plan(model, segment), num_probe=4, epsilon_nats=0.05
     )
 
 
@@ -146,4 +146,4 @@ def test_acceptance_with_nothing_approximate_runs_no_reference() -> None:
 @pytest.mark.parametrize("bad", [{"num_probe": 0}, {"epsilon_nats": -1.0}])
 def test_config_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(ValueError):
-        AcceptanceConfig(**bad)
+        Params(**bad)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.modes.planned_call import PlannedCall
+from kvsplice.client.modes.base import PlannedCall
 
 
 def test_decisions_are_a_read_only_copy() -> None:

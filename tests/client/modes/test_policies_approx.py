@@ -40,14 +40,17 @@ from kvsplice.client.modes.anchor.codec import (
     sender_base_parent,
     split_offsets,
 )
-from kvsplice.client.modes.anchor.gate import GateConfig
-from kvsplice.client.modes.anchor.policy import AnchorConfig, AnchorPolicy, agent_key
+from kvsplice.client.modes.anchor.params import Params as AnchorParams
+from kvsplice.client.modes.anchor.policy import AnchorPolicy, agent_key
 from kvsplice.client.modes.base import ReusePolicy
-from kvsplice.client.modes.blend import BlendConfig, BlendPolicy
-from kvsplice.client.modes.halo import AcceptanceConfig, HaloConfig, HaloPolicy
-from kvsplice.client.modes.multicut import ExactWindow, MulticutConfig, MulticutPolicy
-from kvsplice.client.modes.naive import question_base
+from kvsplice.client.modes.blend import BlendPolicy
+from kvsplice.client.modes.blend import Params as BlendParams
+from kvsplice.client.modes.halo import HaloPolicy
+from kvsplice.client.modes.halo import Params as HaloParams
+from kvsplice.client.modes.multicut import MulticutPolicy
+from kvsplice.client.modes.multicut import Params as MulticutParams
 from kvsplice.client.modes.recorder import put_records
+from kvsplice.client.modes.shared import question_base
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.segment_io import SpanRecord
 from kvsplice.client.store.store_client import StoreClient
@@ -97,8 +100,8 @@ def make_engine(
     [
         # blend keeps the old K/V of unselected tokens above the check layer only
         (BlendPolicy(), NUM_LAYERS - 1),
-        (HaloPolicy(HaloConfig(num_halo=2)), NUM_LAYERS),
-        (HaloPolicy(HaloConfig(2, AcceptanceConfig(epsilon_nats=1e9))), NUM_LAYERS),
+        (HaloPolicy(HaloParams(num_halo=2)), NUM_LAYERS),
+        (HaloPolicy(HaloParams(2, epsilon_nats=1e9)), NUM_LAYERS),
     ],
     ids=["blend", "halo", "halo-accepted"],
 )
@@ -119,7 +122,7 @@ def test_multicut_reuses_lower_layers_and_stores_boundary_states(
     loaded: LoadedModel, store_target: str
 ) -> None:
     # the question's left contexts share 17 tokens: cut 3 (needs 16) passes, cut 4 (full) not
-    config = MulticutConfig(w_exact=ExactWindow(((3, 16),)), cut_every=1)
+    config = MulticutParams(w_exact=((3, 16),), cut_every=1)
     engine = make_engine(loaded, MulticutPolicy(config), store_target, "approx-multicut")
     (_, first), (_, second) = run_chain(engine, QUESTIONS[0])
     assert first.num_reused_tokens == 0
@@ -138,10 +141,10 @@ def test_multicut_reuses_lower_layers_and_stores_boundary_states(
 @pytest.mark.parametrize(
     "policy",
     [
-        BlendPolicy(BlendConfig(ratio=1.0)),
-        HaloPolicy(HaloConfig(num_halo=10_000)),
-        HaloPolicy(HaloConfig(num_halo=2, acceptance=AcceptanceConfig(epsilon_nats=0.0))),
-        MulticutPolicy(MulticutConfig(w_exact=ExactWindow(((0, "full"),)), cut_every=1)),
+        BlendPolicy(BlendParams(ratio=1.0)),
+        HaloPolicy(HaloParams(num_halo=10_000)),
+        HaloPolicy(HaloParams(num_halo=2, epsilon_nats=0.0)),
+        MulticutPolicy(MulticutParams(w_exact=((0, "full"),), cut_every=1)),
     ],
     ids=["blend-r1", "halo-h-all", "halo-reject", "multicut-full-window"],
 )
@@ -157,7 +160,7 @@ def test_degenerate_settings_equal_dense(
         assert (outcome.logits_first - reference.logits_first).abs().max() <= ATOL
         assert approximate_tokens(outcome) == 0
     assert calls[2][1].num_reused_tokens > 0  # the exact prefix still hits
-    if isinstance(policy, HaloPolicy) and policy.config.acceptance is not None:
+    if isinstance(policy, HaloPolicy) and policy.params.epsilon_nats is not None:
         assert "rejected" in {o.decisions.get("halo_acceptance") for _, o in calls}
 
 
@@ -194,7 +197,7 @@ def test_anchor_repaired_by_blend_recomputes_its_share(
 ) -> None:
     # r = 1: every corrected token is recomputed above the check layer, so the
     # call is dense; r = 0.5: half of them keep the correction above it.
-    policy = AnchorPolicy(AnchorConfig(repair=BlendConfig(ratio=ratio)))
+    policy = AnchorPolicy(AnchorParams(repair_ratio=ratio))
     plain = AnchorPolicy()
     engine = make_engine(loaded, policy, store_target, f"approx-anchor-repair-{ratio}")
     plain_engine = make_engine(loaded, plain, store_target, f"approx-anchor-plain-{ratio}")
@@ -221,7 +224,7 @@ def test_anchor_keeps_decoded_anchors_between_calls(loaded: LoadedModel, store_t
     # adding its anchor) are not fetched again, and the correction is the same
     # as with anchors fetched on every call.
     cached = AnchorPolicy()
-    uncached = AnchorPolicy(AnchorConfig(decoded_cache_bytes=0))
+    uncached = AnchorPolicy(AnchorParams(decoded_cache_bytes=0))
     engine = make_engine(loaded, cached, store_target, "approx-anchor-cached")
     reference_engine = make_engine(loaded, uncached, store_target, "approx-anchor-uncached")
     for question in QUESTIONS:
@@ -245,7 +248,7 @@ def test_anchor_below_full_coverage_corrects_the_covered_first_tokens(
     results = {}
     for cover in (1.0, 0.5):
         # γ = 1: the gate never refuses a pool of two, so coverage alone decides
-        policy = AnchorPolicy(AnchorConfig(GateConfig(gamma=1.0), min_coverage=cover))
+        policy = AnchorPolicy(AnchorParams(gamma=1.0, min_coverage=cover))
         engine = make_engine(loaded, policy, store_target, f"approx-anchor-cover-{cover}")
         for question in QUESTIONS:
             run_chain(engine, question)
@@ -264,7 +267,7 @@ def test_anchor_below_full_coverage_corrects_the_covered_first_tokens(
     # the shorter anchor's length is corrected; the rest and the closing text computed
     assert approximate_tokens(results[0.5]) == min(len(q) for q in QUESTIONS)
     # a minimum coverage above what the pool covers keeps KVComm's rule
-    strict = AnchorPolicy(AnchorConfig(GateConfig(gamma=1.0), min_coverage=0.9))
+    strict = AnchorPolicy(AnchorParams(gamma=1.0, min_coverage=0.9))
     engine = make_engine(loaded, strict, store_target, "approx-anchor-cover-strict")
     for question in QUESTIONS:
         run_chain(engine, question)
@@ -277,7 +280,7 @@ def test_anchor_with_an_identical_anchor_equals_dense(
 ) -> None:
     # quant "none": the anchor's base equals the query's, its weight is 1 and
     # base + (real − base) is the real K/V (up to fp32 rounding).
-    policy = AnchorPolicy(AnchorConfig(quant="none"))
+    policy = AnchorPolicy(AnchorParams(quant="none"))
     engine = make_engine(loaded, policy, store_target, "approx-anchor-oracle")
     for question in QUESTIONS:
         run_chain(engine, question)
@@ -442,7 +445,7 @@ def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
 
 def test_an_answers_anchor_base_is_its_senders_kv(loaded: LoadedModel, store_target: str) -> None:
     """KVComm's base of `agent_*` placeholders: the K/V the sender computed for its answer."""
-    engine = make_engine(loaded, AnchorPolicy(AnchorConfig(quant="none")), store_target, "sender")
+    engine = make_engine(loaded, AnchorPolicy(AnchorParams(quant="none")), store_target, "sender")
     prompt_1 = first_prompt(QUESTIONS[0])
     first = engine.run(prompt_1, GENERATION)
     assert first.output_ids, "the sender must answer something"

@@ -104,32 +104,31 @@ def test_distinct_labels_never_share_a_namespace(a: tuple, b: tuple) -> None:
 
 def test_policy_parameters_reach_the_built_policies() -> None:
     blend = ModeVariant.parse("blend:r=0.43").policy(FINGERPRINT)
-    assert isinstance(blend, BlendPolicy) and blend.config.ratio == 0.43
+    assert isinstance(blend, BlendPolicy) and blend.params.ratio == 0.43
     halo = ModeVariant.parse("halo:h=16").policy(FINGERPRINT)
-    assert isinstance(halo, HaloPolicy) and halo.config.num_halo == 16
-    assert halo.config.acceptance is None
+    assert isinstance(halo, HaloPolicy) and halo.params.num_halo == 16
+    assert halo.params.epsilon_nats is None
     accepting = ModeVariant.parse("halo:h=4+eps=0.05").policy(FINGERPRINT)
-    assert isinstance(accepting, HaloPolicy) and accepting.config.acceptance is not None
-    assert (accepting.config.num_halo, accepting.config.acceptance.epsilon_nats) == (4, 0.05)
+    assert isinstance(accepting, HaloPolicy)
+    assert (accepting.params.num_halo, accepting.params.epsilon_nats) == (4, 0.05)
     anchor = ModeVariant.parse("anchor:gamma=0.5+tau=0.2+metric=key").policy(FINGERPRINT)
     assert isinstance(anchor, AnchorPolicy)
-    gate = anchor.config.gate
-    assert (gate.gamma, gate.weights.tau, gate.metric) == (0.5, 0.2, "key")
-    assert anchor.config.repair is None
+    params = anchor.params
+    assert (params.gamma, params.tau, params.metric) == (0.5, 0.2, "key")
+    assert params.repair_ratio is None
     repaired = ModeVariant.parse("anchor:gamma=1+r=0.15").policy(FINGERPRINT)
-    assert isinstance(repaired, AnchorPolicy) and repaired.config.repair is not None
-    assert repaired.config.repair.ratio == 0.15
-    assert repaired.config.min_coverage == 1.0  # KVComm's length rule unless asked
+    assert isinstance(repaired, AnchorPolicy) and repaired.params.repair_ratio == 0.15
+    assert repaired.params.min_coverage == 1.0  # KVComm's length rule unless asked
     covering = ModeVariant.parse("anchor:cover=0.5").policy(FINGERPRINT)
-    assert isinstance(covering, AnchorPolicy) and covering.config.min_coverage == 0.5
+    assert isinstance(covering, AnchorPolicy) and covering.params.min_coverage == 0.5
     assert isinstance(ModeVariant.parse("dense").policy(FINGERPRINT), DensePolicy)
 
 
 def test_multicut_cut_reuses_shallow_cuts_freely_and_deep_ones_only_on_identical_context() -> None:
     multicut = ModeVariant.parse("multicut:cut=16").policy(FINGERPRINT)
     assert isinstance(multicut, MulticutPolicy)
-    assert multicut.config.w_exact == ExactWindow(((16, 0),))
-    assert [multicut.config.w_exact(cut) for cut in (4, 16, 20, 28)] == [0, 0, "full", "full"]
+    assert multicut.w_exact == ExactWindow(((16, 0),))
+    assert [multicut.w_exact(cut) for cut in (4, 16, 20, 28)] == [0, 0, "full", "full"]
 
 
 def test_variants_override_the_base_policy_and_keep_the_rest() -> None:
@@ -142,13 +141,13 @@ def test_variants_override_the_base_policy_and_keep_the_rest() -> None:
         },
     )
     blend = ModeVariant.parse("blend").policy(FINGERPRINT, base)
-    assert isinstance(blend, BlendPolicy) and blend.config.ratio == 0.3
+    assert isinstance(blend, BlendPolicy) and blend.params.ratio == 0.3
     halo = ModeVariant.parse("halo:eps=0.1").policy(FINGERPRINT, base)
-    assert isinstance(halo, HaloPolicy) and halo.config.num_halo == 8
-    assert halo.config.acceptance is not None and halo.config.acceptance.epsilon_nats == 0.1
+    assert isinstance(halo, HaloPolicy) and halo.params.num_halo == 8
+    assert halo.params.epsilon_nats == 0.1
     anchor = ModeVariant.parse("anchor:tau=0.5").policy(FINGERPRINT, base)
     assert isinstance(anchor, AnchorPolicy)
-    assert (anchor.config.gate.gamma, anchor.config.gate.weights.tau) == (0.7, 0.5)
+    assert (anchor.params.gamma, anchor.params.tau) == (0.7, 0.5)
 
 
 def test_an_unknown_parameter_lists_what_the_mode_takes_with_ranges() -> None:

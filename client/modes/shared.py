@@ -1,0 +1,260 @@
+"""What several reuse modes build their plans from; no mode owns it and it imports none.
+
+Owns the exact prefix walk (`plan_exact_prefix`), the two ways of finding K/V captured
+in another context (`question_base`, `same_tokens_segment`), the position-only plan
+built from them (`plan_position_only`: naive's plan, which blend and halo repair), and
+CacheBlend's selective-recompute rule (`blend_rule`, `blend_plan`). Each mode's own
+rules stay in its module; `scripts/check_layers.py` forbids a mode importing another.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.plan import CallPlan, KVPair, SubsetRule, segment_span, tile_spans
+from kvsplice.client.model.hf_cache import full_length_cache, read_layers
+from kvsplice.client.modes.base import (
+    CallContext,
+    PlanBuilder,
+    PlannedCall,
+    SpannedPrompt,
+    StoreContext,
+    span_role,
+)
+from kvsplice.client.store.local_tier import on_device
+from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, left_tail
+from kvsplice.client.store.store_types import SegmentRef
+from kvsplice.common.chain import continues
+from kvsplice.common.keys import context_key, root_key
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.kvmath.segment_kv import SegmentKV
+
+logger = logging.getLogger(__name__)
+
+Deviation = Literal["value", "key"]
+DEVIATIONS: tuple[Deviation, ...] = ("value", "key")
+
+
+def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuilder) -> bytes:
+    """Add the stored run matching the prompt from position 0 to `builder`.
+
+    The sidecar's index says which segments exist; each is taken from the
+    worker's local tier when held there (no fetch, no decode), else fetched and
+    then kept locally. Past the end of the sidecar's run, only this worker's
+    own segments whose puts are still in flight continue the chain; a local
+    segment the sidecar no longer lists (expired, deleted, evicted) is dropped.
+    Stops at the first segment that misses or disagrees with the prompt. Returns
+    the context key of the reused run (the root key when nothing matched).
+    """
+    parent = root_key(ctx.fingerprint)
+    if not isinstance(ctx, StoreContext):
+        return parent
+    listed_at_s = time.monotonic()
+    with timed(ctx.timings, "lookup_s"):
+        lookup = ctx.store.lookup_prefix(ctx.fingerprint, prompt.token_ids)
+    refs = {ref.start_position: ref for ref in lookup.segments}
+    position, num_tokens = 0, len(prompt.token_ids)
+    while position < num_tokens:
+        ref = refs.get(position)
+        link = _next_link(ctx, ref, parent, prompt.token_ids, position, listed_at_s)
+        if link is None:
+            break
+        meta, kv = link
+        builder.reuse(
+            position, kv, "exact", exact=True, chain_key=meta.context_key,
+            chain_num_tokens=meta.num_tokens, name=f"prefix@{position}",
+        )  # fmt: skip
+        parent, position = meta.context_key, position + meta.num_tokens
+    return parent
+
+
+def _next_link(
+    ctx: StoreContext,
+    ref: SegmentRef | None,
+    parent: bytes,
+    token_ids: tuple[int, ...],
+    position: int,
+    listed_at_s: float,
+) -> tuple[SegmentMeta, SegmentKV] | None:
+    """The segment continuing the chain at `position`, from the local tier or the sidecar."""
+    local = ctx.local
+    if ref is None:  # the sidecar's run ended: only puts newer than its listing may go on
+        key = local.child(parent, token_ids, position)
+        entry = None if key is None else local.get(key)
+        if entry is None:
+            return None
+        if entry.unlisted_is_stale(listed_at_s):
+            local.invalidate(entry.meta.context_key)
+            return None
+        return entry.meta, entry.kv
+    tokens = token_ids[position : position + ref.num_tokens]
+    entry = local.get(ref.context_key)
+    if entry is not None and continues(entry.meta, parent, tokens, position):
+        return entry.meta, entry.kv
+    return _fetch_link(ctx, ref, parent, tokens, position)
+
+
+def _fetch_link(
+    ctx: StoreContext, ref: SegmentRef, parent: bytes, tokens: tuple[int, ...], position: int
+) -> tuple[SegmentMeta, SegmentKV] | None:
+    fetched = fetch_segment(
+        ctx.store,
+        ref.segment_id,
+        fingerprint=ctx.fingerprint,
+        dtype=ctx.decode_dtype,
+        timings=ctx.timings,
+    )
+    if fetched is None or not continues(fetched.meta, parent, tokens, position):
+        return None
+    kv = on_device(fetched.kv, ctx.local.device)
+    ctx.local.put(fetched.meta, kv)
+    return fetched.meta, kv
+
+
+def plan_position_only(prompt: SpannedPrompt, ctx: CallContext, mode: str) -> PlannedCall[None]:
+    """The exact prefix, then each later span's K/V captured in another context, Δ-shifted.
+
+    A question takes its standalone base (`question_base`), any other span a stored
+    segment with the same tokens (`same_tokens_segment`); a span without one is
+    computed. The reused spans are labelled `mode`; the computed bases are the records.
+    """
+    builder = PlanBuilder(prompt.token_ids)
+    plan_exact_prefix(prompt, ctx, builder)
+    bases: list[SpanRecord] = []
+    for span in prompt.spans:
+        if span.start < builder.covered_until:
+            continue  # inside the exact prefix, or straddling its end: computed
+        tokens = prompt.token_ids[span.start : span.end]
+        if span_role(span) == "question":
+            kv = question_base(tokens, ctx, bases)
+        else:
+            kv = same_tokens_segment(tokens, prompt, span.start, ctx)
+        if kv is not None:
+            builder.reuse(span.start, kv, mode, exact=False, name=span.name)
+    return PlannedCall(builder.build(), records=tuple(bases))
+
+
+def question_base(
+    tokens: tuple[int, ...],
+    ctx: CallContext,
+    bases: list[SpanRecord],
+    lead: tuple[int, ...] = (),
+) -> SegmentKV | None:
+    """The question's K/V prefilled alone after `lead` (none: at position 0): fetched, or
+    computed and its record appended to `bases` (to put after the first token).
+
+    Its key is the chained key of the question after `lead` from the root, which
+    is exactly what that prefill computes; keys sit at positions len(lead)…
+    Without a reachable store there is no base: the span is computed densely.
+    """
+    if not isinstance(ctx, StoreContext):
+        return None
+    num_degraded = ctx.store.counters.num_degraded_calls
+    parent = context_key(root_key(ctx.fingerprint), lead) if lead else root_key(ctx.fingerprint)
+    fetched = fetch_segment(
+        ctx.store,
+        context_key(parent, tokens),
+        fingerprint=ctx.fingerprint,
+        dtype=ctx.decode_dtype,
+        timings=ctx.timings,
+    )
+    if fetched is not None and fetched.meta.token_ids == tokens:
+        return fetched.kv
+    if ctx.store.counters.num_degraded_calls > num_degraded:
+        return None  # unreachable store: a base nobody else can read would only cost a prefill
+    with timed(ctx.timings, "base_prefill_s"):
+        cache = full_length_cache()
+        ctx.executor.forward((*lead, *tokens), 0, cache)
+        keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
+    kv = SegmentKV(keys, values, start_position=len(lead))
+    record = SpanRecord(kv, tokens, parent, lead, ctx.decode_text(tokens), "base", exact=True)
+    bases.append(record)
+    return kv
+
+
+def same_tokens_segment(
+    tokens: tuple[int, ...], prompt: SpannedPrompt, start: int, ctx: CallContext
+) -> SegmentKV | None:
+    """Any stored segment with exactly `tokens`, wherever it was captured (best ranked first)."""
+    if not isinstance(ctx, StoreContext):
+        return None
+    with timed(ctx.timings, "lookup_s"):
+        candidates = ctx.store.find_similar(
+            ctx.fingerprint, tokens, left_context_ids=left_tail(prompt.token_ids, start)
+        )
+    for candidate in candidates:
+        if not candidate.exact_tokens:
+            continue
+        fetched = fetch_segment(
+            ctx.store,
+            candidate.segment.segment_id,
+            fingerprint=ctx.fingerprint,
+            dtype=ctx.decode_dtype,
+            timings=ctx.timings,
+        )
+        if fetched is not None and fetched.meta.token_ids == tokens:
+            return fetched.kv
+    return None
+
+
+def num_selected(num_candidates: int, ratio: float) -> int:
+    """floor(M·r) (CacheBlend's `int(total · ratio)`), robust to fp error in M·r."""
+    return min(num_candidates, math.floor(num_candidates * ratio + 1e-9))
+
+
+def token_deviation(new_kv: KVPair, old_kv: KVPair, deviation: Deviation) -> torch.Tensor:
+    """[M] fp32: Σ over heads and channels of (new − old)² of keys or values [H_kv, M, D]."""
+    index = 0 if deviation == "key" else 1
+    diff = new_kv[index].float() - old_kv[index].float()
+    return diff.square().sum(dim=(0, 2))
+
+
+@dataclass(frozen=True)
+class DeviationSelector:
+    """A `TokenSelector`: the top floor(M·r) candidates by deviation, ascending indices."""
+
+    ratio: float
+    deviation: Deviation = "value"
+
+    def __call__(self, layer_idx: int, new_kv: KVPair, old_kv: KVPair) -> torch.Tensor:
+        scores = token_deviation(new_kv, old_kv, self.deviation)
+        count = num_selected(int(scores.numel()), self.ratio)
+        return torch.topk(scores, count, sorted=False).indices.sort().values
+
+
+def blend_rule(check_layer: int, ratio: float, deviation: Deviation = "value") -> SubsetRule:
+    """At `check_layer`, keep computing the top `ratio` share of reused tokens by deviation."""
+    return SubsetRule(check_layer, DeviationSelector(ratio, deviation))
+
+
+def blend_plan(
+    token_ids: Sequence[int],
+    chunks: Sequence[tuple[int, SegmentKV]],
+    rule: SubsetRule,
+    *,
+    position_offset: int = 0,
+) -> CallPlan:
+    """Reuse each (start slot, segment) chunk CacheBlend-style under `rule`; other tokens
+    computed.
+
+    Chunks need K/V for every layer (their old K/V stand in for dropped tokens)
+    and are computed from their embeddings, so layers ≤ check layer see true
+    states (CacheBlend recomputes layer 0 fully). r = 1 is dense; r = 0 reuses
+    the chunks' K/V of layers ≥ check layer (naive reuse for check layer ≤ 1,
+    layer 0 K/V being context-free).
+    """
+    spans = [
+        segment_span(segment, start, start_layer=0, position_offset=position_offset,
+                     name=f"blend@{start}")
+        for start, segment in chunks
+    ]  # fmt: skip
+    ids = tuple(int(t) for t in token_ids)
+    return CallPlan(ids, tile_spans(len(ids), spans), position_offset, subsets=(rule,))
