@@ -28,7 +28,7 @@ from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
 from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt, StoreContext
 from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_puts import DirectPuts
+from kvsplice.client.store.segment_io import DirectPuts
 from kvsplice.client.store.segment_writer import SegmentWriter
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.reuse_report import ReusedRun

@@ -1,9 +1,11 @@
-"""The tokens being computed at the current layer, their residual stream and layer inputs.
+"""The tokens being computed at the current layer: their slots, residual stream and layer inputs.
 
-Owns the active set as it grows (spans joining at their start layer) and
-shrinks (a subset rule), plus the per-set inputs every layer needs: position
-ids, rotary (cos, sin) per layer type, and the additive mask per window. It
-does not run layers.
+Owns `TokenSlots` (a sorted set of prompt slots with a fast path for contiguous runs;
+slot i of a plan holds the token at RoPE position `position_offset + i`), the active
+set as it grows (spans joining at their start layer) and shrinks (a subset rule), and
+the per-set inputs every layer needs: position ids, rotary (cos, sin) per layer type,
+and the explicit position-causal additive mask per window (what a decoder layer
+receives in place of the one `create_causal_mask` would build). It does not run layers.
 """
 
 from __future__ import annotations
@@ -14,11 +16,83 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsplice.client.execute.attention_mask import additive_mask
-from kvsplice.client.execute.slots import TokenSlots
 from kvsplice.client.model.model_adapter import DecoderAdapter
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSlots:
+    """Distinct slots in ascending order, on the host (`ids`) and the device (`index` [N] long).
+
+    `run` is (start, end) when the slots are exactly start .. end - 1, so gathers
+    and scatters become views and slice copies.
+    """
+
+    ids: tuple[int, ...]
+    index: torch.Tensor
+    run: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, slots: Iterable[int], device: torch.device | str) -> TokenSlots:
+        ids = tuple(sorted({int(s) for s in slots}))
+        if ids and ids[0] < 0:
+            raise ValueError(f"slot {ids[0]} is negative")
+        index = torch.tensor(ids, dtype=torch.long, device=device)
+        contiguous = bool(ids) and ids[-1] - ids[0] + 1 == len(ids)
+        return cls(ids, index, (ids[0], ids[-1] + 1) if contiguous else None)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def union(self, other: Iterable[int]) -> TokenSlots:
+        return TokenSlots.of((*self.ids, *other), self.index.device)
+
+    def take(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """x restricted to these slots along `dim` (a view for a contiguous run)."""
+        if self.run is not None:
+            return x.narrow(dim, self.run[0], self.run[1] - self.run[0])
+        return x.index_select(dim, self.index)
+
+    def put(self, dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
+        """dst[..., slots, ...] = src along `dim` (src has len(self) entries there)."""
+        if self.run is not None:
+            dst.narrow(dim, self.run[0], self.run[1] - self.run[0]).copy_(src)
+        else:
+            dst.index_copy_(dim, self.index, src)
+
+
+def allowed_keys(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """Which keys each query may attend to: [N, K] bool.
+
+    query_positions: [N] long; key_positions: [K] long (absolute RoPE positions).
+    A query at p sees a key at p' iff p' <= p and, for a sliding layer,
+    p - p' < window (HF's `sliding_window_overlay`: kv_idx > q_idx - window).
+    """
+    diff = query_positions[:, None] - key_positions[None, :]
+    allowed = diff >= 0
+    if window is not None:
+        allowed &= diff < window
+    return allowed
+
+
+def additive_mask(
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The mask eager and SDPA attention add to q·kᵀ: [1, 1, N, K] of 0 or finfo(dtype).min.
+
+    The finite minimum (not -inf) follows HF's eager masks: a row is never all
+    -inf, so softmax cannot produce NaN.
+    """
+    allowed = allowed_keys(query_positions, key_positions, window)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
 
 
 class ActiveTokens:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from kvsplice.client.execute.slots import TokenSlots
+from kvsplice.client.execute.active import TokenSlots
 from kvsplice.client.model.hf_cache import append_layers, full_length_cache, model_cache
 from kvsplice.kvmath.segment_kv import SegmentKV
 

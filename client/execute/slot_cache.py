@@ -5,20 +5,61 @@ HF v5 attention (Llama, Qwen2, Gemma3, ...) only calls
 what it returns. This duck-typed cache writes the computed tokens' K/V into the
 full-length buffer at their slots and returns every slot of the layer, so the
 model's own attention runs over reused + computed K/V. It owns no mask.
+
+Also owns applying a `SubsetRule` at its check layer (`PendingSelection`): the
+bookkeeping between a selector's candidate-relative indices and the active tokens
+of the layer. Which tokens are worth recomputing is the selector's (a policy's).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kvsplice.client.execute.active import TokenSlots
 from kvsplice.client.execute.kv_buffer import KVBuffer
-from kvsplice.client.execute.slots import TokenSlots
-from kvsplice.client.execute.subset import PendingSelection
+from kvsplice.client.execute.plan import SubsetRule
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class PendingSelection:
+    """A rule about to run on a layer whose N active tokens include M candidates.
+
+    candidate_local: [M] long, positions of the candidates among the active
+    tokens (ascending); candidate_slots: the same tokens as prompt slots.
+    """
+
+    rule: SubsetRule
+    candidate_local: torch.Tensor
+    candidate_slots: TokenSlots
+    num_active: int
+
+    def keep_local(
+        self, layer: int, new_keys: torch.Tensor, new_values: torch.Tensor, buffer: KVBuffer
+    ) -> torch.Tensor:
+        """Active-token indices [N'] (ascending) that stay computed: non-candidates + chosen.
+
+        new_keys, new_values: [H_kv, N, D] computed for all N active tokens at
+        `layer`; the buffer still holds the candidates' old K/V there.
+        """
+        new_kv = (new_keys[:, self.candidate_local], new_values[:, self.candidate_local])
+        # Cloned: a gather of a contiguous run is a view the write below overwrites.
+        old_keys, old_values = buffer.gather(layer, self.candidate_slots)
+        old_kv = (old_keys.clone(), old_values.clone())
+        chosen = torch.as_tensor(self.rule.select(layer, new_kv, old_kv), dtype=torch.long)
+        chosen = chosen.to(self.candidate_local.device).flatten()
+        num_candidates = int(self.candidate_local.numel())
+        if chosen.numel() and not bool(((chosen >= 0) & (chosen < num_candidates)).all()):
+            raise ValueError(f"selector returned indices outside [0, {num_candidates})")
+        keep = torch.ones(self.num_active, dtype=torch.bool, device=chosen.device)
+        keep[self.candidate_local] = False
+        keep[self.candidate_local[chosen]] = True
+        return keep.nonzero().squeeze(1)
 
 
 class SlotWriteCache:

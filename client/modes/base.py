@@ -24,8 +24,7 @@ from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SpanRecord
-from kvsplice.client.store.segment_puts import SegmentSink
+from kvsplice.client.store.segment_io import SegmentSink, SpanRecord
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.kvmath.rope import RopeSpec

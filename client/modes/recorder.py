@@ -23,8 +23,7 @@ from kvsplice.client.modes.base import (
     SpannedPrompt,
     StoreContext,
 )
-from kvsplice.client.store.segment_io import SpanRecord, left_tail
-from kvsplice.client.store.segment_puts import DirectPuts
+from kvsplice.client.store.segment_io import DirectPuts, SpanRecord, left_tail
 from kvsplice.common.chain import KeyChain
 from kvsplice.common.keys import context_key
 from kvsplice.common.segment import SegmentKind

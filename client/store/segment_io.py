@@ -1,8 +1,11 @@
 """Store ⇄ tensors: fetch-and-decode a segment, build the meta of a span and put it.
 
 Owns the conversions between `SegmentKV` and what the store holds (payload bytes
-plus `SegmentMeta`), the off-chain key of approximate K/V, and `slice_segment`.
-It decides nothing about reuse; the store client owns transport and retries.
+plus `SegmentMeta`), the off-chain key of approximate K/V, `slice_segment`, and
+storing a call's segments before the caller goes on (`DirectPuts`, in chain order
+until one fails, each stored one kept in the worker's local tier; `SegmentSink`: what
+takes a call's records, this or the background `SegmentWriter`). It decides nothing
+about reuse or what a call stores; the store client owns transport and retries.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from kvsplice.client.execute.call_timings import CallTimings, timed
+from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.errors import CorruptPayload, ResourceExhausted
 from kvsplice.common.keys import content_key, context_key
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import decode_payload, encode_payload
@@ -138,3 +143,44 @@ def slice_segment(kv: SegmentKV, start: int, end: int) -> SegmentKV:
         layer_start=kv.layer_start,
         boundary_states=states,
     )
+
+
+class SegmentSink(Protocol):
+    """Takes one call's records in chain order; returns the metas of those it stored or
+    queued (`SegmentWriter` queues them for its thread, `DirectPuts` stores them now)."""
+
+    def submit(self, records: Sequence[SpanRecord]) -> list[SegmentMeta]: ...
+
+
+@dataclass(frozen=True)
+class DirectPuts:
+    """Puts records before `submit` returns; `local` keeps each one stored (0 bytes: none)."""
+
+    store: StoreClient
+    fingerprint: str
+    quant: str
+    local: LocalTier
+
+    def submit(self, records: Sequence[SpanRecord]) -> list[SegmentMeta]:
+        """Put `records` in order until one fails; the metas of those stored."""
+        stored: list[SegmentMeta] = []
+        for record in records:
+            meta = span_meta(self.store.namespace, record, fingerprint=self.fingerprint)
+            if not self._put(meta, record):
+                logger.info(
+                    "%d of %d segments not stored", len(records) - len(stored), len(records)
+                )
+                break
+            stored.append(meta)
+        return stored
+
+    def _put(self, meta: SegmentMeta, record: SpanRecord) -> bool:
+        """False when the store is unreachable or full (the answer stands)."""
+        try:
+            stored = put_meta(self.store, meta, record.kv, quant=self.quant)
+        except ResourceExhausted as error:  # a full store costs later hits, never this call
+            logger.warning("store is full, segment not stored: %s", error)
+            return False
+        if stored:
+            self.local.put(meta, record.kv)
+        return stored

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import masking_utils
 
-from kvsplice.client.execute.attention_mask import additive_mask, allowed_keys
+from kvsplice.client.execute.active import additive_mask, allowed_keys
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import cache_kwarg

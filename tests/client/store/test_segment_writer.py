@@ -12,8 +12,7 @@ import torch
 from helpers.store_client import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SpanRecord
-from kvsplice.client.store.segment_puts import DirectPuts
+from kvsplice.client.store.segment_io import DirectPuts, SpanRecord
 from kvsplice.client.store.segment_writer import SegmentWriter
 from kvsplice.client.store.store_types import ClientCounters
 from kvsplice.common.errors import ResourceExhausted
