@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' character tokenizer and fake prompts
+from helpers.text import CharTokenizer, FakePrompt, make_prompt  # noqa: E402
+
 PROJECT_FOLDERS = (
     "kvsplice",
     "common",
@@ -34,69 +35,12 @@ PROJECT_FOLDERS = (
     "eval",
 )
 VOCAB = 128
-SPECIALS = ("<|im_start|>", "<|im_end|>")
 SYSTEMS = ("You plan.", "You solve.")
 QUESTIONS = ("what is two plus two?", "name a prime number above ten")
 NEAR_DUPLICATE = "what is two plus two!"
 
 
-class CharTokenizer:
-    """One id per character (ord < 126); the ChatML markers are ids 126 and 127."""
-
-    eos_token_id = 127
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        return {"eos_token": "<|im_end|>"}
-
-    def get_vocab(self) -> dict[str, int]:
-        vocab = {chr(i): i for i in range(126)}
-        vocab.update({s: 126 + i for i, s in enumerate(SPECIALS)})
-        return vocab
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = []
-        while text:
-            special = next((s for s in SPECIALS if text.startswith(s)), None)
-            if special is not None:
-                ids.append(126 + SPECIALS.index(special))
-                text = text[len(special) :]
-            else:
-                ids.append(min(ord(text[0]), 125))
-                text = text[1:]
-        return ids
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return "".join(
-            ("" if skip_special_tokens else SPECIALS[t - 126]) if t >= 126 else chr(t)
-            for t in token_ids
-        )
-
-
-@dataclass(frozen=True)
-class Span:
-    kind: str
-    name: str
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class Prompt:
-    token_ids: tuple[int, ...]
-    spans: tuple[Span, ...]
-
-
-def make_prompt(parts: Sequence[tuple[str, str, str | tuple[int, ...]]]) -> Prompt:
-    tokenizer, ids, spans = CharTokenizer(), [], []
-    for kind, name, value in parts:
-        part = tokenizer.encode(value) if isinstance(value, str) else list(value)
-        spans.append(Span(kind, name, len(ids), len(ids) + len(part)))
-        ids.extend(part)
-    return Prompt(tuple(ids), tuple(spans))
-
-
-def agent_prompt(agent: int, question: str, upstream: tuple[int, ...] | None) -> Prompt:
+def agent_prompt(agent: int, question: str, upstream: tuple[int, ...] | None) -> FakePrompt:
     system = f"<|im_start|>system\n{SYSTEMS[agent]}<|im_end|>\n<|im_start|>user\nProblem:\n"
     closing = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
     parts: list[tuple[str, str, str | tuple[int, ...]]] = [

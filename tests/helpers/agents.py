@@ -2,50 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import text
+from helpers.text import MARKERS
 from kvsplice.client.model.models import LoadedModel, bundle_model
 
-MARKERS = ("<|im_start|>", "<|im_end|>")
 MARKER_BASE = 1000
 
 
-class CharTokenizer:
-    """One id per character (its code point); the ChatML markers are ids 1000 and 1001."""
+class CharTokenizer(text.CharTokenizer):
+    """One id per character (its code point, unclamped); the ChatML markers are 1000 and 1001."""
 
-    eos_token_id = MARKER_BASE + 1
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        return {"eos_token": MARKERS[1]}
-
-    def get_vocab(self) -> dict[str, int]:
-        vocab = {chr(i): i for i in range(MARKER_BASE)}
-        vocab.update({m: MARKER_BASE + i for i, m in enumerate(MARKERS)})
-        return vocab
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = []
-        while text:
-            marker = next((m for m in MARKERS if text.startswith(m)), None)
-            if marker is not None:
-                ids.append(MARKER_BASE + MARKERS.index(marker))
-                text = text[len(marker) :]
-            else:
-                ids.append(ord(text[0]))
-                text = text[1:]
-        return ids
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        def piece(t: int) -> str:
-            if t < MARKER_BASE:
-                return chr(t)
-            return "" if skip_special_tokens else MARKERS[t - MARKER_BASE]
-
-        return "".join(piece(t) for t in token_ids)
+    def __init__(self) -> None:
+        super().__init__(MARKER_BASE, clamp=False)
 
 
 def make_tiny_loaded(seed: int = 0) -> LoadedModel:

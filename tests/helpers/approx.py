@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers.client import VOCAB, CharTokenizer, FakePrompt, make_prompt
+from helpers.client import VOCAB
+from helpers.text import CharTokenizer, FakePrompt, make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine

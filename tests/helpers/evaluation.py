@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import text
+from helpers.text import MARKERS
 from kvsplice.agents.personas import Persona
 from kvsplice.agents.roles import AgentRole, make_roles
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.eval.measure.metrics import CallRecord
 from kvsplice.eval.workloads.workload import Problem
 
-MARKERS = ("<|im_start|>", "<|im_end|>")
 MARKER_BASE = 128
 
 
@@ -28,39 +28,11 @@ def make_record(**overrides: object) -> CallRecord:
     return replace(base, **overrides)
 
 
-class CharTokenizer:
+class CharTokenizer(text.CharTokenizer):
     """One id per ASCII character; the ChatML markers are ids 128 and 129 (129 is EOS)."""
 
-    eos_token_id = MARKER_BASE + 1
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        return {"eos_token": MARKERS[1]}
-
-    def get_vocab(self) -> dict[str, int]:
-        vocab = {chr(i): i for i in range(MARKER_BASE)}
-        vocab.update({m: MARKER_BASE + i for i, m in enumerate(MARKERS)})
-        return vocab
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = []
-        while text:
-            marker = next((m for m in MARKERS if text.startswith(m)), None)
-            if marker is not None:
-                ids.append(MARKER_BASE + MARKERS.index(marker))
-                text = text[len(marker) :]
-            else:
-                ids.append(min(ord(text[0]), MARKER_BASE - 1))
-                text = text[1:]
-        return ids
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        def piece(t: int) -> str:
-            if t < MARKER_BASE:
-                return chr(t)
-            return "" if skip_special_tokens else MARKERS[t - MARKER_BASE]
-
-        return "".join(piece(int(t)) for t in token_ids)
+    def __init__(self) -> None:
+        super().__init__(MARKER_BASE)
 
 
 def use_one_torch_thread() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.client import make_loaded, make_prompt
+from helpers.client import make_loaded
+from helpers.text import make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.execute.sampling import TokenPicker, nucleus

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.client import CharTokenizer
+from helpers.text import CharTokenizer
 
 from kvsplice.client.model.chat_prompt import chat_prompt
 from kvsplice.server.embedded import EmbeddedStore, loopback_config

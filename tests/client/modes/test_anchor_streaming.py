@@ -4,6 +4,7 @@ goes through PutAnchor/GetAnchors in chunks and decodes to what was encoded."""
 from __future__ import annotations
 
 import torch
+from helpers.kv import random_segment
 from helpers.store_client import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
@@ -16,20 +17,20 @@ from kvsplice.server.embedded import EmbeddedStore, loopback_config
 # Llama-3-8B's K/V geometry: 32 layers, 8 KV heads, head_dim 128 (~128 KiB/token in fp16).
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 NUM_TOKENS = 96
+
+
+def kv(seed: int, start: int) -> SegmentKV:
+    return random_segment(
+        NUM_LAYERS, NUM_TOKENS, start, num_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, seed=seed
+    )
+
+
 PATIENT = StoreClientConfig(lookup_timeout_s=10.0, get_timeout_s=60.0, put_timeout_s=60.0)
 
 
-def make_kv(seed: int, start_position: int) -> SegmentKV:
-    generator = torch.Generator().manual_seed(seed)
-    shape = (NUM_LAYERS, NUM_KV_HEADS, NUM_TOKENS, HEAD_DIM)
-    keys = torch.randn(shape, generator=generator)
-    values = torch.randn(shape, generator=generator)
-    return SegmentKV(keys, values, start_position=start_position, layer_start=0)
-
-
 def test_an_anchor_over_4_mib_round_trips_through_the_store() -> None:
-    base = make_kv(0, start_position=0)
-    offsets = AgentOffsets(placeholder=make_kv(1, start_position=40))
+    base = kv(0, start=0)
+    offsets = AgentOffsets(placeholder=kv(1, start=40))
     base_payload = encode_base(base, fingerprint=FINGERPRINT, quant="int8")
     agent_payload = encode_offsets(offsets, fingerprint=FINGERPRINT, quant="int8")
     assert len(base_payload) > 4 << 20 and len(agent_payload) > 4 << 20

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
-from helpers.client import FakePrompt, make_prompt
+from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan

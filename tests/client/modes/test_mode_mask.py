@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.client import CharTokenizer, FakePrompt, make_loaded, make_prompt
+from helpers.client import make_loaded
+from helpers.text import CharTokenizer, FakePrompt, make_prompt
 
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import GenerationConfig

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers.client import FakePrompt, make_loaded, make_prompt
+from helpers.client import make_loaded
+from helpers.kv import random_segment
+from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.execute.reuse_map import reuse_map
@@ -15,7 +17,6 @@ from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import context_key, root_key
-from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
@@ -146,18 +147,10 @@ def test_exact_without_store_is_dense(loaded: LoadedModel) -> None:
     assert outcome.num_reused_tokens == 0 and outcome.generated_ids == reference.generated_ids
 
 
-def make_segment(start: int, num_tokens: int) -> SegmentKV:
-    import torch
-
-    return SegmentKV(
-        torch.zeros(2, 2, num_tokens, 16), torch.zeros(2, 2, num_tokens, 16), start_position=start
-    )
-
-
 def test_plan_builder_fills_gaps_and_computes_the_last_token() -> None:
     builder = PlanBuilder(range(10))
-    builder.reuse(2, make_segment(7, 3), "naive", exact=False)
-    builder.reuse(6, make_segment(0, 4), "naive", exact=False)
+    builder.reuse(2, random_segment(2, 3, 7), "naive", exact=False)
+    builder.reuse(6, random_segment(2, 4, 0), "naive", exact=False)
     plan = builder.build()
     assert [(s.start, s.end, s.computed) for s in plan.spans] == [
         (0, 2, True), (2, 5, False), (5, 6, True), (6, 9, False), (9, 10, True),
@@ -165,7 +158,7 @@ def test_plan_builder_fills_gaps_and_computes_the_last_token() -> None:
     assert plan.spans[1].delta == 2 - 7 and plan.spans[3].delta == 6
     assert reuse_map(plan, num_layers=2).num_reused_tokens == 6
     with pytest.raises(ValueError, match="overlaps"):
-        builder.reuse(8, make_segment(0, 1), "naive", exact=False)
+        builder.reuse(8, random_segment(2, 1, 0), "naive", exact=False)
 
 
 def test_unknown_mode_is_refused(loaded: LoadedModel) -> None:

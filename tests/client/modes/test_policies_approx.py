@@ -22,7 +22,8 @@ from helpers.approx import (
     run_chain,
     second_prompt,
 )
-from helpers.client import CharTokenizer
+from helpers.kv import random_segment
+from helpers.text import CharTokenizer
 
 from kvsplice.agents.template import Placeholder
 from kvsplice.client.execute.call_timings import CallTimings
@@ -383,13 +384,12 @@ def test_ids_are_stable_across_samples_and_valid_store_ids() -> None:
     assert all(ID_PATTERN.match(i) for i in ids)
 
 
-def make_kv(num_layers: int, num_tokens: int, start: int) -> SegmentKV:
-    keys = torch.randn(num_layers, 2, num_tokens, 16)
-    return SegmentKV(keys, torch.randn_like(keys), start_position=start)
-
-
 def test_reuse_map_counts_the_layers_each_token_reused() -> None:
-    exact, chunk, lower = make_kv(4, 3, 0), make_kv(4, 5, 40), make_kv(4, 2, 70)
+    exact, chunk, lower = (
+        random_segment(4, 3, 0),
+        random_segment(4, 5, 40),
+        random_segment(4, 2, 70),
+    )
     spans = (
         PlanSpan(0, 3, 4, exact.keys, exact.values, name="exact@0",
                  source=Source("exact", True, 0, 0, b"k" * 16, 3)),

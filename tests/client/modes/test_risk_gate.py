@@ -3,43 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pytest
+from helpers.text import CharTokenizer, FakePrompt, make_prompt
 
 from kvsplice.client.modes.risk_gate import classify
 
-
-@dataclass(frozen=True)
-class _Span:
-    kind: str
-    name: str
-    start: int
-    end: int
+TOKENIZER = CharTokenizer(1000, clamp=False)  # code points as ids
 
 
-@dataclass(frozen=True)
-class _Prompt:
-    token_ids: tuple[int, ...]
-    spans: tuple[_Span, ...]
-    role: str | None = None
-
-
-def _prompt(*parts: tuple[str, str, str], role: str | None = None) -> _Prompt:
+def _prompt(*parts: tuple[str, str, str], role: str | None = None) -> FakePrompt:
     """(kind, name, text) parts; one token per character (decoded by `_decode`)."""
-    ids: list[int] = []
-    spans = []
-    for kind, name, text in parts:
-        spans.append(_Span(kind, name, len(ids), len(ids) + len(text)))
-        ids += [ord(c) for c in text]
-    return _Prompt(tuple(ids), tuple(spans), role)
+    return make_prompt(parts, TOKENIZER, role)
 
 
 def _decode(ids: Sequence[int]) -> str:
-    return "".join(chr(i) for i in ids)
+    return TOKENIZER.decode(ids)
 
 
-def _with_answers(n: int, instruction: str, role: str | None = None) -> _Prompt:
+def _with_answers(n: int, instruction: str, role: str | None = None) -> FakePrompt:
     parts = [("text", "head", "Question:\n"), ("placeholder", "user_question", "What is 2+2?")]
     for i in range(1, n + 1):
         parts += [("text", f"h{i}", f"\nAgent {i}:\n"), ("placeholder", f"agent_{i}_current", "4")]

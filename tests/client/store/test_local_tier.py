@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-import torch
-from helpers.client import FakePrompt, make_loaded, make_prompt
+from helpers.client import make_loaded
+from helpers.kv import random_segment
 from helpers.store_client import make_meta
+from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
@@ -17,17 +18,10 @@ from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 GENERATION = GenerationConfig(max_new_tokens=4, stop_token_ids=(127,))
-
-
-def make_kv(num_tokens: int, start: int = 0) -> SegmentKV:
-    """fp32 K/V of 2 layers x 2 heads x 8 dims: 256 bytes per token."""
-    keys = torch.randn(2, 2, num_tokens, 8)
-    return SegmentKV(keys, torch.randn_like(keys), start_position=start)
 
 
 def make_entry(tokens: tuple[int, ...], parent: SegmentMeta | None = None) -> SegmentMeta:
@@ -43,7 +37,7 @@ def test_bytes_stay_within_the_bound_and_the_oldest_go_first() -> None:
     for index in range(4):  # 4 segments of 4 tokens = 4 KiB > 2.5 KiB
         parent = make_entry((index, index, index, index), parent)
         metas.append(parent)
-        tier.put(parent, make_kv(4, parent.start_position))
+        tier.put(parent, random_segment(2, 4, parent.start_position, head_dim=8))
         assert tier.num_bytes <= tier.max_bytes
     assert tier.get(metas[0].context_key) is None and tier.get(metas[1].context_key) is None
     assert tier.get(metas[3].context_key) is not None
@@ -54,7 +48,7 @@ def test_bytes_stay_within_the_bound_and_the_oldest_go_first() -> None:
 def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
     tier = LocalTier(max_bytes=100)
     meta = make_entry((1, 2))
-    tier.put(meta, make_kv(2))
+    tier.put(meta, random_segment(2, 2, head_dim=8))
     assert len(tier) == 0 and tier.get(meta.context_key) is None
 
 
@@ -64,7 +58,7 @@ def test_child_finds_the_longest_matching_next_link() -> None:
     short, long = make_entry((7,), root), make_entry((7, 8), root)
     other = make_entry((9, 9), root)
     for meta in (root, short, long, other):
-        tier.put(meta, make_kv(meta.num_tokens, meta.start_position))
+        tier.put(meta, random_segment(2, meta.num_tokens, meta.start_position, head_dim=8))
     assert tier.child(root.context_key, (5, 6, 7, 8, 1), 2) == long.context_key
     assert tier.child(root.context_key, (5, 6, 7, 1), 2) == short.context_key
     assert tier.child(root.context_key, (5, 6, 1), 2) is None
@@ -73,7 +67,7 @@ def test_child_finds_the_longest_matching_next_link() -> None:
 def test_an_entry_past_its_ttl_is_gone() -> None:
     tier = LocalTier(max_bytes=1 << 20)
     meta = replace(make_entry((1, 2)), ttl_s=0.05, created_at_s=time.time())
-    tier.put(meta, make_kv(2))
+    tier.put(meta, random_segment(2, 2, head_dim=8))
     assert tier.get(meta.context_key) is not None
     time.sleep(0.08)
     assert tier.get(meta.context_key) is None
@@ -83,7 +77,7 @@ def test_an_entry_past_its_ttl_is_gone() -> None:
 def test_pending_entries_are_newer_than_any_listing_until_acked() -> None:
     tier = LocalTier(max_bytes=1 << 20)
     meta = make_entry((1, 2))
-    tier.put(meta, make_kv(2), pending=True)
+    tier.put(meta, random_segment(2, 2, head_dim=8), pending=True)
     entry = tier.get(meta.context_key)
     assert entry is not None and not entry.unlisted_is_stale(time.monotonic())
     listed_before_ack = time.monotonic()

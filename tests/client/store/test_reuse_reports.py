@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from helpers.client import make_loaded, make_prompt
+from helpers.client import make_loaded
+from helpers.text import make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
