@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' character tokenizer and fake prompts
+from helpers.client import make_tiny_llama  # noqa: E402
 from helpers.text import CharTokenizer, FakePrompt, make_prompt  # noqa: E402
 
 PROJECT_FOLDERS = (
@@ -34,7 +34,6 @@ PROJECT_FOLDERS = (
     "agents",
     "eval",
 )
-VOCAB = 128
 SYSTEMS = ("You plan.", "You solve.")
 QUESTIONS = ("what is two plus two?", "name a prime number above ten")
 NEAR_DUPLICATE = "what is two plus two!"
@@ -88,13 +87,7 @@ def count_modules(mode: str, target: str) -> tuple[set[str], int]:
     from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
     from kvsplice.client.store.store_client import StoreClient
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        rope_theta=10000.0, attn_implementation="eager",
-    )  # fmt: skip
-    loaded = bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+    loaded = bundle_model(make_tiny_llama(num_layers=4), CharTokenizer())
     store = StoreClient(target, f"count-{mode}")
     engine = ReuseEngine(loaded, mode, store, EngineConfig(quant="none", async_store=False))
     generation = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from helpers import text
+from helpers.client import make_tiny_llama
 from helpers.text import MARKERS
 from kvsplice.client.model.models import LoadedModel, bundle_model
 
@@ -21,10 +19,6 @@ class CharTokenizer(text.CharTokenizer):
 
 def make_tiny_loaded(seed: int = 0) -> LoadedModel:
     """A 2-layer random Llama (GQA) over the character vocabulary, with that tokenizer."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=MARKER_BASE + len(MARKERS), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=8192, attn_implementation="eager",
-    )  # fmt: skip
-    return bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+    vocab_size = MARKER_BASE + len(MARKERS)
+    model = make_tiny_llama(seed=seed, vocab_size=vocab_size, max_positions=8192)
+    return bundle_model(model, CharTokenizer())

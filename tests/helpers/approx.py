@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from helpers.client import VOCAB
+from helpers.client import make_tiny_llama
 from helpers.text import CharTokenizer, FakePrompt, make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel, bundle_model
@@ -23,13 +20,7 @@ CLOSING = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
 
 def make_loaded4(seed: int = 0) -> LoadedModel:
     """4 layers, hidden 64, 4 query / 2 KV heads (GQA), fp32, over the character vocabulary."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        rope_theta=10000.0, attn_implementation="eager",
-    )  # fmt: skip
-    return bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+    return bundle_model(make_tiny_llama(seed=seed, num_layers=NUM_LAYERS), CharTokenizer())
 
 
 def first_prompt(question: str, system: str = SYSTEM_1) -> FakePrompt:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from helpers import text
+from helpers.client import make_tiny_llama
 from helpers.text import MARKERS
 from kvsplice.agents.personas import Persona
 from kvsplice.agents.roles import AgentRole, make_roles
@@ -43,13 +43,10 @@ def use_one_torch_thread() -> None:
 
 def make_tiny_loaded(seed: int = 0) -> LoadedModel:
     """A 2-layer random Llama (GQA, fp32, eager) over the character vocabulary."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=MARKER_BASE + len(MARKERS), hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, attn_implementation="eager",
-    )  # fmt: skip
-    return bundle_model(LlamaForCausalLM(config).eval(), CharTokenizer())
+    vocab_size = MARKER_BASE + len(MARKERS)
+    return bundle_model(
+        make_tiny_llama(seed=seed, vocab_size=vocab_size, hidden_size=32), CharTokenizer()
+    )
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,17 @@
-"""`make_*` factories and fake servers for the store-client tests (no torch needed)."""
+"""Fake servers for the store-client tests (no torch needed); segments are `helpers.store`'s."""
 
 from __future__ import annotations
 
-import random
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from dataclasses import replace
 
 import grpc
-import xxhash
 
-from kvsplice.common.keys import content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 
-FINGERPRINT = "kvfp1-" + "0" * 32
-OTHER_FINGERPRINT = "kvfp1-" + "1" * 32
-NAMESPACE = "tenant-a"
 SERVICE = "kvsplice.v1.SegmentStore"
-
-
-def make_payload(nbytes: int, seed: int = 0) -> bytes:
-    return random.Random(seed).randbytes(nbytes)
-
-
-def make_meta(
-    token_ids: Sequence[int],
-    payload: bytes,
-    *,
-    parent_key: bytes | None = None,
-    start_position: int = 0,
-    namespace: str = NAMESPACE,
-    **fields: object,
-) -> SegmentMeta:
-    """A segment after `parent_key` (the root by default) whose size and checksum fit `payload`."""
-    parent = root_key(FINGERPRINT) if parent_key is None else parent_key
-    tokens = tuple(token_ids)
-    meta = SegmentMeta(
-        namespace=namespace,
-        model_fingerprint=FINGERPRINT,
-        context_key=context_key(parent, tokens),
-        parent_key=parent,
-        content_key=content_key(tokens),
-        token_ids=tokens,
-        start_position=start_position,
-        layer_start=0,
-        layer_end=30,
-        payload_nbytes=len(payload),
-        checksum=xxhash.xxh3_64_intdigest(payload),
-    )
-    return replace(meta, **fields) if fields else meta
 
 
 def closed_port_target() -> str:

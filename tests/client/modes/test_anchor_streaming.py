@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from helpers.kv import random_segment
-from helpers.store_client import FINGERPRINT, NAMESPACE
+from helpers.store import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
 from kvsplice.client.modes.anchor.codec import decode_anchor, encode_base, encode_offsets

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import ExecutionState
@@ -42,14 +43,6 @@ SELECT = "\nSelect the agent whose answer is best. Selected agent id: "
 CONTINUE = "\nUse their answers and answer again."
 # A margin no first token reaches on the tiny model (the knob's upper bound): never kept.
 NEVER_KEPT = 1e9
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

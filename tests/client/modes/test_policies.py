@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from helpers.client import make_loaded
+from helpers.client import store_target as store_target  # fixture
 from helpers.kv import random_segment
 from helpers.text import FakePrompt, make_prompt
 
@@ -17,18 +16,11 @@ from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import context_key, root_key
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
 SYSTEM = "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\nProblem:\n"
 CLOSING = "\nAnswer briefly.<|im_end|>\n<|im_start|>assistant\n"
 QUESTIONS = ("what is two plus two?", "name a prime number")
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from helpers.approx import (
     second_prompt,
 )
 from helpers.kv import random_segment
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from helpers.text import CharTokenizer
 
 from kvsplice.agents.template import Placeholder
@@ -67,15 +68,6 @@ ATOL = 1e-4  # fp32 logits of a plan that computes what dense computes
 QUESTIONS = ("what is two plus two?", "name a prime number above ten")
 NEAR_DUPLICATE = "what is two plus two!"  # as long as QUESTIONS[0], one character apart
 QUESTION_POOL = placeholder_id_of("user_question")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny matmuls on a shared 2-core box: intra-op threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

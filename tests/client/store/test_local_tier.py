@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 from helpers.client import make_loaded
+from helpers.client import store_target as store_target  # fixture
 from helpers.kv import random_segment
-from helpers.store_client import make_meta
+from helpers.store import make_meta
 from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
@@ -91,12 +91,6 @@ def test_pending_entries_are_newer_than_any_listing_until_acked() -> None:
 # The engine: local hits replace fetches, and the sidecar's index stays the authority.
 
 SYSTEM = "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\n"
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 @pytest.fixture(scope="module")

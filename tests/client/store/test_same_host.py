@@ -13,12 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers.store_client import (
-    NAMESPACE,
-    OTHER_FINGERPRINT,
-    make_meta,
-    make_payload,
-)
+from helpers.store import NAMESPACE, OTHER_FINGERPRINT, make_meta, make_payload
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from helpers.store_client import NAMESPACE, make_meta
+from helpers.store import NAMESPACE, make_meta
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig

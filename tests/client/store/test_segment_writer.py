@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 
 import torch
-from helpers.store_client import FINGERPRINT, NAMESPACE
+from helpers.store import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import DirectPuts, SpanRecord

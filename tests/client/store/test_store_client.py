@@ -13,15 +13,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers.store_client import (
-    FINGERPRINT,
-    NAMESPACE,
-    OTHER_FINGERPRINT,
-    closed_port_target,
-    fake_store,
-    make_meta,
-    make_payload,
-)
+from helpers.store import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_meta, make_payload
+from helpers.store_client import closed_port_target, fake_store
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from helpers.store_client import make_meta, make_payload
+from helpers.store import make_meta, make_payload
 
 from kvsplice.client.store.store_wire import (
     SegmentAssembler,
