@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.spans import reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
-from kvsplice.client.modes.shared import DEVIATIONS, blend_rule, plan_position_only
+from kvsplice.client.modes.shared import DEVIATIONS, blend_rule, plan_position_only, reuse_spans
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,6 @@ import torch
 from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.spans import resumed_spans, reuse_spans
 from kvsplice.client.modes.base import (
     CallContext,
     ModeSpec,
@@ -47,7 +46,13 @@ from kvsplice.client.modes.base import (
 )
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
-from kvsplice.client.modes.shared import blend_rule, plan_exact_prefix, same_tokens_segment
+from kvsplice.client.modes.shared import (
+    blend_rule,
+    plan_exact_prefix,
+    resumed_spans,
+    reuse_spans,
+    same_tokens_segment,
+)
 
 logger = logging.getLogger(__name__)
 

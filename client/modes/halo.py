@@ -35,11 +35,10 @@ from kvsplice.client.execute.call_timings import timed
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.layerwise_result import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
-from kvsplice.client.execute.spans import is_reused, replace_spans, reuse_spans
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
-from kvsplice.client.modes.shared import plan_position_only
+from kvsplice.client.modes.shared import is_reused, plan_position_only, replace_spans, reuse_spans
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,11 @@
 
 Owns the exact prefix walk (`plan_exact_prefix`), the two ways of finding K/V captured
 in another context (`question_base`, `same_tokens_segment`), the position-only plan
-built from them (`plan_position_only`: naive's plan, which blend and halo repair), and
-CacheBlend's selective-recompute rule (`blend_rule`, `blend_plan`). Each mode's own
-rules stay in its module; `scripts/check_layers.py` forbids a mode importing another.
+built from them (`plan_position_only`: naive's plan, which blend and halo repair),
+CacheBlend's selective-recompute rule (`blend_rule`, `blend_plan`) and the span
+plumbing of approximate plans (`reuse_spans`, `replace_spans`, `resumed_spans`: which
+layers a span computes, relabelling). Each mode's own rules stay in its module;
+`scripts/check_layers.py` forbids a mode importing another.
 """
 
 from __future__ import annotations
@@ -13,13 +15,21 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.plan import CallPlan, KVPair, SubsetRule, segment_span, tile_spans
+from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.plan import (
+    CallPlan,
+    KVPair,
+    PlanSpan,
+    SubsetRule,
+    segment_span,
+    tile_spans,
+)
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.modes.base import (
     CallContext,
@@ -38,6 +48,7 @@ from kvsplice.common.segment import SegmentMeta
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
+
 
 Deviation = Literal["value", "key"]
 DEVIATIONS: tuple[Deviation, ...] = ("value", "key")
@@ -258,3 +269,82 @@ def blend_plan(
     ]  # fmt: skip
     ids = tuple(int(t) for t in token_ids)
     return CallPlan(ids, tile_spans(len(ids), spans), position_offset, subsets=(rule,))
+
+
+def is_reused(span: PlanSpan) -> bool:
+    """Whether any layer of `span` reads provided K/V instead of computing it."""
+    return span.keys is not None and span.start_layer > 0
+
+
+def reuse_spans(plan: CallPlan, *, approx_start_layer: int, mode: str) -> list[PlanSpan]:
+    """`plan`'s spans with every approximate reuse starting to compute at `approx_start_layer`.
+
+    Exact reuse keeps reading every layer; approximate reuse (num_layers: full
+    reuse; 0: a blend candidate) is relabelled `mode`. Names are "<mode>@<start>".
+    """
+    spans: list[PlanSpan] = []
+    for span in plan.spans:
+        source = span.source
+        if source is None or source.exact:
+            spans.append(span)
+            continue
+        spans.append(replace(
+            span, start_layer=approx_start_layer, source=replace(source, mode=mode),
+            name=f"{mode}@{span.start}",
+        ))  # fmt: skip
+    return spans
+
+
+def replace_spans(
+    plan: CallPlan,
+    spans: Sequence[PlanSpan],
+    *,
+    logits_slots: tuple[int, ...] | None = None,
+) -> CallPlan:
+    """`plan` with new spans: same tokens, offset, subset rules and captures; logits as given."""
+    return CallPlan(
+        plan.token_ids, tuple(spans), plan.position_offset, subsets=plan.subsets,
+        capture_layers=plan.capture_layers,
+        logits_slots=plan.logits_slots if logits_slots is None else logits_slots,
+    )  # fmt: skip
+
+
+def resumed_spans(
+    plan: CallPlan, result: LayerwiseResult, layer: int, *, keep_sources: bool, exact_until: int = 0
+) -> tuple[PlanSpan, ...]:
+    """`plan`'s spans resumed at `layer` from `result`, a run of `plan` that captured `layer`.
+
+    Every span that was computed at `layer` starts there again from its captured state,
+    reading the K/V `result` left below it (in place: Δ 0). With `keep_sources`, the
+    spans with a source (reused ones) also keep the K/V `result` left at and above
+    `layer`, which a subset rule may let stand in, and their source, marked resumed;
+    otherwise they are computed on from `layer` like the rest. Spans that computed no
+    layer at or above `layer` are kept as they are, and so are those ending at or before
+    `exact_until`, read at every layer from `result` (not reused: computed by it), when
+    `result` computed them exactly through every layer (nothing approximate before them).
+    Below `layer` the run was exact when every token was computed there, and so is the
+    resumed plan's.
+    """
+    captured = result.hidden_states.get(layer)
+    if captured is None:
+        raise ValueError(f"the run did not capture layer {layer}")
+    out = []
+    for span in plan.spans:
+        if span.start_layer > layer:
+            out.append(span)
+            continue
+        keys, values = result.kv.read(span.start, span.end)
+        if span.end <= exact_until and span.source is None:
+            done = len(keys)  # every layer of it is exact already: nothing to compute
+            out.append(replace(span, start_layer=done, keys=keys, values=values, delta=0))
+            continue
+        keep = keep_sources and span.source is not None
+        top = keys.shape[0] if keep else layer
+        source = replace(span.source, resumed=True) if keep and span.source else None
+        out.append(
+            replace(
+                span, start_layer=layer, keys=keys[:top], values=values[:top], delta=0,
+                hidden=captured.span(span.start, span.end), source=source,
+            )
+        )  # fmt: skip
+    return tuple(out)

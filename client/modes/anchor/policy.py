@@ -26,7 +26,6 @@ import xxhash
 from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
-from kvsplice.client.execute.spans import replace_spans
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.client.modes.anchor.codec import (
     anchor_id_of,
@@ -59,7 +58,7 @@ from kvsplice.client.modes.base import (
 )
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.modes.risk_gate import classify
-from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix
+from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix, replace_spans
 from kvsplice.client.store.segment_io import SpanRecord, slice_segment
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.kvmath.segment_kv import SegmentKV
