@@ -7,48 +7,33 @@ the prompt and hands it to the engine. Reuse decisions are the engine's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
-import torch
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, QuestionRef
 from kvsplice.agents.render import PlaceholderValue, RenderedPrompt, Tokenizer, render
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import GenerationConfig
-from kvsplice.client.reuse_engine import CallOutcome, ReusedSpan, ReuseEngine
+from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class AgentCall:
-    """One agent's call: what it saw, what it said, and what that cost.
+@dataclass(kw_only=True)
+class AgentCall(CallOutcome):
+    """One agent's call: the engine's `CallOutcome`, and which agent made it with what.
 
-    output_ids exclude the stop token; first_token_logits: [V] float32.
-    ttft_s runs from when the agent had its inputs (before rendering) to its
-    first token; num_reused_tokens / num_prompt_tokens is its token reuse rate.
+    `text` is the decoded answer (special tokens skipped); ttft_s runs from when the
+    agent had its inputs (before rendering) to its first token; num_reused_tokens /
+    num_prompt_tokens is its token reuse rate.
     """
 
     agent_id: str
     round: int
-    mode: str
     prompt: RenderedPrompt
-    output_ids: tuple[int, ...]
-    output_text: str
-    ttft_s: float
-    num_reused_tokens: int
-    reused_spans: tuple[ReusedSpan, ...]
-    first_token_logits: torch.Tensor
-    timings: CallTimings
     generation: GenerationConfig
-    decisions: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.prompt.num_tokens
 
     @property
     def reuse_rate(self) -> float:
@@ -66,7 +51,7 @@ class PipelineTrace:
 
     @property
     def final_answer(self) -> str:
-        return self.calls[-1].output_text
+        return self.calls[-1].text
 
 
 def run_pipeline(
@@ -145,18 +130,8 @@ def _agent_call(
     generation: GenerationConfig,
     tokenizer: Tokenizer,
 ) -> AgentCall:
+    fields = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
+    fields["text"] = tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True)
     return AgentCall(
-        agent_id=step.agent_id,
-        round=step.round,
-        mode=outcome.mode,
-        prompt=prompt,
-        output_ids=outcome.output_ids,
-        output_text=tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True),
-        ttft_s=outcome.ttft_s,
-        num_reused_tokens=outcome.num_reused_tokens,
-        reused_spans=outcome.reused,
-        first_token_logits=outcome.logits_first,
-        timings=outcome.timings,
-        generation=generation,
-        decisions=outcome.decisions,
+        **fields, agent_id=step.agent_id, round=step.round, prompt=prompt, generation=generation
     )

@@ -167,7 +167,7 @@ def trace_records(
     score = sample.workload.score
     return [
         _record(call, position + 1, graph.steps[position].role.name, sample, references,
-                score(sample.problem, call.output_text) if position == last else None)
+                score(sample.problem, call.text) if position == last else None)
         for position, call in enumerate(trace.calls)
     ]  # fmt: skip
 
@@ -186,13 +186,13 @@ def _record(
             references.remember(
                 call.prompt.token_ids,
                 call.generation,
-                call.first_token_logits,
+                call.logits_first,
                 call.output_ids,
                 call.ttft_s,
             )
         reference = references.get(call.prompt, call.generation)
         fidelity, reference_ttft_s = (
-            compare(reference, call.first_token_logits, call.output_ids),
+            compare(reference, call.logits_first, call.output_ids),
             reference.ttft_s,
         )
     return CallRecord(
@@ -206,7 +206,7 @@ def _record(
         max_abs_logit_diff=None if fidelity is None else fidelity.max_abs_logit_diff,
         output_matches=None if fidelity is None else fidelity.output_matches,
         correct=correct, reference_ttft_s=reference_ttft_s, timings_s=call.timings.to_dict(),
-        reused_spans=tuple(asdict(s) for s in call.reused_spans), output_text=call.output_text,
+        reused_spans=tuple(asdict(s) for s in call.reused), output_text=call.text,
         decisions=dict(call.decisions),
     )  # fmt: skip
 

@@ -143,13 +143,13 @@ def summarize(
     kls, agreements = [], []
     for call in calls:
         fidelity = compare(
-            references.get(call.prompt, call.generation), call.first_token_logits, call.output_ids
+            references.get(call.prompt, call.generation), call.logits_first, call.output_ids
         )
         kls.append(fidelity.kl_dense_reuse)
         agreements.append(fidelity.first_token_agrees)
     prompt_tokens = sum(c.num_prompt_tokens for c in calls) or 1
-    layer_tokens = sum(s.num_tokens * s.num_layers for c in calls for s in c.reused_spans)
-    approx_tokens = sum(s.num_tokens for c in calls for s in c.reused_spans if not s.exact)
+    layer_tokens = sum(s.num_tokens * s.num_layers for c in calls for s in c.reused)
+    approx_tokens = sum(s.num_tokens for c in calls for s in c.reused if not s.exact)
     return Measurement(
         candidate=candidate,
         num_calls=len(calls),

@@ -60,7 +60,7 @@ def test_exact_equals_dense_in_every_layout(
     assert [c.prompt.token_ids for c in exact] == [c.prompt.token_ids for c in dense]
     assert [c.output_ids for c in exact] == [c.output_ids for c in dense]
     for reused, reference in zip(exact, dense, strict=True):
-        diff = (reused.first_token_logits - reference.first_token_logits).abs().max()
+        diff = (reused.logits_first - reference.logits_first).abs().max()
         assert float(diff) <= 1e-3
 
 
@@ -74,7 +74,7 @@ def test_transcript_agent_prefills_only_its_own_turn(
             continue
         # everything the previous agent saw and said is an exact hit
         assert call.num_reused_tokens >= previous.num_prompt_tokens + len(previous.output_ids)
-        assert all(span.exact and span.mode == "exact" for span in call.reused_spans)
+        assert all(span.exact and span.mode == "exact" for span in call.reused)
 
 
 def test_layouts_differ_in_reuse_not_in_fidelity(

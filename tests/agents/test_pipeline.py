@@ -50,9 +50,9 @@ def test_chain_trace_passes_answers_as_ids(loaded: LoadedModel) -> None:
         assert span is None or call.prompt.span_ids(span) == expected
     for call in trace.calls:
         assert call.mode == "dense" and call.num_reused_tokens == 0 and call.ttft_s > 0
-        assert call.first_token_logits.shape == (MARKER_BASE + 2,)
+        assert call.logits_first.shape == (MARKER_BASE + 2,)
         assert len(call.output_ids) <= 5 and call.timings.prefill_s > 0
-    assert trace.final_answer == trace.calls[-1].output_text
+    assert trace.final_answer == trace.calls[-1].text
 
 
 def test_ignore_stop_generates_exactly_the_cap(loaded: LoadedModel) -> None:

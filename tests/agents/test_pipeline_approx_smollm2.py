@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers.client import store_target as store_target  # fixture
+from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.agents.graph import chain
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
@@ -23,7 +24,6 @@ from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +50,6 @@ class CallFigures:
     first_token_agrees: bool
     kl_nats: float
     output_ids: tuple[int, ...]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """On the shared 2-core box two intra-op threads made each forward 6x slower (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +93,13 @@ class DenseLogits:
 def measure(call: AgentCall, sample: int, reference: DenseLogits) -> CallFigures:
     dense = reference(call)
     kl = torch.nn.functional.kl_div(
-        call.first_token_logits.log_softmax(-1),
+        call.logits_first.log_softmax(-1),
         dense.log_softmax(-1),
         log_target=True,
         reduction="sum",
     )
-    agrees = int(call.first_token_logits.argmax()) == int(dense.argmax())
-    token_layers = sum(s.num_tokens * s.num_layers for s in call.reused_spans)
+    agrees = int(call.logits_first.argmax()) == int(dense.argmax())
+    token_layers = sum(s.num_tokens * s.num_layers for s in call.reused)
     return CallFigures(
         sample, call.agent_id, call.num_reused_tokens, token_layers, call.num_prompt_tokens,
         agrees, float(kl), call.output_ids,

@@ -64,7 +64,7 @@ def test_exact_mode_equals_dense_and_hits_cached_prompts(
     assert outputs(exact_traces) == outputs(dense_traces)
     for exact_call, dense_call in zip(calls(exact_traces), calls(dense_traces), strict=True):
         assert exact_call.prompt.token_ids == dense_call.prompt.token_ids
-        gap = (exact_call.first_token_logits - dense_call.first_token_logits).abs().max()
+        gap = (exact_call.logits_first - dense_call.logits_first).abs().max()
         assert gap <= 1e-3, f"agent {exact_call.agent_id}: max |Δlogit| {gap}"
     assert all(call.num_reused_tokens > 0 for call in exact_traces[1].calls)
 
@@ -85,9 +85,9 @@ def test_naive_reuses_more_than_exact_and_records_drift(
         reference = (
             dense_call if same_prompt else engine.dense_reference(call.prompt, call.generation)
         )
-        reference_logits = reference.first_token_logits if same_prompt else reference.logits_first
+        reference_logits = reference.logits_first
         kl = torch.nn.functional.kl_div(
-            call.first_token_logits.log_softmax(-1),
+            call.logits_first.log_softmax(-1),
             reference_logits.log_softmax(-1),
             log_target=True,
             reduction="sum",
@@ -96,7 +96,7 @@ def test_naive_reuses_more_than_exact_and_records_drift(
         logger.info(
             "naive agent %s: reuse %.0f%%, KL(dense||naive) %.4f, same first token %s, same output %s",
             call.agent_id, 100 * call.reuse_rate, float(kl),
-            int(call.first_token_logits.argmax()) == int(reference_logits.argmax()),
+            int(call.logits_first.argmax()) == int(reference_logits.argmax()),
             call.output_ids == reference.output_ids,
         )  # fmt: skip
 
