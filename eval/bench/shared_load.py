@@ -56,7 +56,22 @@ def make_segment(
     tokens = tuple(rng.randrange(1, 50_000) for _ in range(num_tokens))
     payload = rng.randbytes(nbytes)
     parent_key = root_key(fingerprint) if parent is None else parent
-    meta = SegmentMeta(
+    meta = chained_meta(namespace, fingerprint, parent_key, tokens, position, payload, 4)
+    return meta, payload
+
+
+def chained_meta(
+    namespace: str,
+    fingerprint: str,
+    parent_key: bytes,
+    tokens: tuple[int, ...],
+    position: int,
+    payload: bytes,
+    num_layers: int,
+) -> SegmentMeta:
+    """A valid segment of `tokens` after `parent_key` at `position`: really chained keys,
+    layers [0, num_layers), `payload`'s size and digest."""
+    return SegmentMeta(
         namespace=namespace,
         model_fingerprint=fingerprint,
         context_key=context_key(parent_key, tokens),
@@ -65,11 +80,10 @@ def make_segment(
         token_ids=tokens,
         start_position=position,
         layer_start=0,
-        layer_end=4,
-        payload_nbytes=nbytes,
+        layer_end=num_layers,
+        payload_nbytes=len(payload),
         checksum=xxhash.xxh3_64_intdigest(payload),
     )
-    return meta, payload
 
 
 def make_chain(

@@ -27,8 +27,9 @@ import xxhash
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.errors import StoreUnavailable
-from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.eval.bench.shared_load import chained_meta
 from kvsplice.eval.bench.store_paths import PathRow, bench_read_paths
 from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
@@ -289,19 +290,7 @@ def make_segment_meta(rng: np.random.Generator, payload: bytes) -> SegmentMeta:
     """A valid segment at position 0: random tokens, really chained keys, `payload`'s digest."""
     tokens = tuple(rng.integers(0, _VOCAB_SIZE, size=_SEGMENT_TOKENS).tolist())
     parent = root_key(BENCH_FINGERPRINT)
-    return SegmentMeta(
-        namespace=BENCH_NAMESPACE,
-        model_fingerprint=BENCH_FINGERPRINT,
-        context_key=context_key(parent, tokens),
-        parent_key=parent,
-        content_key=content_key(tokens),
-        token_ids=tokens,
-        start_position=0,
-        layer_start=0,
-        layer_end=_NUM_LAYERS,
-        payload_nbytes=len(payload),
-        checksum=xxhash.xxh3_64_intdigest(payload),
-    )
+    return chained_meta(BENCH_NAMESPACE, BENCH_FINGERPRINT, parent, tokens, 0, payload, _NUM_LAYERS)
 
 
 def copyto_of(payload: bytes) -> Callable[[], None]:

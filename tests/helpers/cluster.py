@@ -9,12 +9,12 @@ from typing import TypeVar
 
 import grpc
 import httpx
-import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from helpers.store import make_meta
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore
 from kvsplice.storage.config import RedisTierConfig
@@ -39,19 +39,10 @@ def make_chain(
     for _ in range(num_segments):
         tokens = tuple(rng.randrange(1, 50_000) for _ in range(tokens_per_segment))
         payload = rng.randbytes(nbytes)
-        meta = SegmentMeta(
-            namespace=NAMESPACE,
-            model_fingerprint=FINGERPRINT,
-            context_key=context_key(parent, tokens),
-            parent_key=parent,
-            content_key=content_key(tokens),
-            token_ids=tokens,
-            start_position=position,
-            layer_start=0,
-            layer_end=4,
-            payload_nbytes=nbytes,
-            checksum=xxhash.xxh3_64_intdigest(payload),
-        )
+        meta = make_meta(
+            tokens, payload, parent_key=parent, start_position=position,
+            namespace=NAMESPACE, fingerprint=FINGERPRINT, layer_end=4,
+        )  # fmt: skip
         chain.append((meta, payload))
         parent, position = meta.context_key, position + tokens_per_segment
     return chain
