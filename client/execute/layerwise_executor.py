@@ -15,10 +15,9 @@ import torch
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.active import ActiveTokens, TokenSlots
-from kvsplice.client.execute.kv_buffer import KVBuffer
+from kvsplice.client.execute.kv_buffer import KVBuffer, PendingSelection, SlotWriteCache
 from kvsplice.client.execute.layerwise_result import CapturedStates, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, check_fits
-from kvsplice.client.execute.slot_cache import PendingSelection, SlotWriteCache
 from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.model_adapter import DecoderAdapter
 from kvsplice.kvmath.rope import RopeSpec
