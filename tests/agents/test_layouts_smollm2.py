@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
+from helpers.client import store_target as store_target  # fixture
 
 from kvsplice.agents.graph import fully_connected
 from kvsplice.agents.layouts import LAYOUTS
@@ -14,7 +14,6 @@ from kvsplice.agents.roles import code_roles, with_layout
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +22,6 @@ QUESTIONS = (
     'def is_even(n: int) -> bool:\n    """Return True if n is even."""\n',
 )
 MAX_NEW_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 def run_calls(loaded: LoadedModel, layout: str, engine: ReuseEngine) -> list[AgentCall]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from helpers.agents import MARKER_BASE, make_tiny_loaded
+from helpers.client import store_target as store_target  # fixture
 
 from kvsplice.agents.graph import chain, fully_connected
 from kvsplice.agents.pipeline import AgentCall, run_pipeline, stop_token_ids
@@ -13,7 +12,6 @@ from kvsplice.agents.roles import math_roles
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many?"
 
@@ -21,12 +19,6 @@ QUESTION = "Tom has 3 apples and buys 4 more. How many?"
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     return make_tiny_loaded()
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 def test_stop_tokens_are_eos_and_the_turn_end_marker(loaded: LoadedModel) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers.client import store_target as store_target  # fixture
 
 from kvsplice.agents.graph import chain
 from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
@@ -15,7 +15,6 @@ from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +25,6 @@ QUESTIONS = (
     'def is_even(n: int) -> bool:\n    """Return True if n is even."""\n',
 )
 MAX_NEW_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def store_target() -> Iterator[str]:
-    with EmbeddedStore(loopback_config(None)) as store:
-        yield store.target
 
 
 def run_mode(loaded: LoadedModel, mode: str, store: StoreClient | None) -> list[PipelineTrace]:
