@@ -27,8 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
-from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.execute.sampling import TokenPicker

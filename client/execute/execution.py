@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import DynamicCache
 
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.reuse_map import ReuseMap
 
 logger = logging.getLogger(__name__)

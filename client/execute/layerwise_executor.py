@@ -3,26 +3,71 @@
 The general path of `CallExecutor`. Owns the layer loop: pre-fill reused K/V
 (keys rotated by their span's Δ), let spans join at their start layer,
 call each HF decoder layer on the active tokens with an explicit mask and a
-slot-writing cache, apply subset rules, capture states, and compute logits.
-It never decides what to reuse and never re-implements attention.
+slot-writing cache, apply subset rules, capture states, and compute logits; and
+what a run returns (`LayerwiseResult`: logits, the filled K/V buffer, captured
+hidden states). It never decides what to reuse and never re-implements attention.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.active import ActiveTokens, TokenSlots
 from kvsplice.client.execute.kv_buffer import KVBuffer, PendingSelection, SlotWriteCache
-from kvsplice.client.execute.layerwise_result import CapturedStates, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, check_fits
 from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.model_adapter import DecoderAdapter
 from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class CapturedStates:
+    """The residual stream entering one layer, for the tokens computed there.
+
+    slots: ascending prompt slots; states: [len(slots), hidden].
+    """
+
+    slots: tuple[int, ...]
+    states: torch.Tensor
+
+    def span(self, start: int, end: int) -> torch.Tensor:
+        """States of slots [start, end): [end - start, hidden]; ValueError if any was not computed."""
+        try:
+            first = self.slots.index(start)
+        except ValueError:
+            raise ValueError(f"slot {start} was not computed at this layer") from None
+        if self.slots[first : first + end - start] != tuple(range(start, end)):
+            raise ValueError(f"slots [{start}, {end}) were not all computed at this layer")
+        return self.states[first : first + end - start]
+
+
+@dataclass(frozen=True, eq=False)
+class LayerwiseResult:
+    """logits: [len(logits_slots), V] float32, rows in `logits_slots` (ascending) order.
+
+    kv: every slot's K/V at every layer after the run (reused + computed).
+    hidden_states: capture layer -> states of the tokens computed there.
+    kept_slots: check layer -> slots still computed after its subset rule.
+    num_computed: per layer, how many tokens ran through it (FLOPs accounting).
+    """
+
+    logits: torch.Tensor
+    logits_slots: tuple[int, ...]
+    kv: KVBuffer
+    hidden_states: dict[int, CapturedStates]
+    kept_slots: dict[int, tuple[int, ...]]
+    num_computed: tuple[int, ...]
+
+    @property
+    def logits_last(self) -> torch.Tensor:
+        """[V] float32: the highest requested slot's logits (the last prompt token by default)."""
+        return self.logits[-1]
 
 
 class LayerwiseExecutor:

@@ -21,7 +21,7 @@ import torch
 from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import SegmentSink, SpanRecord

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 
 from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.plan import (
     CallPlan,
     KVPair,

@@ -21,8 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.execute.layerwise_result import LayerwiseResult
+from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor, LayerwiseResult
 from kvsplice.client.modes.blend import Params
 from kvsplice.client.modes.shared import (
     DeviationSelector,
