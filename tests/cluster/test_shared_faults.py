@@ -18,8 +18,8 @@ from helpers.cluster import (
     metric,
     readyz,
     shared_config,
-    wait_for,
 )
+from helpers.waiting import wait_for
 
 from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
 from kvsplice.eval.bench.shared_load import LoadRun, LoadSpec, read_back

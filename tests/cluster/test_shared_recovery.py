@@ -17,8 +17,8 @@ from helpers.cluster import (
     make_client,
     readyz,
     shared_config,
-    wait_for,
 )
+from helpers.waiting import wait_for
 
 from kvsplice.eval.bench.shared_load import read_back
 from kvsplice.server.embedded import EmbeddedStore
@@ -48,6 +48,17 @@ def assert_ready_and_complete(sidecar: EmbeddedStore, chain) -> None:
         "SERVING", 200, True
     )  # fmt: skip
     assert found == (768, 24)
+
+
+def put_without_history(start_sidecar, config, chain) -> None:
+    """Put `chain` through a sidecar "a", then drop its namespace's events (trimmed off the
+    stream, say): a sidecar started later learns of it only from the records."""
+    a = start_sidecar("a", config)
+    with make_client(a) as client_a:
+        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
+    shared = a.server.store.shared
+    assert shared.wait_published(5.0)
+    shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
 
 
 def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_chain(
@@ -92,14 +103,8 @@ def test_a_key_the_catalog_never_heard_of_is_read_through_to_the_cluster(
     cluster, key_prefix, start_sidecar
 ) -> None:
     config = shared_config(cluster.url, key_prefix)
-    a = start_sidecar("a", config)
     chain = make_chain(3, seed=26)
-    with make_client(a) as client_a:
-        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
-    shared = a.server.store.shared
-    assert shared.wait_published(5.0)
-    # the events are gone (trimmed past, say): only the records tell
-    shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
+    put_without_history(start_sidecar, config, chain)
     c = start_sidecar("c", config)
     keys = [segment_key(NAMESPACE, meta.context_key) for meta, _ in chain]
     assert [c.server.store.get_meta(NAMESPACE, m.context_key) for m, _ in chain] == [None] * 3
@@ -119,14 +124,8 @@ def test_a_lookup_past_what_the_index_knows_reads_the_chain_through_from_the_clu
     cluster, key_prefix, start_sidecar
 ) -> None:
     config = shared_config(cluster.url, key_prefix)
-    a = start_sidecar("a", config)
     chain = make_chain(24, tokens_per_segment=32, seed=27)
-    with make_client(a) as client_a:
-        assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
-    shared = a.server.store.shared
-    assert shared.wait_published(5.0)
-    # no event will ever tell c of the chain (trimmed off the stream, say)
-    shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
+    put_without_history(start_sidecar, config, chain)
     c = start_sidecar("c", config)
     own = make_chain(1, tokens_per_segment=32, seed=28)  # c's workers chunk by 32 tokens too
     with make_client(c) as client_c:

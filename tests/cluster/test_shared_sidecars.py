@@ -14,8 +14,8 @@ from helpers.cluster import (
     make_client,
     readyz,
     shared_config,
-    wait_for,
 )
+from helpers.waiting import wait_for
 
 from kvsplice.storage.keyspace import segment_key
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import grpc
 import httpx
@@ -21,7 +19,6 @@ from kvsplice.storage.config import RedisTierConfig
 
 FINGERPRINT = "kvfp1-" + "c" * 32
 NAMESPACE = "tenant-shared"
-T = TypeVar("T")
 
 
 def shared_config(url: str, key_prefix: str, cluster: bool = True) -> RedisTierConfig:
@@ -55,18 +52,6 @@ def chain_tokens(chain: Sequence[tuple[SegmentMeta, bytes]]) -> list[int]:
 def make_client(sidecar: EmbeddedStore) -> StoreClient:
     config = StoreClientConfig(lookup_timeout_s=2.0, get_timeout_s=5.0, put_timeout_s=5.0)
     return StoreClient(sidecar.target, NAMESPACE, config=config)
-
-
-def wait_for(probe: Callable[[], T], accept: Callable[[T], bool], timeout_s: float) -> T:
-    """`probe()` until `accept` takes its value (returned) or `timeout_s` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not accepted within {timeout_s} s: {value!r}")
-        time.sleep(0.02)
 
 
 def readyz(sidecar: EmbeddedStore) -> tuple[int, dict]:
