@@ -29,6 +29,7 @@ from kvsplice.client.model.packaged_models import (
     PackagedModel,
     assemble_gguf,
 )
+from kvsplice.common.file_digest import file_hexdigest
 from kvsplice.common.layout import KV_DTYPES, KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -165,7 +166,7 @@ def converted_model_dir(packaged: PackagedModel, cache_dir: Path) -> Path:
     """
     if packaged.sha256 is None:
         gguf = packaged.part_paths()[0]
-        target = cache_dir / f"{packaged.slug}-{_file_digest(gguf)}"
+        target = cache_dir / f"{packaged.slug}-{file_hexdigest(gguf, xxhash.xxh3_64())}"
         if not (target / "config.json").is_file():
             _convert_gguf(gguf, target)
         return target
@@ -175,14 +176,6 @@ def converted_model_dir(packaged: PackagedModel, cache_dir: Path) -> Path:
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.gguf.", dir=cache_dir) as tmp:
             _convert_gguf(assemble_gguf(packaged, Path(tmp)), target)
     return target
-
-
-def _file_digest(path: Path) -> str:
-    hasher = xxhash.xxh3_64()
-    with path.open("rb") as f:
-        for chunk in iter(functools.partial(f.read, 1 << 24), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

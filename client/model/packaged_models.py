@@ -9,13 +9,14 @@ is the Makefile's (`make qwen`); converting a GGUF to safetensors is `models`'.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvsplice.common.file_digest import file_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +110,6 @@ def _package_file(package: str, relative: str, model: PackagedModel) -> Path:
     return path
 
 
-def file_sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(functools.partial(f.read, 1 << 24), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
 def assemble_gguf(model: PackagedModel, directory: Path) -> Path:
     """`model`'s parts concatenated in order into `directory/model.gguf_name`, sha256-checked.
 
@@ -133,10 +126,9 @@ def assemble_gguf(model: PackagedModel, directory: Path) -> Path:
         tmp = Path(out.name)
         try:
             for part in parts:
-                with part.open("rb") as f:
-                    for chunk in iter(functools.partial(f.read, 1 << 24), b""):
-                        hasher.update(chunk)
-                        out.write(chunk)
+                for chunk in file_chunks(part):
+                    hasher.update(chunk)
+                    out.write(chunk)
         except BaseException:
             tmp.unlink()
             raise

@@ -8,7 +8,6 @@ restart does not hash gigabytes again. Knows nothing of vLLM's objects or of tor
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from typing import Any
 
 import xxhash
 
+from kvsplice.common.file_digest import file_hexdigest
 from kvsplice.common.fingerprint import FingerprintParts, canonical_json, compute_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -93,11 +93,7 @@ def _files_digest(model_dir: Path, names: tuple[str, ...]) -> str:
 
 
 def _file_digest(path: Path) -> str:
-    hasher = xxhash.xxh3_128()
-    with path.open("rb") as f:
-        for chunk in iter(functools.partial(f.read, 1 << 24), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
+    return file_hexdigest(path, xxhash.xxh3_128())
 
 
 class _DigestCache:
