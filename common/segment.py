@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from kvsplice.common.fingerprint import is_fingerprint
-from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID
+from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key
 
 # fullmatch, never `$`: `$` also matches before a trailing newline ("ns\n").
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -119,3 +120,30 @@ class SegmentMeta:
     def end_position(self) -> int:
         """Position right after the segment's last token."""
         return self.start_position + len(self.token_ids)
+
+
+def chained_meta(
+    namespace: str,
+    fingerprint: str,
+    parent_key: bytes,
+    token_ids: Sequence[int],
+    start_position: int,
+    layer_end: int,
+    **fields: Any,
+) -> SegmentMeta:
+    """The meta of `token_ids` stored after `parent_key` at `start_position`, layers
+    [0, `layer_end`): its context key chains off `parent_key`, its content key names the
+    tokens; `fields` set the rest (payload size and checksum, left tail, text, kind, ...)."""
+    tokens = tuple(token_ids)
+    return SegmentMeta(
+        namespace=namespace,
+        model_fingerprint=fingerprint,
+        context_key=context_key(parent_key, tokens),
+        parent_key=parent_key,
+        content_key=content_key(tokens),
+        token_ids=tokens,
+        start_position=start_position,
+        layer_start=0,
+        layer_end=layer_end,
+        **fields,
+    )

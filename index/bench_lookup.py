@@ -15,8 +15,8 @@ from functools import partial
 
 import numpy as np
 
-from kvsplice.common.keys import content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.common.keys import root_key
+from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityConfig, SimilarityIndex
 
@@ -106,24 +106,13 @@ def _make_chain(
     chain = []
     for start in range(0, len(tokens), segment_tokens):
         span = tokens[start : start + segment_tokens]
-        key = context_key(parent, span)
         text = _segment_text(rng, vocabulary, segment_tokens) if with_text else ""
-        chain.append(
-            SegmentMeta(
-                namespace=BENCH_NAMESPACE,
-                model_fingerprint=BENCH_FINGERPRINT,
-                context_key=key,
-                parent_key=parent,
-                content_key=content_key(span),
-                token_ids=span,
-                start_position=start,
-                layer_start=0,
-                layer_end=30,
-                left_tail_ids=tokens[max(0, start - 256) : start],
-                index_text=text,
-            )
-        )
-        parent = key
+        meta = chained_meta(
+            BENCH_NAMESPACE, BENCH_FINGERPRINT, parent, span, start, 30,
+            left_tail_ids=tokens[max(0, start - 256) : start], index_text=text,
+        )  # fmt: skip
+        chain.append(meta)
+        parent = meta.context_key
     return chain
 
 

@@ -30,12 +30,11 @@ from typing import Any
 
 import grpc
 import httpx
-import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests
-from kvsplice.common.keys import content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.client.store.store_wire import meta_to_header, put_requests, with_payload_digest
+from kvsplice.common.keys import root_key
+from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME
@@ -59,13 +58,8 @@ def bearer(namespace: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def segment(namespace: str, tokens: tuple[int, ...], payload: bytes, **extra: Any) -> SegmentMeta:
-    parent = root_key(FINGERPRINT)
-    return SegmentMeta(
-        namespace=namespace, model_fingerprint=FINGERPRINT, context_key=context_key(parent, tokens),
-        parent_key=parent, content_key=content_key(tokens), token_ids=tokens, start_position=0,
-        layer_start=0, layer_end=30, payload_nbytes=len(payload),
-        checksum=xxhash.xxh3_64_intdigest(payload), **extra,
-    )  # fmt: skip
+    meta = chained_meta(namespace, FINGERPRINT, root_key(FINGERPRINT), tokens, 0, 30, **extra)
+    return with_payload_digest(meta, payload)
 
 
 class Sidecar:

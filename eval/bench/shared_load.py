@@ -13,12 +13,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import xxhash
-
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.common.keys import content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.client.store.store_wire import with_payload_digest
+from kvsplice.common.keys import root_key
+from kvsplice.common.segment import SegmentMeta, chained_meta
 
 OPS = ("get", "lookup", "put")
 Segment = tuple[SegmentMeta, bytes]
@@ -56,34 +55,8 @@ def make_segment(
     tokens = tuple(rng.randrange(1, 50_000) for _ in range(num_tokens))
     payload = rng.randbytes(nbytes)
     parent_key = root_key(fingerprint) if parent is None else parent
-    meta = chained_meta(namespace, fingerprint, parent_key, tokens, position, payload, 4)
-    return meta, payload
-
-
-def chained_meta(
-    namespace: str,
-    fingerprint: str,
-    parent_key: bytes,
-    tokens: tuple[int, ...],
-    position: int,
-    payload: bytes,
-    num_layers: int,
-) -> SegmentMeta:
-    """A valid segment of `tokens` after `parent_key` at `position`: really chained keys,
-    layers [0, num_layers), `payload`'s size and digest."""
-    return SegmentMeta(
-        namespace=namespace,
-        model_fingerprint=fingerprint,
-        context_key=context_key(parent_key, tokens),
-        parent_key=parent_key,
-        content_key=content_key(tokens),
-        token_ids=tokens,
-        start_position=position,
-        layer_start=0,
-        layer_end=num_layers,
-        payload_nbytes=len(payload),
-        checksum=xxhash.xxh3_64_intdigest(payload),
-    )
+    meta = chained_meta(namespace, fingerprint, parent_key, tokens, position, 4)
+    return with_payload_digest(meta, payload), payload
 
 
 def make_chain(

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import numpy as np
-import xxhash
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import root_key
-from kvsplice.common.segment import SegmentMeta
-from kvsplice.eval.bench.shared_load import chained_meta
+from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.eval.bench.store_paths import PathRow, bench_read_paths
 from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
@@ -290,7 +289,8 @@ def make_segment_meta(rng: np.random.Generator, payload: bytes) -> SegmentMeta:
     """A valid segment at position 0: random tokens, really chained keys, `payload`'s digest."""
     tokens = tuple(rng.integers(0, _VOCAB_SIZE, size=_SEGMENT_TOKENS).tolist())
     parent = root_key(BENCH_FINGERPRINT)
-    return chained_meta(BENCH_NAMESPACE, BENCH_FINGERPRINT, parent, tokens, 0, payload, _NUM_LAYERS)
+    meta = chained_meta(BENCH_NAMESPACE, BENCH_FINGERPRINT, parent, tokens, 0, _NUM_LAYERS)
+    return with_payload_digest(meta, payload)
 
 
 def copyto_of(payload: bytes) -> Callable[[], None]:
@@ -394,8 +394,7 @@ def _lookup_store(
 
 def _lookup_payload(meta: SegmentMeta) -> tuple[SegmentMeta, bytes]:
     payload = meta.context_key * (_LOOKUP_PAYLOAD_NBYTES // len(meta.context_key))
-    digest = xxhash.xxh3_64_intdigest(payload)
-    return replace(meta, payload_nbytes=len(payload), checksum=digest), payload
+    return with_payload_digest(meta, payload), payload
 
 
 def _put_all(target: str, metas: Sequence[SegmentMeta]) -> None:

@@ -13,8 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kvsplice.common.keys import content_key, context_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.common.segment import chained_meta
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import SaveSpec
 from kvsplice.kvmath.payload import encode_payload
@@ -92,20 +91,10 @@ class ChunkPutter:
 
     def _put(self, chunk: GatheredChunk) -> None:
         spec = chunk.spec
-        meta = SegmentMeta(
-            namespace=spec.namespace,
-            model_fingerprint=self.fingerprint,
-            context_key=context_key(spec.parent_key, spec.token_ids),
-            parent_key=spec.parent_key,
-            content_key=content_key(spec.token_ids),
-            token_ids=spec.token_ids,
-            start_position=spec.start,
-            layer_start=0,
-            layer_end=chunk.kv.num_layers,
-            created_at_s=time.time(),
-            kind="prompt",
-            exact=True,
-        )
+        meta = chained_meta(
+            spec.namespace, self.fingerprint, spec.parent_key, spec.token_ids, spec.start,
+            chunk.kv.num_layers, created_at_s=time.time(), kind="prompt", exact=True,
+        )  # fmt: skip
         payload = encode_payload(chunk.kv, model_fingerprint=self.fingerprint, quant=self.quant)
         if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
             self.counters.num_put += 1

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import xxhash
 
 from kvsplice.cli import main
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_types import PrefixLookup
-from kvsplice.common.keys import content_key, context_key, root_key
+from kvsplice.client.store.store_wire import with_payload_digest
+from kvsplice.common.keys import root_key
 from kvsplice.common.reuse_report import ReusedRun
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 FINGERPRINT = "kvfp1-" + "0" * 32
@@ -23,13 +23,8 @@ NAMESPACE = "tenant-a"
 
 
 def make_meta(tokens: tuple[int, ...], payload: bytes) -> SegmentMeta:
-    parent = root_key(FINGERPRINT)
-    return SegmentMeta(
-        namespace=NAMESPACE, model_fingerprint=FINGERPRINT,
-        context_key=context_key(parent, tokens), parent_key=parent, content_key=content_key(tokens),
-        token_ids=tokens, start_position=0, layer_start=0, layer_end=30,
-        payload_nbytes=len(payload), checksum=xxhash.xxh3_64_intdigest(payload),
-    )  # fmt: skip
+    meta = chained_meta(NAMESPACE, FINGERPRINT, root_key(FINGERPRINT), tokens, 0, 30)
+    return with_payload_digest(meta, payload)
 
 
 @pytest.fixture

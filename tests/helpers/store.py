@@ -6,10 +6,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-import xxhash
-
-from kvsplice.common.keys import content_key, context_key, root_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.client.store.store_wire import with_payload_digest
+from kvsplice.common.keys import root_key
+from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server.config import SegmentServiceConfig
@@ -38,21 +37,8 @@ def make_meta(
 ) -> SegmentMeta:
     """A segment after `parent_key` (the root by default) whose size and checksum fit `payload`."""
     parent = root_key(fingerprint) if parent_key is None else parent_key
-    tokens = tuple(token_ids)
-    meta = SegmentMeta(
-        namespace=namespace,
-        model_fingerprint=fingerprint,
-        context_key=context_key(parent, tokens),
-        parent_key=parent,
-        content_key=content_key(tokens),
-        token_ids=tokens,
-        start_position=start_position,
-        layer_start=0,
-        layer_end=30,
-        payload_nbytes=len(payload),
-        checksum=xxhash.xxh3_64_intdigest(payload),
-    )
-    return replace(meta, **fields) if fields else meta
+    meta = chained_meta(namespace, fingerprint, parent, token_ids, start_position, 30)
+    return replace(with_payload_digest(meta, payload), **fields)
 
 
 def make_chain(
