@@ -296,15 +296,15 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
 
 def print_report(report: dict[str, Any], console: Any) -> None:
     """The per-agent TTFT table and agent 5's ratios against recompute and local-apc."""
-    from rich.table import Table
+    from kvsplice.eval.report.tables import figures_table
 
     rows = {row["name"]: row for row in report["configs"]}
     base = rows["recompute"]["agent_ttft_s"][-1]
     apc = rows["local-apc"]["agent_ttft_s"][-1] if "local-apc" in rows else None
-    table = Table(title="bench vllm: TTFT per agent (s); agent 5 vs recompute / vs local-apc")
-    for column in ("config", "a1", "a2", "a3", "a4", "a5", "vs rec", "vs apc", "hit tok",
-                   "match", "B/tok"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "config" else "right")
+    columns = ("config", "a1", "a2", "a3", "a4", "a5", "vs rec", "vs apc", "hit tok",
+               "match", "B/tok")  # fmt: skip
+    title = "bench vllm: TTFT per agent (s); agent 5 vs recompute / vs local-apc"
+    table = figures_table(columns, ("config",), title=title)
     for name, row in rows.items():
         ttft = row["agent_ttft_s"]
         bpt = row["stored_bytes_per_token"]

@@ -38,6 +38,7 @@ from kvsplice.eval.measure.calibrate_probes import (
 from kvsplice.eval.measure.fidelity import DenseReferences
 from kvsplice.eval.measure.judge_probes import JudgeProbe, JudgeThresholds, probe_judge_modes
 from kvsplice.eval.measure.route_costs import measure_cost_model
+from kvsplice.eval.report.tables import figures_table
 from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, JudgeExample, load_judge_data
 from kvsplice.eval.workloads.math_problems import MathWorkload
 from kvsplice.eval.workloads.workload import Workload
@@ -260,9 +261,7 @@ def render_calibration(result: CalibrationResult) -> Table:
     """One row per probed (mode, parameter); ✓ marks the parameter admitted for its mode."""
     t = result.thresholds
     bounds = f"mean KL ≤ {t.max_mean_kl} nats, agreement ≥ {t.min_first_token_agreement}"
-    table = Table(title=f"calibration (admit: {bounds})")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("mode", "parameter") else "right")
+    table = figures_table(COLUMNS, ("mode", "parameter"), title=f"calibration (admit: {bounds})")
     for m in result.measurements:
         admitted = "✓" if result.chosen.get(m.mode) is m else ("pass" if t.passes(m) else "✗")
         table.add_row(
@@ -277,9 +276,9 @@ JUDGE_COLUMNS = ("mode", "candidate (guard off)", "probes", "JCR unguarded", "ma
 
 def render_judge_probes(result: CalibrationResult) -> Table:
     """One row per judge-mode candidate; ✓ marks the one admitted for judges."""
-    table = Table(title="judge probes (admit for judges: guarded JCR ≥ bar, some reuse)")
-    for column in JUDGE_COLUMNS:
-        table.add_column(column, justify="left" if column.startswith(("mode", "cand")) else "right")
+    labels = [c for c in JUDGE_COLUMNS if c.startswith(("mode", "cand"))]
+    title = "judge probes (admit for judges: guarded JCR ≥ bar, some reuse)"
+    table = figures_table(JUDGE_COLUMNS, labels, title=title)
     best = select_judge(result.judge_probes)
     for p in result.judge_probes:
         admitted = "✓" if p is best else ("pass" if p.admitted else "✗")

@@ -25,6 +25,7 @@ from kvsplice.eval.bench.store import (
     os_load,
 )
 from kvsplice.eval.bench.store_paths import PathRow
+from kvsplice.eval.report.tables import figures_table
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +41,15 @@ def render_store_bench(result: StoreBenchResult) -> list[RenderableType]:
 
 
 def render_paths(rows: Sequence[PathRow]) -> Table:
-    table = Table(
+    table = figures_table(
+        ("path", "MiB", "ms", "MB/s", "vs copyto", "target"), ("path",),
         title="kvsplice bench store: StoreClient.get_segment by read path (sidecar in another process)",
         caption=(
             "same-host = read in place from the sidecar's LMDB (checksummed, no copy); "
             "grpc = the same read forced over loopback gRPC, as from another host. "
             "copyto = numpy.copyto of the same bytes in the same run. MB = 10^6 bytes."
         ),
-    )
-    for column in ("path", "MiB", "ms", "MB/s", "vs copyto", "target"):
-        table.add_column(column, justify="left" if column == "path" else "right")
+    )  # fmt: skip
     for row in rows:
         table.add_row(
             row.path, str(row.size_mib), f"{row.seconds * 1e3:.2f}", f"{row.mb_per_s:.0f}",
@@ -62,16 +62,15 @@ def render_transfers(result: StoreBenchResult) -> Table:
     sync = (
         "sync on: fsync per commit, the durable default" if result.config.lmdb_sync else "sync off"
     )
-    table = Table(
+    table = figures_table(
+        ("tier", "op", "MiB", "ms", "MB/s", "copyto MB/s", "vs copyto", "target"), ("tier", "op"),
         title=f"kvsplice bench store: put/get over loopback gRPC (median of {result.config.repeats})",
         caption=(
             f"memory = memory tier alone; lmdb = LMDB tier alone ({sync}), every get reads LMDB. "
             f"Target: get >= {GET_TARGET_MB_S:.0f} MB/s at {GET_TARGET_SIZE_MIB} MiB "
             f"(stretch {GET_STRETCH_MB_S:.0f}). MB = 10^6 bytes."
         ),
-    )
-    for column in ("tier", "op", "MiB", "ms", "MB/s", "copyto MB/s", "vs copyto", "target"):
-        table.add_column(column, justify="left" if column in ("tier", "op") else "right")
+    )  # fmt: skip
     for row in result.transfers:
         table.add_row(
             row.tier, row.operation, str(row.size_mib), f"{row.seconds * 1e3:.1f}",
@@ -82,16 +81,16 @@ def render_transfers(result: StoreBenchResult) -> Table:
 
 
 def render_lookups(rows: Sequence[LookupRow]) -> Table:
-    table = Table(
+    columns = ("path", "kind", "segments", "populated via", "populate s", "p50 ms",
+               "p99 ms", "cpu p99 ms", "hits", "target", "on cpu")  # fmt: skip
+    table = figures_table(
+        columns, ("path", "kind"),
         title="kvsplice bench store: lookup latency per query",
         caption=(
             "in-process = the index alone; grpc = StoreClient end to end. cpu = CPU time per "
             "query (grpc: client + server threads), free of preemption. Targets stated at 100k."
         ),
-    )
-    for column in ("path", "kind", "segments", "populated via", "populate s", "p50 ms",
-                   "p99 ms", "cpu p99 ms", "hits", "target", "on cpu"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("path", "kind") else "right")
+    )  # fmt: skip
     for row in rows:
         table.add_row(
             row.path, row.kind, f"{row.num_segments:,}", row.populated_via,
