@@ -12,12 +12,22 @@ import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 
 from kvsplice.proto import store_pb2 as pb
 
 SLACK_NBYTES = 1 << 20
+SERVICE = "bench.Transport"
+# method -> (cardinality, request type, response type): the server and the client both build
+# their side from this one table.
+METHODS: dict[str, tuple[str, Any, Any]] = {
+    "UnaryPut": ("unary_unary", pb.PutSegmentRequest, pb.PutSegmentResponse),
+    "StreamPut": ("stream_unary", pb.PutSegmentRequest, pb.PutSegmentResponse),
+    "UnaryGet": ("unary_unary", pb.GetSegmentRequest, pb.GetSegmentResponse),
+    "StreamGet": ("unary_stream", pb.GetSegmentRequest, pb.GetSegmentResponse),
+}
 
 
 def _handlers(payloads: dict[int, bytes], chunk_nbytes: int) -> grpc.GenericRpcHandler:
@@ -40,23 +50,27 @@ def _handlers(payloads: dict[int, bytes], chunk_nbytes: int) -> grpc.GenericRpcH
         for start in range(0, len(data), chunk_nbytes):
             yield pb.GetSegmentResponse(chunk=bytes(data[start : start + chunk_nbytes]))
 
-    put_kw = {
-        "request_deserializer": pb.PutSegmentRequest.FromString,
-        "response_serializer": pb.PutSegmentResponse.SerializeToString,
+    impls = {"UnaryPut": unary_put, "StreamPut": stream_put, "UnaryGet": unary_get,
+             "StreamGet": stream_get}  # fmt: skip
+    handlers = {
+        name: getattr(grpc, f"{kind}_rpc_method_handler")(
+            impls[name],
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+        for name, (kind, request, response) in METHODS.items()
     }
-    get_kw = {
-        "request_deserializer": pb.GetSegmentRequest.FromString,
-        "response_serializer": pb.GetSegmentResponse.SerializeToString,
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def _callables(channel: grpc.Channel) -> dict[str, Any]:
+    """A client callable per `METHODS` entry, by method name."""
+    return {
+        name: getattr(channel, kind)(
+            f"/{SERVICE}/{name}", request.SerializeToString, response.FromString
+        )
+        for name, (kind, request, response) in METHODS.items()
     }
-    return grpc.method_handlers_generic_handler(
-        "bench.Transport",
-        {
-            "UnaryPut": grpc.unary_unary_rpc_method_handler(unary_put, **put_kw),
-            "StreamPut": grpc.stream_unary_rpc_method_handler(stream_put, **put_kw),
-            "UnaryGet": grpc.unary_unary_rpc_method_handler(unary_get, **get_kw),
-            "StreamGet": grpc.unary_stream_rpc_method_handler(stream_get, **get_kw),
-        },
-    )
 
 
 def _serve(
@@ -116,26 +130,9 @@ def main() -> None:
     thread.start()
     ready.wait()
     channel = grpc.insecure_channel(f"127.0.0.1:{port[0]}", options=options)
-    unary_put = channel.unary_unary(
-        "/bench.Transport/UnaryPut",
-        pb.PutSegmentRequest.SerializeToString,
-        pb.PutSegmentResponse.FromString,
-    )
-    stream_put = channel.stream_unary(
-        "/bench.Transport/StreamPut",
-        pb.PutSegmentRequest.SerializeToString,
-        pb.PutSegmentResponse.FromString,
-    )
-    unary_get = channel.unary_unary(
-        "/bench.Transport/UnaryGet",
-        pb.GetSegmentRequest.SerializeToString,
-        pb.GetSegmentResponse.FromString,
-    )
-    stream_get = channel.unary_stream(
-        "/bench.Transport/StreamGet",
-        pb.GetSegmentRequest.SerializeToString,
-        pb.GetSegmentResponse.FromString,
-    )
+    calls = _callables(channel)
+    unary_put, stream_put = calls["UnaryPut"], calls["StreamPut"]
+    unary_get, stream_get = calls["UnaryGet"], calls["StreamGet"]
     print(f"chunk {args.chunk_mib} MiB, median of {args.reps}")
     print(
         f"{'MiB':>4} {'unary put':>10} {'stream put':>11} {'unary get':>10} {'stream get':>11}  (ms)"
