@@ -33,6 +33,32 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def spawn_redis(port: int, directory: Path, *flags: str) -> subprocess.Popen:
+    """A private redis-server on 127.0.0.1:`port` that persists nothing (its files, if any, in
+    `directory`), with `flags` added; quiet. The caller kills it."""
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+    command += ["--save", "", "--appendonly", "no", "--dir", str(directory), *flags]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def redis_client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+
+def wait_ping(port: int, timeout_s: float) -> None:
+    """Until the redis-server on `port` answers PING; its `ConnectionError` past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    with redis_client(port) as client:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+
 def free_port_run(count: int, low: int = 21000, high: int = 45000) -> int:
     """The first port of `count` consecutive free ports whose bus ports are free too."""
     start = low + (os.getpid() * 37) % (high - low)
@@ -82,7 +108,7 @@ class LocalCluster:
         for port in self.ports:
             self._spawn(port)
         for port in self.ports:
-            self._wait_ping(port, timeout_s)
+            wait_ping(port, timeout_s)
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
         replicas = ["--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"]
         subprocess.run(
@@ -138,7 +164,7 @@ class LocalCluster:
     def restart(self, port: int, timeout_s: float = 30.0) -> None:
         """Start a killed node again (it rejoins with its nodes.conf, as a replica)."""
         self._spawn(port)
-        self._wait_ping(port, timeout_s)
+        wait_ping(port, timeout_s)
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         """Until every live node reports cluster_state:ok, all slots are served and every
@@ -157,34 +183,15 @@ class LocalCluster:
     def _spawn(self, port: int) -> None:
         directory = self.workdir / str(port)
         directory.mkdir(parents=True, exist_ok=True)
-        command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
-        command += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        command += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+        flags = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        flags += ["--cluster-node-timeout", str(self.node_timeout_ms)]
         # Other masters keep serving their slots while one is down (failover window).
-        command += ["--cluster-require-full-coverage", "no"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(directory)]
-        self.processes[port] = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-
-    def _client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
-
-    def _wait_ping(self, port: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._client(port) as client:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
+        flags += ["--cluster-require-full-coverage", "no"]
+        self.processes[port] = spawn_redis(port, directory, *flags)
 
     def _state_ok(self, port: int) -> bool:
         try:
-            with self._client(port) as client:
+            with redis_client(port) as client:
                 info = client.execute_command("CLUSTER", "INFO")
         except redis.RedisError:
             return False
@@ -195,7 +202,7 @@ class LocalCluster:
 
     def _synced(self, port: int) -> bool:
         try:
-            with self._client(port) as client:
+            with redis_client(port) as client:
                 info = client.info("replication")
         except redis.RedisError:
             return False
@@ -204,7 +211,7 @@ class LocalCluster:
     def _nodes_lines(self) -> list[str]:
         for port in self._live_ports():
             try:
-                with self._client(port) as client:
+                with redis_client(port) as client:
                     raw = client.execute_command("CLUSTER", "NODES")
             except redis.RedisError:
                 continue

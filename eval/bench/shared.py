@@ -31,7 +31,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
+from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run, spawn_redis, wait_ping
 from kvsplice.eval.bench.shared_load import OPS, LoadRun, LoadSpec, OpStats, make_chain, read_back
 
 logger = logging.getLogger(__name__)
@@ -157,9 +157,8 @@ def scenario_sharing(workdir: Path) -> dict:
 
 def scenario_hang(workdir: Path, pause_s: float = 8.0) -> dict:
     port = free_port_run(1)
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    redis = subprocess.Popen([*command, "--dir", str(workdir)], stdout=subprocess.DEVNULL)
-    LocalCluster(workdir)._wait_ping(port, 10.0)
+    redis = spawn_redis(port, workdir)
+    wait_ping(port, 10.0)
     chain = make_chain(NAMESPACE, FINGERPRINT, 16, 64, 64 * 1024, seed=2)
     try:
         with sidecars(workdir, f"redis://127.0.0.1:{port}/0", False, ["h"]) as (sidecar,):

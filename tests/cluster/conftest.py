@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
+from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run, spawn_redis, wait_ping
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig, RedisTierConfig
 
@@ -69,11 +69,8 @@ def start_sidecar(tmp_path: Path) -> Iterator[SidecarFactory]:
 def single_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
     """A private non-cluster redis-server (for hang tests: SIGSTOP pauses all of it)."""
     port = free_port_run(1)
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    process = subprocess.Popen(
-        [*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    LocalCluster(tmp_path)._wait_ping(port, 10.0)
+    process = spawn_redis(port, tmp_path)
+    wait_ping(port, 10.0)
     yield process, port
     process.kill()
     process.wait(timeout=10)

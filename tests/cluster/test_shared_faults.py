@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from helpers.cluster import (
 )
 from helpers.waiting import wait_for
 
-from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run
+from kvsplice.eval.bench.local_cluster import free_port_run, spawn_redis, wait_ping
 from kvsplice.eval.bench.shared_load import LoadRun, LoadSpec, read_back
 
 pytestmark = pytest.mark.redis
@@ -128,10 +127,9 @@ def test_redis_unreachable_at_start_starts_degraded_and_shares_once_it_appears(
     with make_client(a) as client_a:
         assert all(client_a.put_segment(m, p) for m, p in chain)
         assert read_back([a.target], NAMESPACE, chain) == 0  # served locally meanwhile
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    process = subprocess.Popen([*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    process = spawn_redis(port, tmp_path)
     try:
-        LocalCluster(tmp_path)._wait_ping(port, 10.0)
+        wait_ping(port, 10.0)
         assert a.server.store.shared.wait_published(10.0)
         assert readyz(a)[1]["shared_tier"]["state"] == "connected"
         b = start_sidecar("b", config)

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from kvsplice.common.errors import ResourceExhausted, StoreUnavailable
+from kvsplice.eval.bench.local_cluster import spawn_redis, wait_ping
 from kvsplice.storage.config import RedisTierConfig
 from kvsplice.storage.redis_tier import RedisTier, escape_glob
 
@@ -34,32 +35,15 @@ def start_redis(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen
 
     def start(*extra: str) -> tuple[subprocess.Popen, int]:
         port = free_port()
-        command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(tmp_path), *extra]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = spawn_redis(port, tmp_path, *extra)
         started.append(process)
-        wait_until_up(port)
+        wait_ping(port, timeout_s=10)
         return process, port
 
     yield start
     for process in started:
         process.kill()
         process.wait(timeout=10)
-
-
-def wait_until_up(port: int) -> None:
-    client = redis.Redis(port=port, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-        finally:
-            client.close()
 
 
 def make_tier(port: int, **kwargs) -> RedisTier:
@@ -101,10 +85,9 @@ def test_an_unreachable_server_starts_degraded_and_connects_when_it_appears(
     # fails fast while degraded: the open breaker refuses the call, no connection tried
     with pytest.raises(StoreUnavailable, match="is degraded"):
         tier.get(b"k")
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    process = subprocess.Popen([*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    process = spawn_redis(port, tmp_path)
     try:
-        wait_until_up(port)
+        wait_ping(port, timeout_s=10)
         deadline = time.monotonic() + 5
         while tier.connection.breaker.is_open() and time.monotonic() < deadline:
             time.sleep(0.02)
