@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -10,6 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from helpers.text import CharTokenizer
 from kvsplice.client.model.models import LoadedModel, bundle_model
+from kvsplice.client.modes.base import ReusePolicy
+from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 VOCAB = 128  # characters < 126 and the two ChatML markers (`CharTokenizer()`)
@@ -43,3 +47,23 @@ def store_target() -> Iterator[str]:
     """A module's embedded store (memory tier only), by its gRPC target."""
     with EmbeddedStore(loopback_config(None)) as store:
         yield store.target
+
+
+def make_store_engine(
+    loaded: LoadedModel, policy: ReusePolicy | str, target: str, namespace: str
+) -> ReuseEngine:
+    """An engine running `policy` against a new client of `namespace` at `target`
+    (`engine.store`), storing unquantized K/V: exact reuse then matches dense to fp32."""
+    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
+
+
+@contextmanager
+def store_engine(
+    loaded: LoadedModel, policy: ReusePolicy | str, target: str, namespace: str
+) -> Iterator[ReuseEngine]:
+    """`make_store_engine`'s engine; on exit the engine stores what it queued, then its
+    client closes."""
+    engine = make_store_engine(loaded, policy, target, namespace)
+    assert engine.store is not None
+    with engine.store, engine:
+        yield engine

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
+from helpers.client import make_store_engine
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from helpers.text import FakePrompt, make_prompt
 
@@ -32,7 +33,6 @@ from kvsplice.client.modes.gated import GatedPolicy, JudgePricing
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 ATOL = 1e-4
@@ -54,10 +54,6 @@ def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     return make_loaded4()
-
-
-def _engine(loaded: LoadedModel, policy: ReusePolicy, target: str, namespace: str) -> ReuseEngine:
-    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
 
 
 def _answers(engine: ReuseEngine) -> list[tuple[int, ...]]:
@@ -120,7 +116,7 @@ def test_crossfix_guards_on_the_choices_a_prompt_declares(
     loaded: LoadedModel, store_target: str
 ) -> None:
     config = CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0)
-    engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-choices")
+    engine = make_store_engine(loaded, CrossfixPolicy(config), store_target, "xf-choices")
     plain = _comparing(_answers(engine), SELECT)
     choices = (5, 6, 7)
     outcome = engine.run(_ChoicePrompt(plain.token_ids, plain.spans, choices), GENERATION)
@@ -151,7 +147,9 @@ def test_crossfix_without_a_store_equals_dense(loaded: LoadedModel) -> None:
 def test_crossfix_degenerate_settings_equal_dense(
     loaded: LoadedModel, store_target: str, config: CrossfixParams, decision: str
 ) -> None:
-    engine = _engine(loaded, CrossfixPolicy(config), store_target, f"xf-degenerate-{decision}")
+    engine = make_store_engine(
+        loaded, CrossfixPolicy(config), store_target, f"xf-degenerate-{decision}"
+    )
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith(decision)
     assert _candidate_token_layers(outcome) == 0
@@ -162,7 +160,7 @@ def test_crossfix_reuses_answer_blocks_above_the_check_layer(
     loaded: LoadedModel, store_target: str
 ) -> None:
     config = CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0)
-    engine = _engine(loaded, CrossfixPolicy(config), store_target, "xf-reuse")
+    engine = make_store_engine(loaded, CrossfixPolicy(config), store_target, "xf-reuse")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith("kept: margin")
     approximate = [s for s in outcome.reused if not s.exact]
@@ -180,10 +178,10 @@ def test_crossfix_guard_keeps_only_confident_prefills(
 ) -> None:
     """The same call, kept below its margin and prefilled densely above it."""
     probe = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
-    _, kept = _judge(_engine(loaded, probe, store_target, "xf-guard-probe"))
+    _, kept = _judge(make_store_engine(loaded, probe, store_target, "xf-guard-probe"))
     margin = first_token_margin(kept.logits_first)
     strict = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=margin + 1e-3))
-    engine = _engine(loaded, strict, store_target, "xf-guard-strict")
+    engine = make_store_engine(loaded, strict, store_target, "xf-guard-strict")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["crossfix"].startswith("dense: margin")
     assert _same_as_dense(engine, prompt, outcome)
@@ -196,12 +194,14 @@ def test_crossfix_deeper_pass_resumed_equals_a_fresh_pass_at_its_check_layer(
     states at layer 1 and checked at 3, gives what one pass at check 3 gives."""
     staged = CrossfixParams(ratio=0.0, check_layer=1, min_margin=NEVER_KEPT, deep_check=3
     )  # fmt: skip
-    engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged")
+    engine = make_store_engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged")
     _, outcome = _judge(engine)
     decision = outcome.decisions["crossfix"]
     assert decision.startswith("kept: margin") and "at check 3 (after margin" in decision
     fresh = CrossfixParams(ratio=0.0, check_layer=3, min_margin=0.0)
-    _, reference = _judge(_engine(loaded, CrossfixPolicy(fresh), store_target, "xf-fresh3"))
+    _, reference = _judge(
+        make_store_engine(loaded, CrossfixPolicy(fresh), store_target, "xf-fresh3")
+    )
     assert float((outcome.logits_first - reference.logits_first).abs().max()) <= ATOL
     assert outcome.generated_ids == reference.generated_ids
     # the answers reused layers 3.. only: their layers below were computed by the passes
@@ -214,7 +214,7 @@ def test_crossfix_refused_by_every_pass_is_dense(loaded: LoadedModel, store_targ
     staged = CrossfixParams(ratio=0.0, check_layer=1, min_margin=NEVER_KEPT, deep_check=2,
         deep_margin=NEVER_KEPT,
     )  # fmt: skip
-    engine = _engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged-dense")
+    engine = make_store_engine(loaded, CrossfixPolicy(staged), store_target, "xf-staged-dense")
     prompt, outcome = _judge(engine)
     decision = outcome.decisions["crossfix"]
     assert decision.startswith("dense: margin") and "at check 2" in decision
@@ -237,7 +237,9 @@ def _gated(
 def test_gate_sends_a_judge_past_a_mode_not_admitted_for_judges(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = _engine(loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-judge-exact")
+    engine = make_store_engine(
+        loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-judge-exact"
+    )
     prompt, outcome = _judge(engine)
     assert outcome.decisions["gated"] == (
         "judge (answers=2+selection) -> exact: naive not admitted for judges"
@@ -249,7 +251,9 @@ def test_gate_sends_a_judge_past_a_mode_not_admitted_for_judges(
 def test_gate_lets_ordinary_calls_run_the_serving_mode(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = _engine(loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-ordinary")
+    engine = make_store_engine(
+        loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-ordinary"
+    )
     _, outcome = _judge(engine, CONTINUE)
     assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
     assert {s.mode for s in outcome.reused if not s.exact} == {"naive"}
@@ -260,7 +264,7 @@ def test_gate_sends_a_judge_to_the_mode_admitted_for_judges(
 ) -> None:
     crossfix = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     policy = _gated(NaivePolicy(), crossfix, ("crossfix",))
-    engine = _engine(loaded, policy, store_target, "gate-judge-crossfix")
+    engine = make_store_engine(loaded, policy, store_target, "gate-judge-crossfix")
     _, outcome = _judge(engine)
     assert outcome.decisions["gated"] == (
         "judge (answers=2+selection) -> crossfix: admitted for judges"
@@ -292,8 +296,10 @@ def test_pooled_anchors_serve_a_judge_from_other_agents_and_placeholders(
 ) -> None:
     """PAL-KV: a judge has no anchors of its own (its template is new); KVComm's per-agent
     pools leave it dense, the pooled retrieval finds the execution agents' anchors."""
-    kvcomm = _engine(loaded, AnchorPolicy(), store_target, "pal-kvcomm")
-    pooled = _engine(loaded, AnchorPolicy(AnchorParams(pool_judges=1)), store_target, "pal-kv")
+    kvcomm = make_store_engine(loaded, AnchorPolicy(), store_target, "pal-kvcomm")
+    pooled = make_store_engine(
+        loaded, AnchorPolicy(AnchorParams(pool_judges=1)), store_target, "pal-kv"
+    )
     decisions = {}
     for name, engine in (("kvcomm", kvcomm), ("pooled", pooled)):
         for question in QUESTIONS:
@@ -358,7 +364,7 @@ def test_a_priced_gate_sends_a_judge_to_the_cheapest_route(
 ) -> None:
     """Reading free, computing dear, the pass always kept: crossfix is cheapest."""
     policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
-    engine = _engine(loaded, policy, store_target, "gate-priced-crossfix")
+    engine = make_store_engine(loaded, policy, store_target, "gate-priced-crossfix")
     _, outcome = _judge(engine)
     assert outcome.decisions["gated"].startswith(
         "judge (answers=2+selection) -> crossfix: cheapest (predicted ms: exact "
@@ -371,7 +377,7 @@ def test_a_priced_gate_never_takes_a_route_predicted_slower_than_dense(
 ) -> None:
     """Each layerwise pass dearer than a whole dense forward: dense, reusing nothing."""
     policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
-    engine = _engine(loaded, policy, store_target, "gate-priced-dense")
+    engine = make_store_engine(loaded, policy, store_target, "gate-priced-dense")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> dense: cheapest")
     assert not outcome.reused
@@ -383,7 +389,7 @@ def test_a_priced_gate_sends_a_judge_to_exact_when_the_judge_mode_rarely_keeps(
 ) -> None:
     """Keep shares unmeasured (0): crossfix's worst case, dearer than exact; exact it is."""
     policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), ())
-    engine = _engine(loaded, policy, store_target, "gate-priced-exact")
+    engine = make_store_engine(loaded, policy, store_target, "gate-priced-exact")
     prompt, outcome = _judge(engine)
     assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> exact: cheapest")
     assert not [s for s in outcome.reused if not s.exact]
@@ -392,7 +398,7 @@ def test_a_priced_gate_sends_a_judge_to_exact_when_the_judge_mode_rarely_keeps(
 
 def test_a_priced_gate_leaves_ordinary_calls_alone(loaded: LoadedModel, store_target: str) -> None:
     policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
-    engine = _engine(loaded, policy, store_target, "gate-priced-ordinary")
+    engine = make_store_engine(loaded, policy, store_target, "gate-priced-ordinary")
     _, outcome = _judge(engine, CONTINUE)
     assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
 

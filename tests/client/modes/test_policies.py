@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.client import make_loaded
+from helpers.client import make_loaded, make_store_engine
 from helpers.client import store_target as store_target  # fixture
 from helpers.kv import random_segment
 from helpers.text import FakePrompt, make_prompt
@@ -26,10 +26,6 @@ QUESTIONS = ("what is two plus two?", "name a prime number")
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     return make_loaded()
-
-
-def make_engine(loaded: LoadedModel, mode: str, target: str, namespace: str) -> ReuseEngine:
-    return ReuseEngine(loaded, mode, StoreClient(target, namespace), EngineConfig(quant="none"))
 
 
 def agent_prompt(question: str, upstream: tuple[int, ...] | None = None) -> FakePrompt:
@@ -55,7 +51,7 @@ def run_two_agents(engine: ReuseEngine, question: str) -> list[tuple[FakePrompt,
 def test_exact_mode_equals_dense_and_reuses_cached_system_prompt(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = make_engine(loaded, "exact", store_target, "policies-exact")
+    engine = make_store_engine(loaded, "exact", store_target, "policies-exact")
     calls = [call for q in QUESTIONS for call in run_two_agents(engine, q)]
     for prompt, outcome in calls:
         reference = engine.dense_reference(prompt, GENERATION)
@@ -70,7 +66,7 @@ def test_exact_mode_equals_dense_and_reuses_cached_system_prompt(
 def test_exact_repeat_reuses_all_but_the_last_token_and_stores_nothing_new(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = make_engine(loaded, "exact", store_target, "policies-repeat")
+    engine = make_store_engine(loaded, "exact", store_target, "policies-repeat")
     assert isinstance(engine.store, StoreClient)
     prompt = agent_prompt(QUESTIONS[1])
     first = engine.run(prompt, GENERATION)
@@ -90,7 +86,7 @@ def test_naive_reuses_more_than_exact_and_stores_question_base_once(
 ) -> None:
     reused = {}
     for mode in ("exact", "naive"):
-        engine = make_engine(loaded, mode, store_target, f"policies-more-{mode}")
+        engine = make_store_engine(loaded, mode, store_target, f"policies-more-{mode}")
         calls = [call for q in QUESTIONS for call in run_two_agents(engine, q)]
         reused[mode] = sum(outcome.num_reused_tokens for _, outcome in calls)
         if mode == "naive":
@@ -106,7 +102,7 @@ def test_naive_reuses_more_than_exact_and_stores_question_base_once(
 
 
 def test_naive_segments_stay_off_the_exact_chain(loaded: LoadedModel, store_target: str) -> None:
-    engine = make_engine(loaded, "naive", store_target, "policies-offchain")
+    engine = make_store_engine(loaded, "naive", store_target, "policies-offchain")
     _, (prompt, second) = run_two_agents(engine, QUESTIONS[0])
     assert engine.store is not None
     # Only the system prompt was computed with its true left context; everything

@@ -22,6 +22,7 @@ from helpers.approx import (
     run_chain,
     second_prompt,
 )
+from helpers.client import make_store_engine
 from helpers.kv import random_segment
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from helpers.text import CharTokenizer
@@ -82,12 +83,6 @@ def loaded() -> LoadedModel:
     return make_loaded4()
 
 
-def make_engine(
-    loaded: LoadedModel, policy: ReusePolicy | str, target: str, namespace: str
-) -> ReuseEngine:
-    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
-
-
 @pytest.mark.parametrize(
     ("policy", "num_layers"),
     [
@@ -102,7 +97,7 @@ def test_blend_and_halo_reuse_upstream_spans_on_the_second_call(
     loaded: LoadedModel, store_target: str, policy: ReusePolicy, num_layers: int
 ) -> None:
     namespace = f"approx-reuse-{policy.mode}-{id(policy)}"
-    engine = make_engine(loaded, policy, store_target, namespace)
+    engine = make_store_engine(loaded, policy, store_target, namespace)
     (_, first), (_, second) = run_chain(engine, QUESTIONS[0])
     assert first.output_ids and second.output_ids
     assert approximate_tokens(second) > 0
@@ -116,7 +111,7 @@ def test_multicut_reuses_lower_layers_and_stores_boundary_states(
 ) -> None:
     # the question's left contexts share 17 tokens: cut 3 (needs 16) passes, cut 4 (full) not
     config = MulticutParams(w_exact=((3, 16),), cut_every=1)
-    engine = make_engine(loaded, MulticutPolicy(config), store_target, "approx-multicut")
+    engine = make_store_engine(loaded, MulticutPolicy(config), store_target, "approx-multicut")
     (_, first), (_, second) = run_chain(engine, QUESTIONS[0])
     assert first.num_reused_tokens == 0
     [reused] = second.reused
@@ -145,7 +140,7 @@ def test_degenerate_settings_equal_dense(
     loaded: LoadedModel, store_target: str, policy: ReusePolicy
 ) -> None:
     namespace = f"approx-degenerate-{policy.mode}-{id(policy)}"
-    engine = make_engine(loaded, policy, store_target, namespace)
+    engine = make_store_engine(loaded, policy, store_target, namespace)
     calls = [call for q in QUESTIONS for call in run_chain(engine, q)]
     for prompt, outcome in calls:
         reference = engine.dense_reference(prompt, GENERATION)
@@ -160,7 +155,7 @@ def test_degenerate_settings_equal_dense(
 def test_anchor_fills_the_pool_densely_then_reuses_a_near_duplicate(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-anchor")
+    engine = make_store_engine(loaded, AnchorPolicy(), store_target, "approx-anchor")
     store = engine.store
     assert isinstance(store, StoreClient)
     filling = [call for q in QUESTIONS for call in run_chain(engine, q)]
@@ -192,8 +187,8 @@ def test_anchor_repaired_by_blend_recomputes_its_share(
     # call is dense; r = 0.5: half of them keep the correction above it.
     policy = AnchorPolicy(AnchorParams(repair_ratio=ratio))
     plain = AnchorPolicy()
-    engine = make_engine(loaded, policy, store_target, f"approx-anchor-repair-{ratio}")
-    plain_engine = make_engine(loaded, plain, store_target, f"approx-anchor-plain-{ratio}")
+    engine = make_store_engine(loaded, policy, store_target, f"approx-anchor-repair-{ratio}")
+    plain_engine = make_store_engine(loaded, plain, store_target, f"approx-anchor-plain-{ratio}")
     for question in QUESTIONS:
         run_chain(engine, question)
         run_chain(plain_engine, question)
@@ -218,8 +213,8 @@ def test_anchor_keeps_decoded_anchors_between_calls(loaded: LoadedModel, store_t
     # as with anchors fetched on every call.
     cached = AnchorPolicy()
     uncached = AnchorPolicy(AnchorParams(decoded_cache_bytes=0))
-    engine = make_engine(loaded, cached, store_target, "approx-anchor-cached")
-    reference_engine = make_engine(loaded, uncached, store_target, "approx-anchor-uncached")
+    engine = make_store_engine(loaded, cached, store_target, "approx-anchor-cached")
+    reference_engine = make_store_engine(loaded, uncached, store_target, "approx-anchor-uncached")
     for question in QUESTIONS:
         run_chain(engine, question)
         run_chain(reference_engine, question)
@@ -242,7 +237,7 @@ def test_anchor_below_full_coverage_corrects_the_covered_first_tokens(
     for cover in (1.0, 0.5):
         # γ = 1: the gate never refuses a pool of two, so coverage alone decides
         policy = AnchorPolicy(AnchorParams(gamma=1.0, min_coverage=cover))
-        engine = make_engine(loaded, policy, store_target, f"approx-anchor-cover-{cover}")
+        engine = make_store_engine(loaded, policy, store_target, f"approx-anchor-cover-{cover}")
         for question in QUESTIONS:
             run_chain(engine, question)
         (prompt, outcome), _ = run_chain(engine, longer)
@@ -261,7 +256,7 @@ def test_anchor_below_full_coverage_corrects_the_covered_first_tokens(
     assert approximate_tokens(results[0.5]) == min(len(q) for q in QUESTIONS)
     # a minimum coverage above what the pool covers keeps KVComm's rule
     strict = AnchorPolicy(AnchorParams(gamma=1.0, min_coverage=0.9))
-    engine = make_engine(loaded, strict, store_target, "approx-anchor-cover-strict")
+    engine = make_store_engine(loaded, strict, store_target, "approx-anchor-cover-strict")
     for question in QUESTIONS:
         run_chain(engine, question)
     (_, outcome), _ = run_chain(engine, longer)
@@ -274,7 +269,7 @@ def test_anchor_with_an_identical_anchor_equals_dense(
     # quant "none": the anchor's base equals the query's, its weight is 1 and
     # base + (real − base) is the real K/V (up to fp32 rounding).
     policy = AnchorPolicy(AnchorParams(quant="none"))
-    engine = make_engine(loaded, policy, store_target, "approx-anchor-oracle")
+    engine = make_store_engine(loaded, policy, store_target, "approx-anchor-oracle")
     for question in QUESTIONS:
         run_chain(engine, question)
     tokenizer = CharTokenizer()
@@ -292,7 +287,7 @@ def test_anchor_with_an_identical_anchor_equals_dense(
 
 
 def test_anchor_offsets_never_serve_another_agent(loaded: LoadedModel, store_target: str) -> None:
-    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-anchor-agents")
+    engine = make_store_engine(loaded, AnchorPolicy(), store_target, "approx-anchor-agents")
     for question in QUESTIONS:
         run_chain(engine, question)
     stranger = first_prompt(NEAR_DUPLICATE, system=SYSTEM_3)
@@ -309,7 +304,7 @@ def test_anchor_offsets_never_serve_another_agent(loaded: LoadedModel, store_tar
 def test_anchor_pool_never_exceeds_its_capacity(loaded: LoadedModel) -> None:
     config = loopback_config(None, anchor_pool=AnchorPoolConfig(capacity=2))
     with EmbeddedStore(config) as store:
-        engine = make_engine(loaded, AnchorPolicy(), store.target, "approx-anchor-capacity")
+        engine = make_store_engine(loaded, AnchorPolicy(), store.target, "approx-anchor-capacity")
         client = engine.store
         assert isinstance(client, StoreClient)
         sizes = []
@@ -415,7 +410,7 @@ def test_reuse_map_counts_the_layers_each_token_reused() -> None:
 def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    engine = make_engine(loaded, AnchorPolicy(), store_target, "approx-base-lead")
+    engine = make_store_engine(loaded, AnchorPolicy(), store_target, "approx-base-lead")
     lead, tokens = (5, 6, 7), (10, 11, 12, 13)
     ctx = engine._context(CallTimings())
     computed: list[SpanRecord] = []
@@ -437,7 +432,9 @@ def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
 
 def test_an_answers_anchor_base_is_its_senders_kv(loaded: LoadedModel, store_target: str) -> None:
     """KVComm's base of `agent_*` placeholders: the K/V the sender computed for its answer."""
-    engine = make_engine(loaded, AnchorPolicy(AnchorParams(quant="none")), store_target, "sender")
+    engine = make_store_engine(
+        loaded, AnchorPolicy(AnchorParams(quant="none")), store_target, "sender"
+    )
     prompt_1 = first_prompt(QUESTIONS[0])
     first = engine.run(prompt_1, GENERATION)
     assert first.output_ids, "the sender must answer something"

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers.client import make_loaded
+from helpers.client import make_loaded, store_engine
 from helpers.client import store_target as store_target  # fixture
 from helpers.kv import random_segment
 from helpers.store import make_meta
@@ -14,9 +14,8 @@ from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
-from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
 from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
@@ -116,10 +115,7 @@ def run(engine: ReuseEngine, prompt: FakePrompt) -> CallOutcome:
 def test_a_call_extending_the_last_one_fetches_nothing(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    with (
-        StoreClient(store_target, "local-extend") as client,
-        ReuseEngine(loaded, "exact", client, EngineConfig(quant="none")) as engine,
-    ):
+    with store_engine(loaded, "exact", store_target, "local-extend") as engine:
         run(engine, conversation(1))
         second = run(engine, conversation(2))  # its puts may still be in flight
         assert second.num_reused_tokens == len(conversation(1).token_ids)
@@ -132,10 +128,8 @@ def test_a_call_extending_the_last_one_fetches_nothing(
 def test_a_segment_deleted_in_the_sidecar_is_dropped_locally(
     loaded: LoadedModel, store_target: str
 ) -> None:
-    with (
-        StoreClient(store_target, "local-deleted") as client,
-        ReuseEngine(loaded, "exact", client, EngineConfig(quant="none")) as engine,
-    ):
+    with store_engine(loaded, "exact", store_target, "local-deleted") as engine:
+        client = engine.store
         prompt = conversation(2)
         run(engine, conversation(1))
         engine.flush()
@@ -158,9 +152,9 @@ def test_a_segment_expired_in_the_sidecar_is_not_reused(loaded: LoadedModel) -> 
     ttl_s = 4.0  # room for slow calls on a loaded machine before it expires
     with (
         EmbeddedStore(expiring_config(ttl_s)) as store,
-        StoreClient(store.target, "local-expired") as client,
-        ReuseEngine(loaded, "exact", client, EngineConfig(quant="none")) as engine,
+        store_engine(loaded, "exact", store.target, "local-expired") as engine,
     ):
+        client = engine.store
         first = conversation(1)
         run(engine, first)
         engine.flush()
