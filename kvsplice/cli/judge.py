@@ -33,6 +33,7 @@ from kvsplice.cli.worker import (
     _progress_bar,
     apply_threads,
     bench_app,
+    load_for_bench,
     model_config,
 )
 
@@ -129,10 +130,6 @@ def bench_judge(
 ) -> None:
     """Judge Consistency Rate per mode vs the dense judge; writes JSON, markdown and PNG plots."""
     require_worker("bench judge")
-    from dataclasses import replace
-
-    from kvsplice.client.modes.admission import load_policy
-    from kvsplice.common.errors import FingerprintMismatch
     from kvsplice.eval.bench.judge import BenchJudgeConfig, run_bench_judge
     from kvsplice.eval.report.judge_report import render_bench_judge
 
@@ -149,17 +146,8 @@ def bench_judge(
         )  # fmt: skip
     except ValueError as error:
         fail(f"invalid settings: {error}", 2)
+    loaded, config = load_for_bench(config, policy, "bench judge")
     out_console = console()
-    out_console.print("[bold]kvsplice bench judge[/]: loading the model")
-    from kvsplice.client.model.models import load_model
-
-    loaded = load_model(config.model)
-    if policy is not None:
-        try:
-            admission = load_policy(policy, loaded.fingerprint)
-        except (FingerprintMismatch, ValueError) as error:
-            raise typer.BadParameter(str(error), param_hint="'--policy'") from error
-        config = replace(config, admission=admission, policy_path=policy)
     bar, on_event = _progress_bar()
     with bar:
         result = run_bench_judge(config, loaded, progress=on_event)

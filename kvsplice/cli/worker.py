@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -134,6 +134,29 @@ def apply_threads(threads: int | None) -> int:
     count = threads or os.cpu_count() or 1
     torch.set_num_threads(count)
     return count
+
+
+C = TypeVar("C")  # a bench config (BenchAgentsConfig, BenchJudgeConfig): imports torch
+
+
+def load_for_bench(config: C, policy: Path | None, command: str) -> tuple[Any, C]:
+    """`config.model` loaded (saying so on the console), and `config` with the `--policy`
+    file's admission applied when given (a bad file or another model's: `BadParameter`)."""
+    from dataclasses import replace
+
+    from kvsplice.client.model.models import load_model
+    from kvsplice.client.modes.admission import load_policy
+    from kvsplice.common.errors import FingerprintMismatch
+
+    console().print(f"[bold]kvsplice {command}[/]: loading the model")
+    loaded = load_model(config.model)  # type: ignore[attr-defined]
+    if policy is None:
+        return loaded, config
+    try:
+        admission = load_policy(policy, loaded.fingerprint)
+    except (FingerprintMismatch, ValueError) as error:
+        raise typer.BadParameter(str(error), param_hint="'--policy'") from error
+    return loaded, replace(config, admission=admission, policy_path=policy)  # type: ignore[type-var]
 
 
 def _progress_bar():
@@ -272,11 +295,7 @@ def bench_agents(
 ) -> None:
     """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
     require_worker("bench agents")
-    from dataclasses import replace
-
     from kvsplice.agents.layouts import check_layout
-    from kvsplice.client.modes.admission import load_policy
-    from kvsplice.common.errors import FingerprintMismatch
     from kvsplice.eval.bench.agents import BenchAgentsConfig, run_bench_agents, run_bench_layouts
     from kvsplice.eval.report.results import render_bench_agents
 
@@ -295,18 +314,8 @@ def bench_agents(
         )  # fmt: skip
     except ValueError as error:
         fail(f"invalid settings: {error}", 2)
+    loaded, config = load_for_bench(config, policy, "bench agents")
     out_console = console()
-    out_console.print("[bold]kvsplice bench agents[/]: loading the model")
-    from kvsplice.client.model.models import load_model
-
-    loaded = load_model(config.model)
-    if policy is not None:
-        try:
-            config = replace(
-                config, admission=load_policy(policy, loaded.fingerprint), policy_path=policy
-            )
-        except (FingerprintMismatch, ValueError) as error:
-            raise typer.BadParameter(str(error), param_hint="'--policy'") from error
     bar, on_event = _progress_bar()
     with bar:
         if len(layouts) == 1:
