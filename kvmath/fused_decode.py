@@ -1,6 +1,7 @@
 """Fused decode: stored K/V -> dequantized, RoPE-shifted K/V written into the caller's buffers.
 
-Owns the fast path from `payload.StoredKV` to a cache: for int8, dequantize and the
+Owns the one way K/V reach a cache (`decode_into`, from a `payload.StoredKV` or from
+tensors) and its fast path: for int8, dequantize and the
 shift by Δ are one multiply pass plus one multiply-add per half of the rotary channels,
 with the per-channel key scales folded into the cos/sin coefficients, writing straight
 into the destination (a cache's preallocated buffer): no float copy of the keys, no
@@ -18,40 +19,52 @@ import numpy as np
 import torch
 
 from kvsplice.kvmath import cpu_decode
-from kvsplice.kvmath.payload import StoredKV
-from kvsplice.kvmath.quant import StoredTensor, dequantize
+from kvsplice.kvmath.payload import KVSource, StoredKV
+from kvsplice.kvmath.quant import StoredTensor
 from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
 
 def decode_into(
-    stored: StoredKV,
+    source: KVSource,
     rope: RopeSpec,
     delta: int,
     keys_out: torch.Tensor,
     values_out: torch.Tensor,
     staging: PinnedStaging | None = None,
 ) -> None:
-    """Write `stored`'s keys moved by Δ = new − old position, and its values, into the outs.
+    """Write `source`'s keys moved by Δ = new − old position, and its values, into the outs.
 
     keys_out, values_out: [L, H_kv, T, D] of any strides, dtype and device (e.g. a token
-    slice of a cache buffer). int8 keys take the fused path (`shift_dequantize_into`);
-    other kinds are decoded, shifted (`RopeSpec.shift_layers`) and copied once.
+    slice of a cache buffer). Stored int8 K/V take the fused path (one pass, see the
+    module doc); stored float K/V are read in place (no decoded copy), and tensors are
+    moved to the outs' device, shifted when Δ ≠ 0 (`RopeSpec.shift_layers`), and copied.
+    Δ = 0 is bit-exact. `staging` (pinned) carries int8 bytes to a GPU.
     """
-    if keys_out.shape != stored.kv_shape or values_out.shape != stored.kv_shape:
-        raise ValueError(f"outs {tuple(keys_out.shape)} must be the stored {stored.kv_shape}")
-    if stored.keys.kind != "int8":
-        _decode_then_copy(stored, rope, delta, keys_out, values_out)
+    if tuple(keys_out.shape) != source.kv_shape or tuple(values_out.shape) != source.kv_shape:
+        raise ValueError(f"outs {tuple(keys_out.shape)} must be the source's {source.kv_shape}")
+    if isinstance(source, SegmentKV):
+        keys, values = source.keys.to(keys_out.device), source.values
+    elif source.keys.kind != "int8":
+        keys, values = _host_view(source.keys), _host_view(source.values)
+        if delta:  # NOTE: shifted in float32 at least, as a decode to float32 would have been
+            keys = keys.to(keys_out.device, torch.promote_types(keys.dtype, torch.float32))
+    elif _compiled_path(source, keys_out, values_out):
+        _decode_compiled(source, rope, delta, keys_out, values_out)
         return
-    if _compiled_path(stored, keys_out, values_out):
-        _decode_compiled(stored, rope, delta, keys_out, values_out)
+    else:
+        device = keys_out.device
+        shift_dequantize_into(
+            _on(source.keys, device, staging), rope, delta, source.layer_start, keys_out
+        )
+        _dequantize_into(_on(source.values, device, staging), values_out)
         return
-    device = keys_out.device
-    shift_dequantize_into(
-        _on(stored.keys, device, staging), rope, delta, stored.layer_start, keys_out
-    )
-    _dequantize_into(_on(stored.values, device, staging), values_out)
+    if delta:
+        keys = rope.shift_layers(keys, delta, layer_start=source.layer_start)
+    keys_out.copy_(keys)
+    values_out.copy_(values)
 
 
 # NOTE: on CPU the work goes in blocks of about 1 MiB of float32 per torch thread (layers,
@@ -245,16 +258,6 @@ def _dequantize_into(quantized: tuple[torch.Tensor, torch.Tensor], out: torch.Te
             target.copy_(_block(q, rows, tokens).to(torch.float32).mul_(factor))
 
 
-def _decode_then_copy(
-    stored: StoredKV, rope: RopeSpec, delta: int, keys_out: torch.Tensor, values_out: torch.Tensor
-) -> None:
-    keys = dequantize(stored.keys, torch.float32).to(keys_out.device)
-    if delta:
-        keys = rope.shift_layers(keys, delta, layer_start=stored.layer_start)
-    keys_out.copy_(keys)
-    values_out.copy_(dequantize(stored.values, torch.float32))
-
-
 class PinnedStaging:
     """One page-locked host buffer, grown on demand, for non-blocking host-to-GPU copies.
 
@@ -290,12 +293,16 @@ def _on(
     return staging.to_device(stored.data, device), staging.to_device(stored.scale, device)
 
 
-def _host_view(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor over `array`'s memory, read-only payload bytes included.
+def _host_view(array: np.ndarray | StoredTensor) -> torch.Tensor:
+    """A CPU tensor over `array`'s memory, read-only payload bytes included (a stored
+    tensor's data, bfloat16 bits viewed as bfloat16).
 
     NOTE: torch warns on views of read-only memory because it could write through
     them; the fused path only ever reads these tensors.
     """
+    if isinstance(array, StoredTensor):
+        view = _host_view(array.data)
+        return view.view(torch.bfloat16) if array.kind == "bfloat16" else view
     if array.flags.writeable:
         return torch.from_numpy(array)
     with warnings.catch_warnings():

@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -52,7 +54,6 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 logger = logging.getLogger(__name__)
 
 SECTION_ALIGN = 64
-_SCALES_OF = {"keys": "key_scales", "values": "value_scales"}
 CHECKSUM = struct.Struct("<Q")
 Buffer = bytes | bytearray | memoryview
 
@@ -128,16 +129,18 @@ def read_payload_header(data: Buffer) -> PayloadHeader:
 
 @dataclass(frozen=True)
 class StoredKV:
-    """A verified payload's K/V still in stored form (int8 + scales, or exact), not decoded.
+    """A verified payload's K/V (and boundary states) still in stored form, not decoded.
 
     keys, values: [L, H_kv, T, D] views of the payload bytes (read-only when they are);
-    `kvmath.fused_decode` dequantizes, shifts and writes them in as few passes as it can.
+    boundary_states: cut layer -> [T, hidden], stored exact. `kvmath.fused_decode`
+    writes K/V into a cache in as few passes as it can; `decode` makes tensors of it all.
     """
 
     keys: StoredTensor
     values: StoredTensor
     start_position: int
     layer_start: int
+    boundary_states: Mapping[int, StoredTensor] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -156,6 +159,56 @@ class StoredKV:
         num_layers, num_heads, num_tokens, head_dim = self.keys.data.shape
         return num_layers, num_heads, num_tokens, head_dim
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored sections it views (scales and states included)."""
+        tensors = (self.keys, self.values, *self.boundary_states.values())
+        return sum(t.data.nbytes + (0 if t.scale is None else t.scale.nbytes) for t in tensors)
+
+    def tokens(self, start: int, end: int) -> StoredKV:
+        """Tokens [start, end) (indices within the segment) at their own positions: views.
+
+        Key scales are per channel over the whole segment, so they stay as they are.
+        """
+        if not 0 <= start < end <= self.num_tokens:
+            raise ValueError(
+                f"slice [{start}, {end}) outside the segment's {self.num_tokens} tokens"
+            )
+        rows = (slice(None), slice(None), slice(start, end))
+        values_scale = None if self.values.scale is None else self.values.scale[rows]
+        return StoredKV(
+            StoredTensor(self.keys.data[rows], self.keys.kind, self.keys.scale),
+            StoredTensor(self.values.data[rows], self.values.kind, values_scale),
+            self.start_position + start,
+            self.layer_start,
+            {
+                layer: StoredTensor(s.data[start:end], s.kind)
+                for layer, s in self.boundary_states.items()
+            },
+        )
+
+    def copy(self) -> StoredKV:
+        """The same K/V and states in memory of their own (the payload can then go)."""
+
+        def own(t: StoredTensor) -> StoredTensor:
+            return StoredTensor(t.data.copy(), t.kind, None if t.scale is None else t.scale.copy())
+
+        states = {layer: own(s) for layer, s in self.boundary_states.items()}
+        return StoredKV(
+            own(self.keys), own(self.values), self.start_position, self.layer_start, states
+        )
+
+    def decode(self, dtype: torch.dtype = torch.float32) -> SegmentKV:
+        """K/V and boundary states as new CPU tensors in `dtype` (a bit-exact dequantize)."""
+        states = {layer: dequantize(s, dtype) for layer, s in self.boundary_states.items()}
+        keys, values = dequantize(self.keys, dtype), dequantize(self.values, dtype)
+        return SegmentKV(keys, values, self.start_position, self.layer_start, states)
+
+
+# What a splice writes into a cache: tensors (computed, corrected, or a tier's), or a
+# verified payload's stored form (`kvmath.fused_decode.decode_into` takes either).
+KVSource: TypeAlias = SegmentKV | StoredKV
+
 
 def decode_payload(
     data: Buffer,
@@ -173,23 +226,26 @@ def decode_payload(
     states of layers a..b inclusive; the result has `layer_start == a`.
     """
     dtype_name(dtype)  # ValueError for a dtype K/V never has
-    header, arrays = _verified_arrays(data, expect_fingerprint)
-    first, end = _layer_window(header, layers)
-    return _build_segment(header, arrays, first, end, dtype)
+    stored = decode_stored(data, expect_fingerprint=expect_fingerprint)
+    return _layer_window(stored, layers).decode(dtype)
 
 
 def decode_stored(data: Buffer, *, expect_fingerprint: str | None = None) -> StoredKV:
-    """The K/V of payload `data` in stored form, after every check `decode_payload` makes.
-
-    Boundary states are not read. Costs one checksum pass and no copy.
+    """The K/V and boundary states of payload `data` in stored form, after every check
+    `decode_payload` makes. Costs one checksum pass and no copy.
     """
     header, arrays = _verified_arrays(data, expect_fingerprint)
     kind = stored_kind(header.quant, header.dtype)
+    states = {
+        layer: StoredTensor(arrays[f"state_{layer}"], header.dtype)
+        for layer in header.boundary_layers
+    }
     return StoredKV(
         StoredTensor(arrays["keys"], kind, arrays.get("key_scales")),
         StoredTensor(arrays["values"], kind, arrays.get("value_scales")),
         header.start_position,
         header.layer_start,
+        states,
     )
 
 
@@ -261,39 +317,25 @@ def _checked_layout(view: memoryview) -> tuple[PayloadHeader, tuple[Section, ...
     return header, sections
 
 
-def _layer_window(header: PayloadHeader, layers: tuple[int, int] | None) -> tuple[int, int]:
-    """Absolute [first, end) layers to decode; LayoutMismatch outside the stored range."""
+def _layer_window(stored: StoredKV, layers: tuple[int, int] | None) -> StoredKV:
+    """Absolute layers [first, end) of `stored` (views) with the boundary states of layers
+    first..end inclusive; LayoutMismatch outside the stored range."""
     if layers is None:
-        return header.layer_start, header.layer_end
+        return stored
     first, end = layers
-    if not header.layer_start <= first < end <= header.layer_end:
+    if not stored.layer_start <= first < end <= stored.layer_end:
         raise LayoutMismatch(
-            f"layers [{first}, {end}) not within stored [{header.layer_start}, {header.layer_end})"
+            f"layers [{first}, {end}) not within stored [{stored.layer_start}, {stored.layer_end})"
         )
-    return first, end
+    rows = slice(first - stored.layer_start, end - stored.layer_start)
 
+    def window(t: StoredTensor) -> StoredTensor:
+        return StoredTensor(t.data[rows], t.kind, None if t.scale is None else t.scale[rows])
 
-def _build_segment(
-    header: PayloadHeader, arrays: dict[str, np.ndarray], first: int, end: int, dtype: torch.dtype
-) -> SegmentKV:
-    """Dequantize layers [first, end) of the section views in `arrays` into a SegmentKV."""
-    rows = slice(first - header.layer_start, end - header.layer_start)
-    kind = stored_kind(header.quant, header.dtype)
-
-    def tensor(name: str) -> torch.Tensor:
-        scale = arrays.get(_SCALES_OF[name])
-        return dequantize(StoredTensor(arrays[name][rows], kind, _rows(scale, rows)), dtype)
-
-    states = {
-        layer: dequantize(StoredTensor(arrays[f"state_{layer}"], header.dtype), dtype)
-        for layer in header.boundary_layers
-        if first <= layer <= end
-    }
-    return SegmentKV(tensor("keys"), tensor("values"), header.start_position, first, states)
-
-
-def _rows(array: np.ndarray | None, rows: slice) -> np.ndarray | None:
-    return None if array is None else array[rows]
+    states = {layer: s for layer, s in stored.boundary_states.items() if first <= layer <= end}
+    return StoredKV(
+        window(stored.keys), window(stored.values), stored.start_position, first, states
+    )
 
 
 def _byte_view(data: Buffer) -> memoryview:

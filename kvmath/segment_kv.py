@@ -55,3 +55,39 @@ class SegmentKV:
     @property
     def layer_end(self) -> int:
         return self.layer_start + self.num_layers
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        num_layers, num_heads, num_tokens, head_dim = self.keys.shape
+        return num_layers, num_heads, num_tokens, head_dim
+
+    @property
+    def nbytes(self) -> int:
+        states = sum(s.nbytes for s in self.boundary_states.values())
+        return self.keys.nbytes + self.values.nbytes + states
+
+    def decode(self, dtype: torch.dtype = torch.float32) -> SegmentKV:
+        """Itself with its tensors in `dtype` (no copy of those already in it)."""
+        states = {layer: s.to(dtype) for layer, s in self.boundary_states.items()}
+        return SegmentKV(
+            self.keys.to(dtype),
+            self.values.to(dtype),
+            self.start_position,
+            self.layer_start,
+            states,
+        )
+
+    def tokens(self, start: int, end: int) -> SegmentKV:
+        """Tokens [start, end) (indices within the segment) at their own positions: views."""
+        if not 0 <= start < end <= self.num_tokens:
+            raise ValueError(
+                f"slice [{start}, {end}) outside the segment's {self.num_tokens} tokens"
+            )
+        states = {layer: s[start:end] for layer, s in self.boundary_states.items()}
+        return SegmentKV(
+            self.keys[:, :, start:end],
+            self.values[:, :, start:end],
+            self.start_position + start,
+            self.layer_start,
+            states,
+        )

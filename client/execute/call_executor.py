@@ -10,9 +10,9 @@ layers, subset rules, captured states) runs through the decoder-layer loop
 continue in an HF cache. (The splice path could run several computed runs, one
 model forward each, but that costs a forward's fixed overhead per run: a halo
 call with ten 4-token halos ran at 1.1× dense that way and 3.1× in the loop.)
-Either way what the run reused comes back as the state's `ReuseMap`. Also owns `build_cache`: stored
-segments laid into a fresh model cache from position 0, int8 payloads dequantized,
-shifted and written in one fused pass. It never decides what to reuse.
+Either way what the run reused comes back as the state's `ReuseMap`, and reused K/V
+reach the cache through `kvmath.fused_decode.decode_into`: a stored int8 payload is
+dequantized, shifted and written in one pass. It never decides what to reuse.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import TypeAlias
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -32,24 +31,19 @@ from kvsplice.client.execute.plan import CallPlan, PlanSpan
 from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.execute.sampling import TokenPicker
 from kvsplice.client.model.hf_cache import (
-    append_layer_runs,
     cache_kwarg,
     full_length_cache,
     install_layers,
-    model_cache,
     read_layers,
 )
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.fused_decode import PinnedStaging, decode_into
-from kvsplice.kvmath.payload import StoredKV
+from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
-
-# A segment to splice: decoded, or still in stored form (the fused path).
-SpliceSource: TypeAlias = SegmentKV | StoredKV
 
 
 class CallExecutor:
@@ -59,6 +53,7 @@ class CallExecutor:
         self._model = model
         self._layout = layout
         self._rope = rope
+        self._staging = PinnedStaging()  # carries int8 payload bytes to a GPU model
         self.num_layers = layout.num_layers
 
     @functools.cached_property
@@ -158,23 +153,27 @@ class CallExecutor:
     def _append_reused(
         self, cache: DynamicCache, spans: Sequence[PlanSpan], timings: CallTimings
     ) -> None:
-        """Append consecutive reused spans, each moved by its own Δ, in one copy per layer."""
-        dtype, device = self._model.dtype, self._model.device
-        keys, values = [], []
-        for span in spans:
-            assert span.keys is not None and span.values is not None
-            num_layers, num_heads, _, head_dim = span.keys.shape
-            _check_geometry(0, num_layers, num_heads, head_dim, self._layout)
-            k = span.keys.to(device)
-            if span.delta != 0:
-                with timed(timings, "shift_s"):
-                    k = _keys_at(k, span.delta, self._rope, device)
-            keys.append(k.to(dtype))
-            values.append(span.values.to(device, dtype))
+        """Append consecutive reused spans, each moved by its own Δ, to every layer of `cache`.
+
+        Each span is written once (`decode_into`) into one fresh [L, 1, H_kv, T, D] buffer
+        per K and V, which empty cache layers then hold as they are: the cache never
+        aliases a tier's tensors (the local tier hands out what it holds).
+        """
+        layout, model = self._layout, self._model
+        num_tokens = sum(span.num_tokens for span in spans)
+        shape = (layout.num_layers, 1, layout.num_kv_heads, num_tokens, layout.head_dim)
         with timed(timings, "splice_s"):
-            # NOTE: one concatenation per layer into fresh tensors, so the cache never
-            # aliases a tier's tensors (the local tier hands out what it holds).
-            append_layer_runs(cache, keys, values)
+            keys = torch.empty(shape, dtype=model.dtype, device=model.device)
+            values = torch.empty_like(keys)
+            target = 0
+            for span in spans:
+                assert span.kv is not None
+                check_segment_layout(span.kv, layout)
+                rows = slice(target, target + span.num_tokens)
+                keys_out, values_out = keys[:, 0, :, rows], values[:, 0, :, rows]
+                decode_into(span.kv, self._rope, span.delta, keys_out, values_out, self._staging)
+                target += span.num_tokens
+            install_layers(cache, keys, values)
 
 
 def takes_splice_path(plan: CallPlan) -> bool:
@@ -197,60 +196,12 @@ def splices_only(plan: CallPlan) -> bool:
     )
 
 
-def build_cache(
-    model: PreTrainedModel,
-    segments: Sequence[SpliceSource],
-    layout: KVLayout,
-    rope: RopeSpec,
-    staging: PinnedStaging | None = None,
-) -> DynamicCache:
-    """A model cache holding `segments` back to back from position 0.
-
-    Segment i lands at target = sum of the lengths before it; its keys are
-    shifted by Δ = target − start_position on the way. Every segment must cover all
-    layers with the model's heads and head_dim (else `LayoutMismatch`). Each is
-    written once into one preallocated [L, 1, H_kv, T, D] buffer per K and V, which
-    the cache's layers then view: stored (`StoredKV`) int8 segments dequantize, shift
-    and land in one fused pass (`kvmath.fused_decode`); decoded ones are shifted and
-    copied in. `staging` (pinned) carries int8 bytes to a GPU model.
-    """
-    cache = model_cache(model)
-    if not segments:
-        return cache
-    for segment in segments:
-        check_segment_layout(segment, layout)
-    total = sum(segment.num_tokens for segment in segments)
-    shape = (layout.num_layers, 1, layout.num_kv_heads, total, layout.head_dim)
-    keys = torch.empty(shape, dtype=model.dtype, device=model.device)
-    values = torch.empty(shape, dtype=model.dtype, device=model.device)
-    target = 0
-    for segment in segments:
-        rows = slice(target, target + segment.num_tokens)
-        delta = target - segment.start_position
-        keys_out, values_out = keys[:, 0, :, rows], values[:, 0, :, rows]
-        if isinstance(segment, StoredKV):
-            decode_into(segment, rope, delta, keys_out, values_out, staging)
-        else:
-            keys_out.copy_(_keys_at(segment.keys, delta, rope, model.device))
-            values_out.copy_(segment.values)
-        target += segment.num_tokens
-    install_layers(cache, keys, values)
-    return cache
-
-
-def check_segment_layout(segment: SpliceSource, layout: KVLayout) -> None:
+def check_segment_layout(segment: KVSource, layout: KVLayout) -> None:
     """Raise `LayoutMismatch` unless the segment is full-depth with the model's geometry."""
-    shape = segment.kv_shape if isinstance(segment, StoredKV) else segment.keys.shape
-    num_layers, num_heads, _, head_dim = shape
-    _check_geometry(segment.layer_start, num_layers, num_heads, head_dim, layout)
-
-
-def _check_geometry(
-    layer_start: int, num_layers: int, num_heads: int, head_dim: int, layout: KVLayout
-) -> None:
-    if layer_start != 0 or num_layers != layout.num_layers:
+    num_layers, num_heads, _, head_dim = segment.kv_shape
+    if segment.layer_start != 0 or num_layers != layout.num_layers:
         raise LayoutMismatch(
-            f"segment layers [{layer_start}, {layer_start + num_layers}) "
+            f"segment layers [{segment.layer_start}, {segment.layer_start + num_layers}) "
             f"!= model layers [0, {layout.num_layers})"
         )
     if (num_heads, head_dim) != (layout.num_kv_heads, layout.head_dim):
@@ -258,16 +209,6 @@ def _check_geometry(
             f"segment heads/head_dim ({num_heads}, {head_dim}) "
             f"!= model ({layout.num_kv_heads}, {layout.head_dim})"
         )
-
-
-def _keys_at(keys: torch.Tensor, delta: int, rope: RopeSpec, device: torch.device) -> torch.Tensor:
-    """Keys [L, H_kv, T, D] (layers from 0) on `device`, rotated by Δ (positive: later).
-
-    Shifted on the model's device, in fp32 at least (RopeSpec), before any cast;
-    Δ = 0 is no rotation at all.
-    """
-    keys = keys.to(device)
-    return keys if delta == 0 else rope.shift_layers(keys, delta, layer_start=0)
 
 
 def _group_runs(spans: Sequence[PlanSpan]) -> list[list[PlanSpan]]:

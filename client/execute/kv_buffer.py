@@ -61,16 +61,6 @@ class KVBuffer:
         """[T] long: the RoPE position of every slot."""
         return torch.arange(self.num_tokens, device=self.keys.device) + self.position_offset
 
-    def fill(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Copy provided K/V into layers [0, L_kv) at slots [start, start + T).
-
-        keys, values: [L_kv, H_kv, T, D], already rotated to the slots' positions.
-        """
-        num_layers, _, num_tokens, _ = keys.shape
-        dst = (slice(0, num_layers), slice(None), slice(start, start + num_tokens))
-        self.keys[dst] = keys.to(self.keys.device, self.keys.dtype)
-        self.values[dst] = values.to(self.values.device, self.values.dtype)
-
     def write(
         self, layer: int, slots: TokenSlots, keys: torch.Tensor, values: torch.Tensor
     ) -> None:

@@ -1,7 +1,7 @@
 """The layerwise executor: runs a `CallPlan` through the model's own decoder layers.
 
 The general path of `CallExecutor`. Owns the layer loop: pre-fill reused K/V
-(keys rotated by their span's Δ), let spans join at their start layer,
+(`kvmath.fused_decode.decode_into`: keys rotated by their span's Δ), let spans join at their start layer,
 call each HF decoder layer on the active tokens with an explicit mask and a
 slot-writing cache, apply subset rules, capture states, and compute logits; and
 what a run returns (`LayerwiseResult`: logits, the filled K/V buffer, captured
@@ -21,6 +21,7 @@ from kvsplice.client.execute.kv_buffer import KVBuffer, PendingSelection, SlotWr
 from kvsplice.client.execute.plan import CallPlan, check_fits
 from kvsplice.client.model.hf_cache import cache_kwarg
 from kvsplice.client.model.model_adapter import DecoderAdapter
+from kvsplice.kvmath.fused_decode import decode_into
 from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
@@ -161,16 +162,14 @@ class _Run:
 
 
 def _prefilled_buffer(adapter: DecoderAdapter, plan: CallPlan, rope: RopeSpec) -> KVBuffer:
-    """[L, H_kv, T, D] zeros with every span's provided K/V copied in at its slots.
-
-    Keys are rotated by the span's Δ where they are (fp32 for fetched segments), then cast.
-    """
+    """[L, H_kv, T, D] zeros with every span's provided K/V written in at its slots
+    (`decode_into`: keys rotated by the span's Δ on the way)."""
     shape = (adapter.num_layers, adapter.num_kv_heads, plan.num_tokens, adapter.head_dim)
     buffer = KVBuffer.zeros(shape, adapter.dtype, adapter.device, plan.position_offset)
     for span in plan.spans:
-        if span.keys is not None and span.values is not None:
-            keys = rope.shift_layers(span.keys, span.delta) if span.delta else span.keys
-            buffer.fill(span.start, keys, span.values)
+        if span.kv is not None:
+            rows = (slice(0, span.num_kv_layers), slice(None), slice(span.start, span.end))
+            decode_into(span.kv, rope, span.delta, buffer.keys[rows], buffer.values[rows])
     return buffer
 
 

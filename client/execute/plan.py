@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -83,11 +84,12 @@ class Source:
 
 @dataclass(frozen=True, eq=False)
 class PlanSpan:
-    """Tokens [start, end): layers < start_layer read `keys`/`values`, layers >= it are computed.
+    """Tokens [start, end): layers < start_layer read `kv`, layers >= it are computed.
 
-    keys, values: [L_kv, H_kv, T, D] for layers [0, L_kv); keys post-RoPE at
-    positions `delta` before the span's target positions (`position_offset +
-    start ..`): the executor rotates them by Δ = `delta` (0: already in place).
+    kv: K/V [L_kv, H_kv, T, D] of layers [0, L_kv), as tensors or in stored form
+    (`KVSource`: the executor writes either into its cache in one pass); keys post-RoPE
+    at positions `delta` before the span's target positions (`position_offset + start
+    ..`): the executor rotates them by Δ = `delta` (0: already in place).
     L_kv >= start_layer. Layers in [start_layer, L_kv) are pre-filled too and
     then overwritten by computation (a subset rule may keep them). hidden:
     [T, hidden], the residual stream entering `start_layer` (None: the token
@@ -99,8 +101,7 @@ class PlanSpan:
     start: int
     end: int
     start_layer: int = 0
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    kv: KVSource | None = None
     hidden: torch.Tensor | None = None
     name: str = ""
     delta: int = 0
@@ -128,27 +129,22 @@ class PlanSpan:
 
     @property
     def num_kv_layers(self) -> int:
-        return 0 if self.keys is None else int(self.keys.shape[0])
+        return 0 if self.kv is None else self.kv.num_layers
 
     @property
     def computed(self) -> bool:
         """Whether every layer of the span is computed from its embeddings."""
-        return self.keys is None and self.start_layer == 0 and self.hidden is None
+        return self.kv is None and self.start_layer == 0 and self.hidden is None
 
 
 def _check_kv(span: PlanSpan) -> None:
-    if (span.keys is None) != (span.values is None):
-        raise ValueError(f"span {span.name!r} needs both keys and values, or neither")
-    if span.keys is None or span.values is None:
+    if span.kv is None:
         return
-    if span.keys.dim() != 4 or span.keys.shape != span.values.shape:
+    if span.kv.layer_start != 0:
+        raise ValueError(f"span {span.name!r} K/V start at layer {span.kv.layer_start}, not 0")
+    if span.kv.num_tokens != span.num_tokens:
         raise ValueError(
-            f"span {span.name!r} keys {tuple(span.keys.shape)} / values "
-            f"{tuple(span.values.shape)} must both be [L_kv, H_kv, T, D]"
-        )
-    if span.keys.shape[2] != span.num_tokens:
-        raise ValueError(
-            f"span {span.name!r} K/V hold {span.keys.shape[2]} tokens, not {span.num_tokens}"
+            f"span {span.name!r} K/V hold {span.kv.num_tokens} tokens, not {span.num_tokens}"
         )
 
 
@@ -253,9 +249,9 @@ def _check_span_fits(span: PlanSpan, num_layers: int, kv_shape: tuple[int, int])
             f"span {span.name!r} start_layer {span.start_layer} / {span.num_kv_layers} K/V "
             f"layers exceed the model's {num_layers}"
         )
-    if span.keys is not None and tuple(span.keys.shape[1::2]) != kv_shape:
+    if span.kv is not None and span.kv.kv_shape[1::2] != kv_shape:
         raise ValueError(
-            f"span {span.name!r} K/V heads and head_dim {tuple(span.keys.shape[1::2])} != {kv_shape}"
+            f"span {span.name!r} K/V heads and head_dim {span.kv.kv_shape[1::2]} != {kv_shape}"
         )
     if 0 < span.start_layer < num_layers and span.hidden is None:
         raise ValueError(
@@ -284,7 +280,7 @@ def segment_span(
         )
     delta = position_offset + start - segment.start_position
     return PlanSpan(
-        start, start + segment.num_tokens, start_layer, segment.keys, segment.values,
+        start, start + segment.num_tokens, start_layer, segment,
         segment.boundary_states.get(start_layer), name, delta, source,
     )  # fmt: skip
 
@@ -300,11 +296,10 @@ def slice_span(span: PlanSpan, start: int, end: int) -> PlanSpan:
         raise ValueError(
             f"[{start}, {end}) is not inside span {span.name!r} [{span.start}, {span.end})"
         )
-    rows = slice(start - span.start, end - span.start)
-    keys = None if span.keys is None else span.keys[:, :, rows]
-    values = None if span.values is None else span.values[:, :, rows]
-    hidden = None if span.hidden is None else span.hidden[rows]
-    return replace(span, start=start, end=end, keys=keys, values=values, hidden=hidden)
+    first, last = start - span.start, end - span.start
+    kv = None if span.kv is None else span.kv.tokens(first, last)
+    hidden = None if span.hidden is None else span.hidden[first:last]
+    return replace(span, start=start, end=end, kv=kv, hidden=hidden)
 
 
 def tile_spans(num_tokens: int, spans: Sequence[PlanSpan]) -> tuple[PlanSpan, ...]:
@@ -334,7 +329,7 @@ def compute_last_token(spans: Sequence[PlanSpan]) -> list[PlanSpan]:
     its key chain still counts every token the stored segment covers).
     """
     *head, last = spans
-    if last.keys is None:
+    if last.kv is None:
         return list(spans)
     kept = [slice_span(last, last.start, last.end - 1)] if last.num_tokens > 1 else []
     return [*head, *kept, computed_span(last.end - 1, last.end, f"{last.name}:last")]

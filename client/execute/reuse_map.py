@@ -104,7 +104,7 @@ def _reused_layers(
     span: PlanSpan, slot: int, dropped: Mapping[int, int], num_layers: int
 ) -> LayerRange | None:
     """Layers whose K/V of `slot` were provided, not computed (None: computed everywhere)."""
-    if span.keys is None:
+    if span.kv is None:
         return None
     resumed = span.source is not None and span.source.resumed
     if slot in dropped and (span.start_layer == 0 or resumed):

@@ -94,17 +94,19 @@ def append_layers(
 
 
 def install_layers(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Give every layer of an empty batch-1 cache its K/V without copying them.
+    """Append K/V to every layer of a batch-1 cache, without copying them into empty layers.
 
     keys, values: [L, 1, H_kv, T, D], contiguous per layer (e.g. one buffer the caller
-    wrote in place). Plain `DynamicLayer`s take views of them (`cache.update` would
-    concatenate onto an empty tensor: a second full copy); layers of other kinds
-    (sliding windows crop) go through `cache.update`.
+    wrote in place). An empty plain `DynamicLayer` takes views of them (`cache.update`
+    would concatenate onto an empty tensor: a second full copy); other layers (holding
+    tokens already, or sliding windows, which crop) go through `cache.update`.
     """
     for layer_idx in range(keys.shape[0]):
-        layer = cache.layers[layer_idx] if layer_idx < len(cache.layers) else None
         layer_keys, layer_values = keys[layer_idx], values[layer_idx]
-        if type(layer) is DynamicLayer and not layer.is_initialized:
+        if layer_idx >= len(cache.layers):  # a full-length cache creates layers on update
+            cache.update(layer_keys[:, :, :0], layer_values[:, :, :0], layer_idx)
+        layer = cache.layers[layer_idx]
+        if type(layer) is DynamicLayer and layer.get_seq_length() == 0:
             layer.lazy_initialization(layer_keys, layer_values)
             layer.keys, layer.values = layer_keys, layer_values
         else:

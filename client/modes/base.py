@@ -27,8 +27,8 @@ from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.segment_io import SegmentSink, SpanRecord
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import LayoutMismatch
+from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.rope import RopeSpec
-from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class PlanBuilder:
     def reuse(
         self,
         start: int,
-        segment: SegmentKV,
+        segment: KVSource,
         mode: str,
         *,
         exact: bool,
@@ -270,7 +270,7 @@ class PlanBuilder:
         delta = start - segment.start_position
         source = Source(mode, exact, start, delta, chain_key, chain_num_tokens)
         self._reused.append(PlanSpan(
-            start, start + segment.num_tokens, segment.num_layers, segment.keys, segment.values,
+            start, start + segment.num_tokens, segment.num_layers, segment,
             name=name, delta=delta, source=source,
         ))  # fmt: skip
 

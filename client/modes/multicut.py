@@ -198,7 +198,7 @@ class MulticutPolicy(RecordingPolicy):
         if not isinstance(ctx, StoreContext):
             return PlannedCall(exact)  # nothing to find and nowhere to store boundary states
         num_layers = ctx.executor.num_layers
-        reused = [s for s in exact.spans if s.keys is not None]
+        reused = [s for s in exact.spans if s.kv is not None]
         for span in prompt.spans:
             if span.start < builder.covered_until:
                 continue
@@ -239,13 +239,15 @@ class MulticutPolicy(RecordingPolicy):
         for candidate in exact_tokens:
             fetched = fetch_segment(
                 ctx.store, candidate.segment.segment_id, fingerprint=ctx.fingerprint,
-                dtype=ctx.decode_dtype, timings=ctx.timings,
+                timings=ctx.timings,
             )  # fmt: skip
             cut = self._cut(fetched, candidate, tokens, span.start, num_layers)
             if fetched is not None and cut is not None:
                 delta = span.start - fetched.kv.start_position
+                with timed(ctx.timings, "decode_s"):
+                    segment = fetched.kv.decode(ctx.decode_dtype)  # boundary states too
                 return multicut_span(
-                    fetched.kv, span.start, cut, num_layers=num_layers, name=f"{MODE}@{span.start}",
+                    segment, span.start, cut, num_layers=num_layers, name=f"{MODE}@{span.start}",
                     source=Source(MODE, False, span.start, delta),
                 )  # fmt: skip
         return None
@@ -286,9 +288,7 @@ class MulticutPolicy(RecordingPolicy):
         executor = ctx.executor.layerwise
         prompt_kv = ctx.executor.read_kv(state, 0, reuse.num_tokens)
         num_layers, end = executor.num_layers, reuse.num_tokens + len(response_ids)
-        prompt_span = PlanSpan(
-            0, reuse.num_tokens, num_layers, prompt_kv.keys, prompt_kv.values, name="prompt"
-        )
+        prompt_span = PlanSpan(0, reuse.num_tokens, num_layers, prompt_kv, name="prompt")
         spans = (prompt_span, PlanSpan(reuse.num_tokens, end, name="response"))
         cuts = self.params.cut_layers(num_layers)
         ids = reuse.token_ids + tuple(int(t) for t in response_ids)

@@ -45,6 +45,7 @@ from kvsplice.client.store.store_types import SegmentRef
 from kvsplice.common.chain import continues
 from kvsplice.common.keys import context_key, root_key
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -58,8 +59,8 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
     """Add the stored run matching the prompt from position 0 to `builder`.
 
     The sidecar's index says which segments exist; each is taken from the
-    worker's local tier when held there (no fetch, no decode), else fetched and
-    then kept locally. Past the end of the sidecar's run, only this worker's
+    worker's local tier when held there (no fetch), else fetched and then kept
+    locally; either way the splice writes it into the cache (`decode_into`). Past the end of the sidecar's run, only this worker's
     own segments whose puts are still in flight continue the chain; a local
     segment the sidecar no longer lists (expired, deleted, evicted) is dropped.
     Stops at the first segment that misses or disagrees with the prompt. Returns
@@ -94,7 +95,7 @@ def _next_link(
     token_ids: tuple[int, ...],
     position: int,
     listed_at_s: float,
-) -> tuple[SegmentMeta, SegmentKV] | None:
+) -> tuple[SegmentMeta, KVSource] | None:
     """The segment continuing the chain at `position`, from the local tier or the sidecar."""
     local = ctx.local
     if ref is None:  # the sidecar's run ended: only puts newer than its listing may go on
@@ -115,13 +116,9 @@ def _next_link(
 
 def _fetch_link(
     ctx: StoreContext, ref: SegmentRef, parent: bytes, tokens: tuple[int, ...], position: int
-) -> tuple[SegmentMeta, SegmentKV] | None:
+) -> tuple[SegmentMeta, KVSource] | None:
     fetched = fetch_segment(
-        ctx.store,
-        ref.segment_id,
-        fingerprint=ctx.fingerprint,
-        dtype=ctx.decode_dtype,
-        timings=ctx.timings,
+        ctx.store, ref.segment_id, fingerprint=ctx.fingerprint, timings=ctx.timings
     )
     if fetched is None or not continues(fetched.meta, parent, tokens, position):
         return None
@@ -158,7 +155,7 @@ def question_base(
     ctx: CallContext,
     bases: list[SpanRecord],
     lead: tuple[int, ...] = (),
-) -> SegmentKV | None:
+) -> KVSource | None:
     """The question's K/V prefilled alone after `lead` (none: at position 0): fetched, or
     computed and its record appended to `bases` (to put after the first token).
 
@@ -171,11 +168,7 @@ def question_base(
     num_degraded = ctx.store.counters.num_degraded_calls
     parent = context_key(root_key(ctx.fingerprint), lead) if lead else root_key(ctx.fingerprint)
     fetched = fetch_segment(
-        ctx.store,
-        context_key(parent, tokens),
-        fingerprint=ctx.fingerprint,
-        dtype=ctx.decode_dtype,
-        timings=ctx.timings,
+        ctx.store, context_key(parent, tokens), fingerprint=ctx.fingerprint, timings=ctx.timings
     )
     if fetched is not None and fetched.meta.token_ids == tokens:
         return fetched.kv
@@ -193,7 +186,7 @@ def question_base(
 
 def same_tokens_segment(
     tokens: tuple[int, ...], prompt: SpannedPrompt, start: int, ctx: CallContext
-) -> SegmentKV | None:
+) -> KVSource | None:
     """Any stored segment with exactly `tokens`, wherever it was captured (best ranked first)."""
     if not isinstance(ctx, StoreContext):
         return None
@@ -205,12 +198,9 @@ def same_tokens_segment(
         if not candidate.exact_tokens:
             continue
         fetched = fetch_segment(
-            ctx.store,
-            candidate.segment.segment_id,
-            fingerprint=ctx.fingerprint,
-            dtype=ctx.decode_dtype,
+            ctx.store, candidate.segment.segment_id, fingerprint=ctx.fingerprint,
             timings=ctx.timings,
-        )
+        )  # fmt: skip
         if fetched is not None and fetched.meta.token_ids == tokens:
             return fetched.kv
     return None
@@ -273,7 +263,7 @@ def blend_plan(
 
 def is_reused(span: PlanSpan) -> bool:
     """Whether any layer of `span` reads provided K/V instead of computing it."""
-    return span.keys is not None and span.start_layer > 0
+    return span.kv is not None and span.start_layer > 0
 
 
 def reuse_spans(plan: CallPlan, *, approx_start_layer: int, mode: str) -> list[PlanSpan]:
@@ -333,17 +323,18 @@ def resumed_spans(
         if span.start_layer > layer:
             out.append(span)
             continue
-        keys, values = result.kv.read(span.start, span.end)
+        kv = result.kv.to_segment(span.start, span.end)  # in place: Δ 0
         if span.end <= exact_until and span.source is None:
-            done = len(keys)  # every layer of it is exact already: nothing to compute
-            out.append(replace(span, start_layer=done, keys=keys, values=values, delta=0))
+            done = kv.num_layers  # every layer of it is exact already: nothing to compute
+            out.append(replace(span, start_layer=done, kv=kv, delta=0))
             continue
         keep = keep_sources and span.source is not None
-        top = keys.shape[0] if keep else layer
+        top = kv.num_layers if keep else layer
         source = replace(span.source, resumed=True) if keep and span.source else None
+        below = SegmentKV(kv.keys[:top], kv.values[:top], kv.start_position)
         out.append(
             replace(
-                span, start_layer=layer, keys=keys[:top], values=values[:top], delta=0,
+                span, start_layer=layer, kv=below, delta=0,
                 hidden=captured.span(span.start, span.end), source=source,
             )
         )  # fmt: skip

@@ -1,6 +1,7 @@
-"""The worker's own first tier: recently used segments, decoded, on the model's device.
+"""The worker's own first tier: recently used segments, ready to splice on the model's device.
 
-Owns `LocalTier`, a byte-bounded LRU of decoded segments keyed by context key,
+Owns `LocalTier`, a byte-bounded LRU of segments keyed by context key (`on_device`
+says in which form: a GPU's decoded, a CPU's as stored, which its splice decodes in one pass),
 with a parent → children index so an exact lookup can walk the key chain here
 before asking the sidecar. It holds what this worker fetched (then confirmed by
 the sidecar's index) and what it computed and is still putting (pending). It
@@ -23,6 +24,7 @@ import torch
 from cachetools import LRUCache
 
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.kvmath.payload import KVSource, StoredKV
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -33,12 +35,12 @@ MAX_TRACKED_HITS = 4096
 
 @dataclass(frozen=True)
 class LocalSegment:
-    """A decoded segment and its meta. `pending`: this worker's put is still in flight;
+    """A segment's K/V and its meta. `pending`: this worker's put is still in flight;
     `acked_at_s`: `time.monotonic()` when that put was acked (0: fetched, or never put).
     """
 
     meta: SegmentMeta
-    kv: SegmentKV
+    kv: KVSource
     pending: bool = False
     acked_at_s: float = 0.0
 
@@ -50,16 +52,24 @@ class LocalSegment:
 
     @property
     def nbytes(self) -> int:
-        states = sum(s.nbytes for s in self.kv.boundary_states.values())
-        return self.kv.keys.nbytes + self.kv.values.nbytes + states
+        return self.kv.nbytes
 
     def expired(self, now_s: float) -> bool:
         ttl_s = self.meta.ttl_s
         return ttl_s is not None and now_s >= self.meta.created_at_s + ttl_s
 
 
-def on_device(kv: SegmentKV, device: torch.device) -> SegmentKV:
-    """`kv` with its tensors on `device` (itself when they are there already)."""
+def on_device(kv: KVSource, device: torch.device) -> KVSource:
+    """`kv` as the tier holds it for a model on `device` (itself when it is so already).
+
+    On the CPU, stored K/V stay stored (int8 is 4x smaller, and the splice's fused decode
+    writes it at about a memory copy's speed); elsewhere they are decoded once, in fp32,
+    and moved there, so a hit costs no transfer and no decode.
+    """
+    if isinstance(kv, StoredKV):
+        if device.type == "cpu":
+            return kv
+        kv = kv.decode(torch.float32)
     if kv.keys.device == device:
         return kv
     states = {layer: s.to(device) for layer, s in kv.boundary_states.items()}
@@ -107,11 +117,13 @@ class LocalTier:
     def num_bytes(self) -> int:
         return int(self._entries.currsize)
 
-    def put(self, meta: SegmentMeta, kv: SegmentKV, *, pending: bool = False) -> None:
+    def put(self, meta: SegmentMeta, kv: KVSource, *, pending: bool = False) -> None:
         """Keep `kv` under `meta.context_key` (replacing an older entry of that key)."""
-        entry = LocalSegment(meta, kv, pending)
-        if self.max_bytes == 0 or entry.nbytes > self.max_bytes:
+        if self.max_bytes == 0 or kv.nbytes > self.max_bytes:
             return
+        # NOTE: stored K/V are kept as a copy: they may view the sidecar's LMDB map in
+        # place, which pins its read transaction (and its pages) for as long as it is held.
+        entry = LocalSegment(meta, kv.copy() if isinstance(kv, StoredKV) else kv, pending)
         with self._lock:
             self._drop(meta.context_key)
             self._entries[meta.context_key] = entry

@@ -1,7 +1,7 @@
-"""Store ⇄ tensors: fetch-and-decode a segment, build the meta of a span and put it.
+"""Store ⇄ tensors: fetch-and-verify a segment, build the meta of a span and put it.
 
-Owns the conversions between `SegmentKV` and what the store holds (payload bytes
-plus `SegmentMeta`), the off-chain key of approximate K/V, `slice_segment`, and
+Owns the conversions between K/V and what the store holds (payload bytes plus
+`SegmentMeta`: fetched K/V stay in stored form until a splice writes them), the off-chain key of approximate K/V, and
 storing a call's segments before the caller goes on (`DirectPuts`, in chain order
 until one fails, each stored one kept in the worker's local tier; `SegmentSink`: what
 takes a call's records, this or the background `SegmentWriter`). It decides nothing
@@ -16,15 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from kvsplice.client.execute.call_timings import CallTimings, timed
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import CorruptPayload, ResourceExhausted
 from kvsplice.common.keys import content_key, context_key
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
-from kvsplice.kvmath.payload import decode_payload, encode_payload
+from kvsplice.kvmath.payload import StoredKV, decode_stored, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -32,8 +30,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FetchedSegment:
+    """A fetched segment's meta and its verified K/V, still in stored form (views of the
+    payload): a splice writes them into its cache in one pass, `kv.decode()` makes tensors."""
+
     meta: SegmentMeta
-    kv: SegmentKV
+    kv: StoredKV
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,10 @@ def left_tail(token_ids: Sequence[int], start: int) -> tuple[int, ...]:
 
 
 def fetch_segment(
-    store: StoreClient,
-    key: str | bytes,
-    *,
-    fingerprint: str,
-    dtype: torch.dtype,
-    timings: CallTimings,
+    store: StoreClient, key: str | bytes, *, fingerprint: str, timings: CallTimings
 ) -> FetchedSegment | None:
-    """Get and decode one segment; None on a miss or a payload that fails verification."""
+    """Get and verify one segment (checksum, fingerprint, agreement with its meta); None on
+    a miss or a payload that fails verification. Nothing is decoded here."""
     with timed(timings, "fetch_s"):
         found = store.get_segment(key, model_fingerprint=fingerprint)
     if found is None:
@@ -74,7 +71,7 @@ def fetch_segment(
     meta, payload = found
     with timed(timings, "decode_s"):
         try:
-            kv = decode_payload(payload, expect_fingerprint=fingerprint, dtype=dtype)
+            kv = decode_stored(payload, expect_fingerprint=fingerprint)
         except CorruptPayload as error:  # a corrupt payload is a miss, never a splice
             logger.warning(
                 "segment %s failed verification (%s); computing instead", meta.segment_id, error
@@ -129,20 +126,6 @@ def put_meta(store: StoreClient, meta: SegmentMeta, kv: SegmentKV, *, quant: str
     """Encode `kv` under `quant` and put it under `meta`; False if the store was unreachable."""
     payload = encode_payload(kv, model_fingerprint=meta.model_fingerprint, quant=quant)
     return store.put_segment(meta, payload)
-
-
-def slice_segment(kv: SegmentKV, start: int, end: int) -> SegmentKV:
-    """Tokens [start, end) of `kv` (indices within the segment), at their own positions."""
-    if not 0 <= start < end <= kv.num_tokens:
-        raise ValueError(f"slice [{start}, {end}) outside the segment's {kv.num_tokens} tokens")
-    states = {layer: s[start:end] for layer, s in kv.boundary_states.items()}
-    return SegmentKV(
-        kv.keys[:, :, start:end],
-        kv.values[:, :, start:end],
-        start_position=kv.start_position + start,
-        layer_start=kv.layer_start,
-        boundary_states=states,
-    )
 
 
 class SegmentSink(Protocol):

@@ -1,16 +1,22 @@
-"""`bench core`: the reuse path (int8 payload -> shifted HF cache) against dense prefill and memcpy.
+"""`bench core`: `ReuseEngine`'s own reuse call (int8 payload -> shifted HF cache) against
+dense prefill and memcpy.
 
 Owns the measurement and its rows; the CLI renders them. Per length and thread count it
-times, in one run on one machine: dense prefill; the whole reuse path (payload checks and
-checksum, fused dequantize + RoPE shift written into a freshly allocated cache); the fused
-decode alone into preallocated cache buffers; the former two-step decode (dequantize,
-then shift, then copy into the cache); and `numpy.copyto` of the same fp32 K/V bytes.
+times, in one run on one machine: the engine's dense prefill of the prompt; the engine's
+call reusing the prompt's context from an embedded store (lookups, in-place read, checks
+and checksum, the splice, the last token's forward: its TTFT), and within it the splice
+stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written into
+them); the former two-step decode (dequantize, then shift, then copy into the cache); and
+`numpy.copyto` of the same fp32 K/V bytes. The context was stored by a call that placed
+it at `CAPTURE_POSITION`, so the reuse call (`naive`) shifts every key.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -20,37 +26,40 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from kvsplice.client.execute.call_executor import CallExecutor, build_cache
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.model.hf_cache import install_layers, model_cache
+from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
-from kvsplice.kvmath.fused_decode import decode_into
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 logger = logging.getLogger(__name__)
 
-# Segments are captured here and spliced at position 0: every key is rotated (Δ = −CAPTURE_POSITION).
+# The context is stored after this many tokens and reused at slot 0: every key is
+# rotated (Δ = −CAPTURE_POSITION), as a position-only reuse of another prompt's text is.
 CAPTURE_POSITION = 512
-DECODE_TARGET_RATIO = 0.5  # fused decode vs memcpy of the same fp32 bytes, at 1,024 tokens
-REUSE_TARGET_SPEEDUP = 40.0  # dense prefill over the whole reuse path, at 1,024 tokens
+REUSE_MODE = "naive"
+DECODE_TARGET_RATIO = 0.5  # the engine's splice vs memcpy of the same fp32 bytes, at 1,024 tokens
+REUSE_TARGET_SPEEDUP = 40.0  # the engine's dense prefill over its reuse call, at 1,024 tokens
 TARGET_NUM_TOKENS = 1024
+FIRST_TOKEN = GenerationConfig(max_new_tokens=1, ignore_stop=True)
 
 
 @dataclass(frozen=True)
 class CoreBenchRow:
-    """Median seconds per stage for one segment length and torch thread count."""
+    """Median seconds per stage for one context length and torch thread count."""
 
     num_tokens: int
     num_threads: int
     payload_nbytes: int
     kv_nbytes: int  # fp32 K and V: what the cache receives and memcpy copies
-    dense_prefill_s: float
-    reuse_s: float  # decode_stored (checks, checksum) + build_cache (fused, fresh buffers)
-    decode_s: float  # fused dequantize + shift + write into preallocated cache buffers
+    dense_prefill_s: float  # the engine's dense TTFT over context + tail
+    reuse_s: float  # the engine's TTFT reusing the context (everything up to the first token)
+    decode_s: float  # that call's splice stage: fresh buffers, fused dequantize + shift + write
     two_step_decode_s: float  # the former path: dequantize, shift, then copy into the cache
     memcpy_s: float
 
@@ -60,7 +69,7 @@ class CoreBenchRow:
 
     @property
     def decode_ratio_to_memcpy(self) -> float:
-        """Fused decode bandwidth (fp32 bytes written) as a fraction of memcpy's."""
+        """The engine's splice bandwidth (fp32 bytes written) as a fraction of memcpy's."""
         return self.memcpy_s / self.decode_s
 
     @property
@@ -88,18 +97,30 @@ def run_core_bench(
     repeats: int = 5,
     thread_counts: Sequence[int] = (1, 2),
 ) -> list[CoreBenchRow]:
-    """One row per length and thread count; medians of `repeats` runs after a warm-up each."""
+    """One row per length and thread count; medians of `repeats` calls after a warm-up each."""
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths {tuple(lengths)} must be non-empty and positive")
     if not thread_counts or min(thread_counts) < 1:
         raise ValueError(f"thread_counts {tuple(thread_counts)} must be non-empty and positive")
     warn_if_busy()
     rows = []
-    for num_tokens in lengths:
-        payload, kv_nbytes = _captured_payload(loaded, num_tokens)
-        for num_threads in thread_counts:
-            with torch_threads(num_threads):
-                rows.append(_bench(loaded, num_tokens, num_threads, payload, kv_nbytes, repeats))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedStore(loopback_config(f"{tmp}/lmdb")) as store,
+    ):
+        for num_tokens in lengths:
+            namespace = f"bench-core-{num_tokens}"
+            _store_context(loaded, StoreClient(store.target, namespace), num_tokens)
+            engine = ReuseEngine(
+                loaded, REUSE_MODE, StoreClient(store.target, namespace),
+                EngineConfig(quant="int8", store_segments=False, async_store=False),
+            )  # fmt: skip
+            payload, kv_nbytes = _captured_payload(loaded, num_tokens)
+            for num_threads in thread_counts:
+                with torch_threads(num_threads):
+                    rows.append(
+                        _bench(engine, num_tokens, num_threads, payload, kv_nbytes, repeats)
+                    )
     return rows
 
 
@@ -118,72 +139,86 @@ def make_token_ids(num_tokens: int, vocab_size: int, seed: int = 0) -> list[int]
     return torch.randint(0, vocab_size, (num_tokens,), generator=generator).tolist()
 
 
+def _prompt(*parts: Sequence[int]) -> ChatPrompt:
+    """Text spans, one per part, back to back."""
+    spans, start = [], 0
+    for index, part in enumerate(parts):
+        spans.append(ChatSpan("text", f"text_{index}", start, start + len(part)))
+        start += len(part)
+    return ChatPrompt(tuple(int(t) for part in parts for t in part), tuple(spans))
+
+
+def _vocab_size(loaded: LoadedModel) -> int:
+    return int(loaded.model.config.get_text_config(decoder=True).vocab_size)
+
+
+def _context(loaded: LoadedModel, num_tokens: int) -> list[int]:
+    return make_token_ids(num_tokens, _vocab_size(loaded))
+
+
+def _store_context(loaded: LoadedModel, store: StoreClient, num_tokens: int) -> None:
+    """A dense call that stores the context after `CAPTURE_POSITION` other tokens (int8)."""
+    before = make_token_ids(CAPTURE_POSITION, _vocab_size(loaded), seed=1)
+    prompt = _prompt(before, _context(loaded, num_tokens), [0])
+    config = EngineConfig(quant="int8", async_store=False, local_tier_bytes=0)
+    with ReuseEngine(loaded, "dense", store, config) as engine:
+        engine.run(prompt, FIRST_TOKEN)
+
+
 def _captured_payload(loaded: LoadedModel, num_tokens: int) -> tuple[bytes, int]:
-    ids = _token_ids(loaded, num_tokens)
+    """The context's K/V captured at `CAPTURE_POSITION` as an int8 payload (what the store
+    holds), and the bytes of its fp32 K and V."""
+    ids = _context(loaded, num_tokens)
     segment = capture_segments(
         loaded.model, ids, [(0, num_tokens)], position_offset=CAPTURE_POSITION
     )
     captured = segment.segments[0]
     payload = encode_payload(captured, model_fingerprint=loaded.fingerprint, quant="int8")
-    return payload, 2 * captured.keys.numel() * 4  # fp32 K and V
-
-
-def _token_ids(loaded: LoadedModel, num_tokens: int) -> list[int]:
-    return make_token_ids(num_tokens, loaded.model.config.get_text_config(decoder=True).vocab_size)
+    return payload, 2 * captured.keys.numel() * 4
 
 
 def _bench(
-    loaded: LoadedModel,
+    engine: ReuseEngine,
     num_tokens: int,
     num_threads: int,
     payload: bytes,
     kv_nbytes: int,
     repeats: int,
 ) -> CoreBenchRow:
-    ids = _token_ids(loaded, num_tokens)
-    executor = CallExecutor(loaded.model, loaded.layout, loaded.rope)
-    dense = CallPlan.all_compute(ids)
-    dense_s, _ = median_seconds(lambda: executor.prefill(dense, CallTimings()), repeats)
-    reuse_s, _ = median_seconds(lambda: _reuse_path(loaded, payload), repeats)
-    decode_s, _ = median_seconds(_fused_decode(loaded, payload), repeats)
-    two_step_s, _ = median_seconds(_two_step_decode(loaded, payload), repeats)
+    prompt = _prompt(_context(engine.loaded, num_tokens), [1])
+    dense_s = _median(lambda: engine.dense_reference(prompt, FIRST_TOKEN), repeats)
+    reuse = _reuse_calls(engine, prompt, repeats)
+    two_step_s, _ = median_seconds(_two_step_decode(engine.loaded, payload), repeats)
     memcpy_s, _ = median_seconds(_copyto(kv_nbytes), repeats)
     row = CoreBenchRow(
-        num_tokens, num_threads, len(payload), kv_nbytes,
-        dense_s, reuse_s, decode_s, two_step_s, memcpy_s,
+        num_tokens, num_threads, len(payload), kv_nbytes, dense_s,
+        statistics.median(o.ttft_s for o in reuse),
+        statistics.median(o.timings.splice_s for o in reuse), two_step_s, memcpy_s,
     )  # fmt: skip
     logger.info("bench core: %s", row)
     return row
 
 
-def _reuse_path(loaded: LoadedModel, payload: bytes) -> object:
-    # Everything a reuse does with fetched bytes before the suffix prefill.
-    stored = decode_stored(payload, expect_fingerprint=loaded.fingerprint)
-    return build_cache(loaded.model, [stored], loaded.layout, loaded.rope)
+def _median(call: Callable[[], CallOutcome], repeats: int) -> float:
+    call()  # warm-up
+    return statistics.median(call().ttft_s for _ in range(repeats))
 
 
-def _cache_buffers(loaded: LoadedModel, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layout = loaded.layout
-    shape = (layout.num_layers, 1, layout.num_kv_heads, num_tokens, layout.head_dim)
-    return torch.zeros(shape), torch.zeros(shape)  # touched once: no page faults when timed
-
-
-def _fused_decode(loaded: LoadedModel, payload: bytes) -> Callable[[], object]:
-    stored = decode_stored(payload, expect_fingerprint=loaded.fingerprint)
-    keys, values = _cache_buffers(loaded, stored.num_tokens)
-
-    def run() -> object:
-        decode_into(stored, loaded.rope, -stored.start_position, keys[:, 0], values[:, 0])
-        cache = model_cache(loaded.model)
-        install_layers(cache, keys, values)
-        return cache
-
-    return run
+def _reuse_calls(engine: ReuseEngine, prompt: ChatPrompt, repeats: int) -> list[CallOutcome]:
+    """`repeats` reuse calls after a warm-up; each must reuse the whole context."""
+    engine.run(prompt, FIRST_TOKEN)
+    outcomes = [engine.run(prompt, FIRST_TOKEN) for _ in range(repeats)]
+    expected = len(prompt.token_ids) - 1
+    if any(o.num_reused_tokens != expected for o in outcomes):
+        raise RuntimeError(f"the reuse call did not reuse the stored {expected}-token context")
+    return outcomes
 
 
 def _two_step_decode(loaded: LoadedModel, payload: bytes) -> Callable[[], object]:
     segment = decode_payload(payload, expect_fingerprint=loaded.fingerprint)
-    keys, values = _cache_buffers(loaded, segment.num_tokens)
+    layout = loaded.layout
+    shape = (layout.num_layers, 1, layout.num_kv_heads, segment.num_tokens, layout.head_dim)
+    keys, values = torch.zeros(shape), torch.zeros(shape)  # touched once: no page faults
     raw = decode_stored(payload)
 
     def run() -> object:
@@ -222,17 +257,18 @@ def core_bench_to_json(rows: Sequence[CoreBenchRow]) -> dict[str, Any]:
 def render_core_bench(rows: Sequence[CoreBenchRow]) -> Table:
     """A rich table of the bench rows (the CLI prints it)."""
     table = Table(
-        title="kvsplice bench core (int8 payload, medians)",
+        title="kvsplice bench core (ReuseEngine, int8 payload, medians)",
         caption=(
-            "reuse = checks + checksum + fused decode into a fresh cache; decode = fused "
-            "dequantize + shift + write into preallocated cache buffers; two-step = the former "
-            "decode; memcpy = numpy.copyto of the same fp32 K/V bytes. Targets at 1,024 "
-            f"tokens: decode >= {DECODE_TARGET_RATIO:.0%} of memcpy, reuse >= "
+            "reuse call = ReuseEngine's TTFT reusing the context (lookups, read, checks, "
+            "splice, last token); splice = that call's splice stage (fresh buffers, fused "
+            "dequantize + shift + write); two-step = the former decode; memcpy = numpy.copyto "
+            "of the same fp32 K/V bytes. Targets at 1,024 "
+            f"tokens: splice >= {DECODE_TARGET_RATIO:.0%} of memcpy, reuse call >= "
             f"{REUSE_TARGET_SPEEDUP:.0f}x dense."
         ),
     )
-    for column in ("tokens", "threads", "payload", "dense prefill", "reuse path", "speedup",
-                   "decode/memcpy", "two-step/memcpy", "memcpy GB/s", "targets"):  # fmt: skip
+    for column in ("tokens", "threads", "payload", "dense prefill", "reuse call", "speedup",
+                   "splice/memcpy", "two-step/memcpy", "memcpy GB/s", "targets"):  # fmt: skip
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(

@@ -434,7 +434,7 @@ def bench_core(
     ] = None,
     log_level: LogLevelOpt = LogLevel.warning,
 ) -> None:
-    """Reuse path (checks + fused dequantize/shift into the cache) vs dense prefill vs memcpy."""
+    """ReuseEngine's reuse call (and its fused splice into the cache) vs dense prefill vs memcpy."""
     import json
 
     require_worker("bench core")

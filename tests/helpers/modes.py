@@ -89,7 +89,8 @@ def capture(
 def full_reuse_span(segment: SegmentKV, start: int, rope: RopeSpec) -> PlanSpan:
     """Naive reuse, built by hand: every layer reads the segment's K/V shifted to `start`."""
     keys = rope.shift_layers(segment.keys, start - segment.start_position)
-    return PlanSpan(start, start + segment.num_tokens, segment.num_layers, keys, segment.values)
+    kv = SegmentKV(keys, segment.values, start)
+    return PlanSpan(start, start + segment.num_tokens, segment.num_layers, kv)
 
 
 def plan_with(ids: Sequence[int], *reused: PlanSpan) -> CallPlan:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import torch
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
-from kvsplice.client.store.segment_io import slice_segment
 from kvsplice.client.store.store_types import AnchorEntry
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, sender_base_root
@@ -122,10 +121,10 @@ def on_device(segment: SegmentKV, device: torch.device | str) -> SegmentKV:
 
 def split_offsets(joined: SegmentKV, num_placeholder_tokens: int) -> AgentOffsets:
     """The inverse of the concatenation in `encode_offsets`."""
-    placeholder = slice_segment(joined, 0, num_placeholder_tokens)
+    placeholder = joined.tokens(0, num_placeholder_tokens)
     if joined.num_tokens == num_placeholder_tokens:
         return AgentOffsets(placeholder)
-    prefix = slice_segment(joined, num_placeholder_tokens, joined.num_tokens)
+    prefix = joined.tokens(num_placeholder_tokens, joined.num_tokens)
     return AgentOffsets(placeholder, prefix)
 
 

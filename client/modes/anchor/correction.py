@@ -125,7 +125,7 @@ def anchor_spans(
     for part, segment in zip(("placeholder", "next"), segments, strict=False):
         start = segment.start_position - position_offset
         spans.append(PlanSpan(
-            start, start + segment.num_tokens, segment.num_layers, segment.keys, segment.values,
+            start, start + segment.num_tokens, segment.num_layers, segment,
             name=f"{name}:{part}",
         ))  # fmt: skip
     return tuple(spans)

@@ -59,7 +59,7 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix, replace_spans
-from kvsplice.client.store.segment_io import SpanRecord, slice_segment
+from kvsplice.client.store.segment_io import SpanRecord
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -223,7 +223,7 @@ class AnchorPolicy(RecordingPolicy):
         if base is None:
             return None
         if covered < base.num_tokens:  # causal: the first tokens' base is the base's start
-            base = slice_segment(base, 0, covered)
+            base = base.tokens(0, covered)
         if pooled:
             pool = pooled_anchors(usable, agent_id, ctx)
         else:
@@ -259,7 +259,7 @@ class AnchorPolicy(RecordingPolicy):
         bases: list[SpanRecord],
     ) -> CallPlan:
         """Exact prefix, corrected placeholders and next texts, the rest computed."""
-        reused = [s for s in exact.spans if s.keys is not None]
+        reused = [s for s in exact.spans if s.kv is not None]
         corrected: list[PlanSpan] = []
         for outcome in gated:
             corrected += self._corrected(outcome, prompt, ctx, agent_id, bases)
@@ -278,16 +278,14 @@ class AnchorPolicy(RecordingPolicy):
         prefix is read at every layer."""
         chunks = []
         for span in corrected:
-            assert span.keys is not None and span.values is not None  # corrected K/V, every layer
-            chunks.append(
-                (span.start, SegmentKV(span.keys, span.values, start_position=span.start))
-            )
+            assert isinstance(span.kv, SegmentKV)  # corrected K/V, every layer, in place
+            chunks.append((span.start, span.kv))
         blended = blend_plan(prompt.token_ids, chunks, blend_rule(REPAIR_CHECK_LAYER, ratio))
         by_start = {s.start: s for s in corrected}
         chunk_spans = [
             replace(s, name=by_start[s.start].name, source=by_start[s.start].source)
             for s in blended.spans
-            if s.keys is not None
+            if s.kv is not None
         ]
         return replace_spans(blended, tile_spans(len(prompt.token_ids), [*exact, *chunk_spans]))
 

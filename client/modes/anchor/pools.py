@@ -269,9 +269,9 @@ def lead_base(
     base = question_base(tuple(tokens), ctx, bases, lead)
     if base is None:
         return None
-    return on_device(
-        SegmentKV(base.keys.float(), base.values.float(), base.start_position), model_device(ctx)
-    )
+    with timed(ctx.timings, "decode_s"):
+        kv = base.decode(torch.float32)
+    return on_device(SegmentKV(kv.keys, kv.values, kv.start_position), model_device(ctx))
 
 
 def sender_base(tokens: Sequence[int], ctx: StoreContext) -> SegmentKV | None:
@@ -282,15 +282,12 @@ def sender_base(tokens: Sequence[int], ctx: StoreContext) -> SegmentKV | None:
     """
     ids = tuple(int(t) for t in tokens)
     key = context_key(sender_base_parent(ctx.fingerprint), ids)
-    fetched = fetch_segment(
-        ctx.store, key, fingerprint=ctx.fingerprint, dtype=ctx.decode_dtype, timings=ctx.timings
-    )
+    fetched = fetch_segment(ctx.store, key, fingerprint=ctx.fingerprint, timings=ctx.timings)
     if fetched is None or fetched.meta.token_ids != ids:
         return None
-    kv = fetched.kv
-    return on_device(
-        SegmentKV(kv.keys.float(), kv.values.float(), kv.start_position), model_device(ctx)
-    )
+    with timed(ctx.timings, "decode_s"):
+        kv = fetched.kv.decode(torch.float32)
+    return on_device(SegmentKV(kv.keys, kv.values, kv.start_position), model_device(ctx))
 
 
 def sender_base_record(response: SpanRecord, fingerprint: str) -> SpanRecord:

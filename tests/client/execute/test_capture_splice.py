@@ -1,4 +1,4 @@
-"""Capture, executor splice and `build_cache` oracles on tiny random Llama / Gemma3 models (fast)."""
+"""Capture and executor splice oracles on tiny random Llama / Gemma3 models (fast)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedModel
 
-from kvsplice.client.execute.call_executor import CallExecutor, SpliceSource, build_cache
+from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
-from kvsplice.client.execute.plan import CallPlan, Source, segment_span
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.model.models import kv_layout
 from kvsplice.common.errors import LayoutMismatch
-from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
+from kvsplice.kvmath.payload import KVSource, decode_payload, decode_stored, encode_payload
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -42,24 +42,20 @@ def make_executor(model: PreTrainedModel) -> CallExecutor:
     return CallExecutor(model, kv_layout(model), RopeSpec.from_hf_config(model.config))
 
 
-def run(model: PreTrainedModel, ids: list[int], segments: list[SegmentKV], num_new: int = 1):
-    """The executor over `ids` with `segments` back to back from slot 0 (dense if none)."""
+def run(model: PreTrainedModel, ids: list[int], segments: list[KVSource], num_new: int = 1):
+    """The executor over `ids` with `segments` (tensors or stored) back to back from slot 0,
+    every layer read (dense if none)."""
     spans, start = [], 0
     for segment in segments:
-        source = Source("exact", True, start, start - segment.start_position)
-        spans.append(segment_span(segment, start, start_layer=segment.num_layers, source=source))
-        start += segment.num_tokens
+        delta = start - segment.start_position
+        source = Source("exact", True, start, delta)
+        end = start + segment.num_tokens
+        spans.append(PlanSpan(start, end, segment.num_layers, segment, delta=delta, source=source))
+        start = end
     executor = make_executor(model)
     state = executor.prefill(CallPlan.tiled(ids, spans), CallTimings())
     executor.generate(state, GenerationConfig(num_new, ignore_stop=True), CallTimings())
     return state
-
-
-def splice_cache(model: PreTrainedModel, ids: list[int], segments: list[SpliceSource]):
-    """`build_cache` of `segments`, then the rest of `ids` prefilled on top: (logits [V], cache)."""
-    cache = build_cache(model, segments, kv_layout(model), RopeSpec.from_hf_config(model.config))
-    reused = sum(s.num_tokens for s in segments)
-    return make_executor(model).forward(ids[reused:], reused, cache), cache
 
 
 def logits_delta(a: ExecutionState, b: ExecutionState) -> float:
@@ -138,11 +134,6 @@ def test_exact_splice_into_sliding_window_layers_equals_dense(prefix: int) -> No
     spliced, dense = run(GEMMA3, ids, segments, 8), run(GEMMA3, ids, [], 8)
     assert logits_delta(spliced, dense) <= 1e-5
     assert spliced.generated == dense.generated
-    # build_cache builds the model's own cache: sliding layers crop to their window
-    logits, cache = splice_cache(GEMMA3, ids, segments)
-    sliding_lengths = [layer.keys.shape[-2] for layer in cache.layers[:2]]
-    assert sliding_lengths == [3, 3]  # window - 1, cropped by the cache itself
-    assert float((logits - dense.logits_first).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
@@ -152,8 +143,8 @@ def test_segment_captured_at_another_position_is_shifted_into_place(model: PreTr
     spliced, dense = run(model, ids, [moved]), run(model, ids, [])
     # fp32 RoPE angles round differently at positions p and p + 300 (~|p·θ|·2^-24).
     assert logits_delta(spliced, dense) <= 1e-4
-    logits, _ = splice_cache(model, ids, [moved])
-    assert float((logits - dense.logits_first).abs().max()) <= 1e-4
+    stored = decode_stored(encode_payload(moved, model_fingerprint=FINGERPRINT, quant="none"))
+    assert logits_delta(run(model, ids, [stored]), spliced) == 0.0  # read in place, bit-exact
 
 
 @pytest.mark.parametrize("model", [LLAMA, GEMMA3], ids=["llama", "gemma3"])
@@ -166,29 +157,29 @@ def test_stored_int8_segments_splice_like_their_decoded_form(model: PreTrainedMo
     payloads = [
         encode_payload(s, model_fingerprint=FINGERPRINT, quant="int8") for s in (moved, rest)
     ]
-    decoded: list[SpliceSource] = [decode_payload(payload) for payload in payloads]
+    decoded: list[KVSource] = [decode_payload(payload) for payload in payloads]
     stored = [decode_stored(payloads[0]), decoded[1]]
-    decoded_logits, decoded_cache = splice_cache(model, ids, decoded)
-    stored_logits, stored_cache = splice_cache(model, ids, stored)
-    for fused, reference in zip(stored_cache.layers, decoded_cache.layers, strict=True):
+    from_decoded, from_stored = run(model, ids, decoded), run(model, ids, stored)
+    for fused, reference in zip(from_stored.cache.layers, from_decoded.cache.layers, strict=True):
         # Spliced tokens: values bit-equal, keys within fp32 rounding of the shift.
         torch.testing.assert_close(
             fused.keys[..., :18, :], reference.keys[..., :18, :], atol=2e-5, rtol=0
         )
         assert torch.equal(fused.values[..., :18, :], reference.values[..., :18, :])
-    assert float((stored_logits - decoded_logits).abs().max()) <= 1e-4
-    # the executor's splice path builds the same cache from decoded segments
-    executed = run(model, ids, decoded)  # type: ignore[arg-type]
-    assert float((executed.logits_first - decoded_logits).abs().max()) <= 1e-4
+    assert logits_delta(from_stored, from_decoded) <= 1e-4
+    # the decoder-layer loop writes stored segments into its buffer the same way
+    plan = CallPlan.tiled(ids, [PlanSpan(0, 12, stored[0].num_layers, stored[0], delta=-200)])
+    looped = make_executor(model).layerwise.run(plan)
+    spliced = run(model, ids, stored[:1])
+    assert float((looped.logits_last - spliced.logits_first).abs().max()) <= 1e-4
 
 
-def test_build_cache_lays_segments_back_to_back() -> None:
+def test_the_splice_lays_segments_back_to_back() -> None:
     ids = make_prompt(16)
     captured = capture_segments(LLAMA, ids, [(0, 10)]).segments[0]
-    layout, rope = kv_layout(LLAMA), RopeSpec.from_hf_config(LLAMA.config)
-    cache = build_cache(LLAMA, [captured], layout, rope)
-    assert cache.get_seq_length() == 10
-    assert torch.equal(cache.layers[1].keys[0], captured.keys[1])
+    cache = run(LLAMA, ids, [captured]).cache
+    assert cache.get_seq_length() == 16
+    assert torch.equal(cache.layers[1].keys[0, :, :10], captured.keys[1])
 
 
 def test_standalone_segments_are_shifted_to_their_targets() -> None:
@@ -197,8 +188,7 @@ def test_standalone_segments_are_shifted_to_their_targets() -> None:
     ids = make_prompt(20)
     first = capture_segments(LLAMA, ids[:8], [(0, 8)], position_offset=40).segments[0]
     second = capture_segments(LLAMA, ids[8:], [(0, 12)]).segments[0]
-    layout, rope = kv_layout(LLAMA), RopeSpec.from_hf_config(LLAMA.config)
-    cache = build_cache(LLAMA, [first, second], layout, rope)
+    cache = run(LLAMA, ids, [first, second]).cache
     dense = capture_segments(LLAMA, ids, [(0, 20)]).segments[0]
     assert cache.get_seq_length() == 20
     torch.testing.assert_close(cache.layers[0].keys[0], dense.keys[0], atol=1e-5, rtol=0)
@@ -219,8 +209,6 @@ def test_partial_depth_or_foreign_geometry_is_a_layout_mismatch() -> None:
     for segment, match in ((shallow, "layers"), (wide, "heads")):
         with pytest.raises(LayoutMismatch, match=match):
             run(LLAMA, ids, [segment])
-        with pytest.raises(LayoutMismatch, match=match):
-            splice_cache(LLAMA, ids, [segment])
 
 
 @pytest.mark.gpu
@@ -231,7 +219,7 @@ def test_stored_segments_splice_on_cuda_through_pinned_staging() -> None:
     ids = make_prompt(24, seed=8)
     moved = capture_segments(LLAMA, ids[:16], [(0, 16)], position_offset=64).segments[0]
     payload = encode_payload(moved, model_fingerprint=FINGERPRINT, quant="int8")
-    on_gpu, gpu_cache = splice_cache(model, ids, [decode_stored(payload)])
-    on_cpu, _ = splice_cache(LLAMA, ids, [decode_stored(payload)])
-    assert gpu_cache.layers[0].keys.device.type == "cuda"
-    torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-3, rtol=0)
+    on_gpu = run(model, ids, [decode_stored(payload)])
+    on_cpu = run(LLAMA, ids, [decode_stored(payload)])
+    assert on_gpu.cache.layers[0].keys.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.logits_first.cpu(), on_cpu.logits_first, atol=1e-3, rtol=0)

@@ -18,11 +18,12 @@ from test_exact_oracle_smollm2 import (
     make_prompt_ids,
     max_abs_logit_delta,
     prefill_and_greedy,
+    prefix_span,
     shared_prefix_len,
     suffix_log_probs,
 )
 
-from kvsplice.client.execute.plan import CallPlan, segment_span
+from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.models import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -51,8 +52,7 @@ def test_exact_splice_matches_dense_on_qwen2_bf16_to_bf16_rounding(qwen2_bf16: L
     dense, _ = prefill_and_greedy(qwen2_bf16, CallPlan.all_compute(ids), 1)
     for prefix in (len(ids) // 2, len(ids) - 1):
         segment = make_prefix_segment(qwen2_bf16, ids, prefix, "none")
-        span = segment_span(segment, 0, start_layer=segment.num_layers)
-        spliced, _ = prefill_and_greedy(qwen2_bf16, CallPlan.tiled(ids, [span]), 1)
+        spliced, _ = prefill_and_greedy(qwen2_bf16, CallPlan.tiled(ids, [prefix_span(segment)]), 1)
         assert float((spliced - dense).abs().max()) <= MAX_LOGIT_DELTA_BF16, f"prefix {prefix}"
         assert int(spliced.argmax()) == int(dense.argmax())
 
@@ -63,7 +63,7 @@ def test_int8_from_bf16_splice_stays_close_to_dense(qwen2_bf16: LoadedModel) -> 
         ids = make_prompt_ids(qwen2_bf16, question)
         prefix = shared_prefix_len(ids, make_prompt_ids(qwen2_bf16, "Hello."))
         segment = make_prefix_segment(qwen2_bf16, ids, prefix, "int8")
-        dense = suffix_log_probs(qwen2_bf16, ids, [])[prefix:]
-        quant = suffix_log_probs(qwen2_bf16, ids, [segment])
+        dense = suffix_log_probs(qwen2_bf16, ids, None)[prefix:]
+        quant = suffix_log_probs(qwen2_bf16, ids, segment)
         agree.append(dense.argmax(-1) == quant.argmax(-1))
     assert float(torch.cat(agree).double().mean()) >= 0.75

@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvsplice.client.execute.call_executor import CallExecutor, build_cache
+from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import GenerationConfig
-from kvsplice.client.execute.plan import CallPlan, segment_span
-from kvsplice.client.model.hf_cache import cache_kwarg
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, tile_spans
 from kvsplice.client.model.models import LoadedModel
-from kvsplice.kvmath.payload import decode_payload, encode_payload
-from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.kvmath.payload import KVSource, decode_stored, encode_payload
 
 pytestmark = pytest.mark.slow
 
@@ -45,11 +43,16 @@ def make_prompt_ids(loaded: LoadedModel, question: str, system: str = SYSTEM) ->
     return list(encoded["input_ids"])
 
 
-def make_prefix_segment(loaded: LoadedModel, ids: list[int], prefix: int, quant: str) -> SegmentKV:
-    """Capture ids[:prefix] densely and round-trip it through the payload format."""
+def make_prefix_segment(loaded: LoadedModel, ids: list[int], prefix: int, quant: str) -> KVSource:
+    """Capture ids[:prefix] densely and store it in the payload format (as a splice reads it)."""
     captured = capture_segments(loaded.model, ids[:prefix], [(0, prefix)]).segments[0]
     data = encode_payload(captured, model_fingerprint=loaded.fingerprint, quant=quant)
-    return decode_payload(data, expect_fingerprint=loaded.fingerprint)
+    return decode_stored(data, expect_fingerprint=loaded.fingerprint)
+
+
+def prefix_span(segment: KVSource) -> PlanSpan:
+    """Every layer of `segment` read at slot 0 (it was captured there: Δ 0)."""
+    return PlanSpan(0, segment.num_tokens, segment.num_layers, segment)
 
 
 def prefill_and_greedy(
@@ -63,10 +66,9 @@ def prefill_and_greedy(
 
 
 def max_abs_logit_delta(
-    loaded: LoadedModel, ids: list[int], segment: SegmentKV
+    loaded: LoadedModel, ids: list[int], segment: KVSource
 ) -> tuple[float, list[int]]:
-    span = segment_span(segment, 0, start_layer=segment.num_layers)
-    spliced, tokens = prefill_and_greedy(loaded, CallPlan.tiled(ids, [span]))
+    spliced, tokens = prefill_and_greedy(loaded, CallPlan.tiled(ids, [prefix_span(segment)]))
     dense, _ = prefill_and_greedy(loaded, CallPlan.all_compute(ids), num_new=1)
     return float((spliced - dense).abs().max()), tokens
 
@@ -85,19 +87,16 @@ def test_exact_splice_matches_dense_logits_and_32_greedy_tokens(
         assert tokens == dense_tokens, f"prefix {prefix}"
 
 
-def suffix_log_probs(
-    loaded: LoadedModel, ids: list[int], segments: list[SegmentKV]
-) -> torch.Tensor:
-    """Log-probabilities [S, V] at every suffix position, after splicing (dense if none)."""
-    reused = sum(s.num_tokens for s in segments)
-    cache = build_cache(loaded.model, segments, loaded.layout, loaded.rope)
-    suffix = torch.tensor([ids[reused:]])
-    positions = torch.arange(reused, len(ids)).unsqueeze(0)
-    with torch.inference_mode():
-        out = loaded.model(
-            input_ids=suffix, position_ids=positions, **cache_kwarg(loaded.model, cache)
-        )
-    return torch.log_softmax(out.logits[0].double(), dim=-1)
+def suffix_log_probs(loaded: LoadedModel, ids: list[int], segment: KVSource | None) -> torch.Tensor:
+    """Log-probabilities [S, V] at every position after `segment`'s, with it spliced at slot
+    0 by the executor's decoder-layer loop (dense if None)."""
+    spans = [] if segment is None else [prefix_span(segment)]
+    reused = 0 if segment is None else segment.num_tokens
+    plan = CallPlan(
+        tuple(ids), tile_spans(len(ids), spans), logits_slots=tuple(range(reused, len(ids)))
+    )
+    executor = CallExecutor(loaded.model, loaded.layout, loaded.rope)
+    return torch.log_softmax(executor.layerwise.run(plan).logits.double(), dim=-1)
 
 
 def shared_prefix_len(a: list[int], b: list[int]) -> int:
@@ -112,8 +111,8 @@ def test_int8_splice_stays_close_to_dense(smollm2: LoadedModel) -> None:
         ids = make_prompt_ids(smollm2, question)
         prefix = shared_prefix_len(ids, make_prompt_ids(smollm2, "Hello."))
         segment = make_prefix_segment(smollm2, ids, prefix, "int8")
-        dense = suffix_log_probs(smollm2, ids, [])[prefix:]
-        quant = suffix_log_probs(smollm2, ids, [segment])
+        dense = suffix_log_probs(smollm2, ids, None)[prefix:]
+        quant = suffix_log_probs(smollm2, ids, segment)
         kls.append((dense.exp() * (dense - quant)).sum(-1))
         agree.append(dense.argmax(-1) == quant.argmax(-1))
     kl, top1 = torch.cat(kls), torch.cat(agree).double()

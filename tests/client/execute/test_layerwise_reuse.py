@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, segment_span
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 ATOL = 1e-4  # measured max |Δlogit| <= 2.4e-7 (Δ-shifted reuse), <= 2.1e-7 otherwise
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -49,7 +50,7 @@ def test_exact_prefix_reuse_equals_dense(arch: str) -> None:
     ids = make_prompt(18)
     dense_logits, cache = dense_forward(model, ids)
     keys, values = dense_kv(cache, 0, 10)
-    spans = tile(len(ids), PlanSpan(0, 10, NUM_LAYERS, keys, values, name="prefix"))
+    spans = tile(len(ids), PlanSpan(0, 10, NUM_LAYERS, SegmentKV(keys, values, 0), name="prefix"))
     result = LayerwiseExecutor(model).run(CallPlan(ids, spans))
     torch.testing.assert_close(result.logits_last, dense_logits[-1], atol=ATOL, rtol=0)
     assert result.num_computed == (8,) * NUM_LAYERS
@@ -157,6 +158,6 @@ def test_any_tiling_with_exact_kv_and_boundaries_equals_dense(
         start_layer = min(layers[i], NUM_LAYERS - 1) if end == len(ids) else layers[i]
         hidden = segment.boundary_states[start_layer][start:end]
         keys, values = segment.keys[:, :, start:end], segment.values[:, :, start:end]
-        spans.append(PlanSpan(start, end, start_layer, keys, values, hidden))
+        spans.append(PlanSpan(start, end, start_layer, SegmentKV(keys, values, start), hidden))
     result = LayerwiseExecutor(model).run(CallPlan(ids, tuple(spans)))
     torch.testing.assert_close(result.logits_last, dense_last, atol=ATOL, rtol=0)

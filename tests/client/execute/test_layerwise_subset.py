@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, KVPair, PlanSpan, SubsetRule
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 ATOL = 1e-4  # measured max |Δlogit| <= 9e-8 (select-all vs dense), 0.0 (select-none vs reuse)
 CHUNK = (4, 12)  # the reused chunk inside a 16-token prompt
@@ -51,7 +52,7 @@ def blend_plan(
     start, end = CHUNK
     spans = (
         PlanSpan(0, start, name="prefix"),
-        PlanSpan(start, end, start_layer, keys, values, name="chunk"),
+        PlanSpan(start, end, start_layer, SegmentKV(keys, values, start), name="chunk"),
         PlanSpan(end, len(ids), name="query"),
     )
     return CallPlan(ids, spans, subsets=(SubsetRule(check_layer, selector),))
@@ -125,7 +126,7 @@ def test_logits_token_is_never_a_candidate() -> None:
     ids = make_prompt(10)
     segment = capture_segments(model, ids[4:], [(0, 6)], position_offset=4).segments[0]
     selector = RecordingSelector(pick=())
-    spans = (PlanSpan(0, 4), PlanSpan(4, 10, 0, segment.keys, segment.values))
+    spans = (PlanSpan(0, 4), PlanSpan(4, 10, 0, segment))
     plan = CallPlan(ids, spans, subsets=(SubsetRule(1, selector),))
     result = LayerwiseExecutor(model).run(plan)
     assert selector.calls[0][1][0].shape[1] == 5

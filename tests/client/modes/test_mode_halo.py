@@ -41,7 +41,7 @@ START, END = len(LEFT), len(LEFT) + len(CHUNK)
 
 def make_span(start: int = 3, end: int = 9) -> PlanSpan:
     keys = torch.randn(2, 1, end - start, 4, generator=torch.Generator().manual_seed(start))
-    return PlanSpan(start, end, 2, keys, keys + 1.0, name="reused")
+    return PlanSpan(start, end, 2, SegmentKV(keys, keys + 1.0, start), name="reused")
 
 
 def naive_plan(model: LlamaForCausalLM, segment: SegmentKV) -> CallPlan:
@@ -57,20 +57,20 @@ def test_halo_split_computes_the_first_h_tokens_and_keeps_the_rest() -> None:
     span = make_span()
     assert halo_split(span, 0) == (span,)
     halo, rest = halo_split(span, 2)
-    assert (halo.start, halo.end, halo.start_layer, halo.keys) == (3, 5, 0, None)
+    assert (halo.start, halo.end, halo.start_layer, halo.kv) == (3, 5, 0, None)
     assert (rest.start, rest.end, rest.start_layer) == (5, 9, 2)
-    assert torch.equal(rest.keys, span.keys[:, :, 2:]) and torch.equal(
-        rest.values, span.values[:, :, 2:]
-    )
+    assert isinstance(rest.kv, SegmentKV) and isinstance(span.kv, SegmentKV)
+    assert torch.equal(rest.kv.keys, span.kv.keys[:, :, 2:])
+    assert torch.equal(rest.kv.values, span.kv.values[:, :, 2:])
     (whole,) = halo_split(span, 10)
-    assert (whole.start, whole.end, whole.keys) == (3, 9, None)
+    assert (whole.start, whole.end, whole.kv) == (3, 9, None)
     with pytest.raises(ValueError):
         halo_split(span, -1)
 
 
 def test_halo_plan_skips_spans_at_slot_zero_and_exact_ones() -> None:
     first, exact, approx = make_span(0, 3), make_span(3, 6), make_span(8, 12)
-    exact = PlanSpan(3, 6, 2, exact.keys, exact.values, name="exact")
+    exact = PlanSpan(3, 6, 2, exact.kv, name="exact")
     plan = plan_with(make_ids(14, 1), first, exact, approx)
     spans = halo_plan(plan, 1, exact_names={"exact"}).spans
     assert [(s.start, s.end, s.start_layer) for s in spans] == [

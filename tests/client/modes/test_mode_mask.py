@@ -13,6 +13,7 @@ from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.mask import MaskPolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.kvmath.segment_kv import SegmentKV
 
 ATOL = 1e-4  # fp32: the same computation in another summation order, or a RoPE shift
 GENERATION = GenerationConfig(max_new_tokens=4, stop_token_ids=(127,))
@@ -85,9 +86,9 @@ def test_each_block_is_its_standalone_prefill_after_the_prefix_rotated_into_plac
         alone = prompt.token_ids[:prefix_len] + prompt.token_ids[block.start : block.end]
         keys, values = standalone_kv(loaded, alone, prefix_len, len(alone))
         assert span.start - span.delta == prefix_len  # stored at the prefix's end
-        assert span.keys is not None and span.values is not None
-        assert (span.keys - keys).abs().max() <= ATOL
-        assert (span.values - values).abs().max() <= ATOL
+        assert isinstance(span.kv, SegmentKV)
+        assert (span.kv.keys - keys).abs().max() <= ATOL
+        assert (span.kv.values - values).abs().max() <= ATOL
 
 
 def test_a_block_cannot_attend_to_another_block(engine: ReuseEngine) -> None:
@@ -98,5 +99,7 @@ def test_a_block_cannot_attend_to_another_block(engine: ReuseEngine) -> None:
     # plan: prefix, block 1, its label computed, block 2, the rest computed
     second = [one.spans[3], other.spans[3]]
     assert one.spans[3].start == other.spans[3].start
-    assert torch.equal(second[0].keys, second[1].keys)
-    assert torch.equal(second[0].values, second[1].values)
+    first_kv, second_kv = second[0].kv, second[1].kv
+    assert isinstance(first_kv, SegmentKV) and isinstance(second_kv, SegmentKV)
+    assert torch.equal(first_kv.keys, second_kv.keys)
+    assert torch.equal(first_kv.values, second_kv.values)

@@ -378,11 +378,12 @@ def test_reuse_map_counts_the_layers_each_token_reused() -> None:
         random_segment(4, 2, 70),
     )
     spans = (
-        PlanSpan(0, 3, 4, exact.keys, exact.values, name="exact@0",
+        PlanSpan(0, 3, 4, exact, name="exact@0",
                  source=Source("exact", True, 0, 0, b"k" * 16, 3)),
-        PlanSpan(3, 8, 0, chunk.keys, chunk.values, name="blend@3", delta=-37,
+        PlanSpan(3, 8, 0, chunk, name="blend@3", delta=-37,
                  source=Source("blend", False, 3, -37)),
-        PlanSpan(8, 10, 2, lower.keys[:2], lower.values[:2], torch.zeros(2, 64), "cut@8", -62,
+        PlanSpan(8, 10, 2, SegmentKV(lower.keys[:2], lower.values[:2], 70), torch.zeros(2, 64),
+                 "cut@8", -62,
                  Source("multicut", False, 8, -62)),
         PlanSpan(10, 11, name="computed"),
     )  # fmt: skip
@@ -418,15 +419,15 @@ def test_a_base_after_a_lead_is_that_prefills_slice_and_is_fetched_later(
     cache = full_length_cache()
     engine.executor.forward((*lead, *tokens), 0, cache)
     keys, values = read_layers(cache, len(lead), len(lead) + len(tokens))
-    assert base is not None and base.start_position == len(lead)
+    assert isinstance(base, SegmentKV) and base.start_position == len(lead)  # computed
     assert torch.equal(base.keys, keys) and torch.equal(base.values, values)
     assert put_records(ctx, computed) == 1
     later: list[SpanRecord] = []
     fetched = question_base(tokens, ctx, later, lead)
     assert later == [] and fetched is not None
-    assert torch.equal(fetched.values, values)
+    assert torch.equal(fetched.decode().values, values)
     alone = question_base(tokens, ctx, later, ())  # another key: no lead, computed at position 0
-    assert alone is not None and alone.start_position == 0 and len(later) == 1
+    assert isinstance(alone, SegmentKV) and alone.start_position == 0 and len(later) == 1
     assert not torch.allclose(alone.values[1:], values[1:])  # the lead changes every layer > 0
 
 
