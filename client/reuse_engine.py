@@ -18,10 +18,15 @@ import torch
 from cachetools import LRUCache
 
 from kvsplice.client.execute.call_executor import CallExecutor
-from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.execution import ExecutionState, GenerationConfig, content_tokens
+from kvsplice.client.execute.execution import (
+    CallTimings,
+    ExecutionState,
+    GenerationConfig,
+    ReusedRange,
+    ReuseMap,
+    content_tokens,
+)
 from kvsplice.client.execute.plan import CallPlan
-from kvsplice.client.execute.reuse_map import ReusedRange, ReuseMap
 from kvsplice.client.model.chat_prompt import ChatMessage, chat_prompt
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy

@@ -24,12 +24,16 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from kvsplice.client.execute.call_timings import CallTimings, timed
-from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
+from kvsplice.client.execute.execution import (
+    CallTimings,
+    ExecutionState,
+    GenerationConfig,
+    TokenPicker,
+    reuse_map,
+    timed,
+)
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
-from kvsplice.client.execute.reuse_map import reuse_map
-from kvsplice.client.execute.sampling import TokenPicker
 from kvsplice.client.model.hf_cache import (
     cache_kwarg,
     full_length_cache,

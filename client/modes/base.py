@@ -19,8 +19,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import torch
 
 from kvsplice.client.execute.call_executor import CallExecutor
-from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.execution import CallTimings, ExecutionState
 from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.store.local_tier import LocalTier

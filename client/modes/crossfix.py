@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.execution import timed
 from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.modes.base import (

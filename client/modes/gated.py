@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState, timed
 from kvsplice.client.modes.base import (
     CallContext,
     ModeSpec,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.execution import timed
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, computed_span, slice_span
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt

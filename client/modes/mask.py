@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.execution import timed
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers, truncate
 from kvsplice.client.modes.base import (

@@ -25,8 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from kvsplice.client.execute.call_timings import timed
-from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.execution import ExecutionState, timed
 from kvsplice.client.execute.layerwise_executor import CapturedStates
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, segment_span, tile_spans
 from kvsplice.client.modes.base import (

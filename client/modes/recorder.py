@@ -14,8 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.reuse_map import ReusedRange
+from kvsplice.client.execute.execution import ExecutionState, ReusedRange
 from kvsplice.client.modes.base import (
     CallContext,
     PlannedCall,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvsplice.client.execute.call_timings import CallTimings, timed
+from kvsplice.client.execute.execution import CallTimings, timed
 from kvsplice.client.store.local_tier import LocalTier
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import CorruptPayload, ResourceExhausted

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.execution import CallTimings, GenerationConfig
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.modes.base import SpannedPrompt
 from kvsplice.client.reuse_engine import ReuseEngine

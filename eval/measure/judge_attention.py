@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvsplice.agents.render import RenderedPrompt
-from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.reuse_map import ReuseMap
+from kvsplice.client.execute.execution import ExecutionState, ReuseMap
 from kvsplice.client.model.hf_cache import (
     append_layer_runs,
     cache_kwarg,

@@ -23,8 +23,7 @@ from dataclasses import dataclass, replace
 
 import xxhash
 
-from kvsplice.client.execute.call_timings import CallTimings, timed
-from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.execution import CallTimings, ExecutionState, timed
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.client.modes.anchor.codec import (

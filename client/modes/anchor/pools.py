@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvsplice.client.execute.call_timings import timed
+from kvsplice.client.execute.execution import timed
 from kvsplice.client.modes.anchor.anchors import Anchor
 from kvsplice.client.modes.anchor.codec import (
     anchor_id_of,

@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
 from kvsplice.client.execute.call_executor import CallExecutor, splices_only, takes_splice_path
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.execution import GenerationConfig, content_tokens
+from kvsplice.client.execute.execution import (
+    CallTimings,
+    GenerationConfig,
+    content_tokens,
+    reuse_map,
+)
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, computed_span, segment_span
-from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 from transformers import PreTrainedModel
 
 from kvsplice.client.execute.call_executor import CallExecutor
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
+from kvsplice.client.execute.execution import CallTimings, ExecutionState, GenerationConfig
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.model.models import kv_layout
 from kvsplice.common.errors import LayoutMismatch

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from kvsplice.client.execute.call_executor import CallExecutor
-from kvsplice.client.execute.call_timings import CallTimings
 from kvsplice.client.execute.capture import capture_segments
-from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.execution import CallTimings, GenerationConfig
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, tile_spans
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.kvmath.payload import KVSource, decode_stored, encode_payload

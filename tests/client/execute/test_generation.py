@@ -7,8 +7,7 @@ import torch
 from helpers.client import make_loaded
 from helpers.text import make_prompt
 
-from kvsplice.client.execute.execution import GenerationConfig
-from kvsplice.client.execute.sampling import TokenPicker, nucleus
+from kvsplice.client.execute.execution import GenerationConfig, TokenPicker, nucleus
 from kvsplice.client.reuse_engine import ReuseEngine
 
 PROMPT = make_prompt([("text", "user", "<|im_start|>user\nwhat is two plus two?<|im_end|>\n")])

@@ -7,8 +7,7 @@ import torch
 from helpers.client import make_loaded
 from helpers.text import CharTokenizer, FakePrompt, make_prompt
 
-from kvsplice.client.execute.call_timings import CallTimings
-from kvsplice.client.execute.execution import GenerationConfig
+from kvsplice.client.execute.execution import CallTimings, GenerationConfig
 from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.mask import MaskPolicy

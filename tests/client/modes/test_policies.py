@@ -8,8 +8,7 @@ from helpers.client import store_target as store_target  # fixture
 from helpers.kv import random_segment
 from helpers.text import FakePrompt, make_prompt
 
-from kvsplice.client.execute.execution import GenerationConfig
-from kvsplice.client.execute.reuse_map import reuse_map
+from kvsplice.client.execute.execution import GenerationConfig, reuse_map
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.base import PlanBuilder
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine

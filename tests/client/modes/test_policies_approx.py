@@ -28,9 +28,8 @@ from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixtur
 from helpers.text import CharTokenizer
 
 from kvsplice.agents.template import Placeholder
-from kvsplice.client.execute.call_timings import CallTimings
+from kvsplice.client.execute.execution import CallTimings, reuse_map
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, SubsetRule
-from kvsplice.client.execute.reuse_map import reuse_map
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
