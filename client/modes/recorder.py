@@ -23,8 +23,7 @@ from kvsplice.client.modes.base import (
     StoreContext,
 )
 from kvsplice.client.store.segment_io import DirectPuts, SpanRecord, left_tail
-from kvsplice.common.chain import KeyChain
-from kvsplice.common.keys import context_key
+from kvsplice.common.keys import KeyChain, context_key
 from kvsplice.common.segment import SegmentKind
 
 logger = logging.getLogger(__name__)

@@ -42,8 +42,7 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.store.local_tier import on_device
 from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, left_tail
 from kvsplice.client.store.store_types import SegmentRef
-from kvsplice.common.chain import continues
-from kvsplice.common.keys import context_key, root_key
+from kvsplice.common.keys import context_key, continues, root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV

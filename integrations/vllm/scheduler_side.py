@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsplice.client.store.store_types import PrefixLookup
-from kvsplice.common.chain import KeyChain
+from kvsplice.common.keys import KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, StoredPiece

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import torch
 
-from kvsplice.common.chain import continues
 from kvsplice.common.errors import KvspliceError
+from kvsplice.common.keys import continues
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.integrations.vllm.block_layout import BlockLayout
 from kvsplice.integrations.vllm.chunk_putter import ChunkPutter, GatheredChunk

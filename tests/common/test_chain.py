@@ -6,8 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsplice.common.chain import KeyChain, chunk_links, continues
-from kvsplice.common.keys import context_key, off_chain_key, root_key
+from kvsplice.common.keys import (
+    KeyChain,
+    chunk_links,
+    context_key,
+    continues,
+    off_chain_key,
+    root_key,
+)
 from kvsplice.common.segment import SegmentMeta
 
 FINGERPRINT = "kvfp1-" + "ab" * 16

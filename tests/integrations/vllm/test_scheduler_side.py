@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
-from kvsplice.common.chain import chunk_links
+from kvsplice.common.keys import chunk_links
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.common.chain import chunk_links
+from kvsplice.common.keys import chunk_links
 from kvsplice.eval.bench.vllm_engine import Engine, Sidecar
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
 from kvsplice.integrations.vllm.engine_fingerprint import engine_fingerprint
