@@ -237,7 +237,7 @@ class MulticutPolicy(RecordingPolicy):
         exact_tokens = [c for c in candidates if c.exact_tokens][: self.params.max_candidates]
         for candidate in exact_tokens:
             fetched = fetch_segment(
-                ctx.store, candidate.segment.segment_id, fingerprint=ctx.fingerprint,
+                ctx.store, candidate.segment.context_key, fingerprint=ctx.fingerprint,
                 timings=ctx.timings,
             )  # fmt: skip
             cut = self._cut(fetched, candidate, tokens, span.start, num_layers)

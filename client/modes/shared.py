@@ -117,7 +117,7 @@ def _fetch_link(
     ctx: StoreContext, ref: SegmentRef, parent: bytes, tokens: tuple[int, ...], position: int
 ) -> tuple[SegmentMeta, KVSource] | None:
     fetched = fetch_segment(
-        ctx.store, ref.segment_id, fingerprint=ctx.fingerprint, timings=ctx.timings
+        ctx.store, ref.context_key, fingerprint=ctx.fingerprint, timings=ctx.timings
     )
     if fetched is None or not continues(fetched.meta, parent, tokens, position):
         return None
@@ -197,7 +197,7 @@ def same_tokens_segment(
         if not candidate.exact_tokens:
             continue
         fetched = fetch_segment(
-            ctx.store, candidate.segment.segment_id, fingerprint=ctx.fingerprint,
+            ctx.store, candidate.segment.context_key, fingerprint=ctx.fingerprint,
             timings=ctx.timings,
         )  # fmt: skip
         if fetched is not None and fetched.meta.token_ids == tokens:

@@ -106,6 +106,10 @@ class StoreClient:
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        # One retry policy per deadline the idempotent calls use, built once; each call
+        # iterates a copy of its deadline's policy.
+        timeouts_s = {self.config.lookup_timeout_s, self.config.get_timeout_s}
+        self._timeout_to_retrying = {t: retrying(self.config, t) for t in timeouts_s}
         self._buffers = BufferPool(self.config.receive_pool_bytes)
         self._same_host: SameHostPath | object | None = (
             _UNASKED if self.config.same_host_reads else None
@@ -397,7 +401,7 @@ class StoreClient:
         """`call` retried on transient failures within one deadline; `miss` if it never succeeds."""
         deadline_s = time.monotonic() + timeout_s
         try:
-            for attempt in retrying(self.config, timeout_s):
+            for attempt in self._timeout_to_retrying[timeout_s].copy():
                 with attempt:
                     return call(max(deadline_s - time.monotonic(), MIN_ATTEMPT_TIMEOUT_S))
         except grpc.RpcError as rpc_error:

@@ -14,7 +14,7 @@ from typing import ClassVar
 class SegmentRef:
     """Where a stored segment sits and what it holds (no tokens, no payload)."""
 
-    segment_id: str  # hex of the 16-byte context key
+    context_key: bytes  # 16 bytes, as the wire carries it
     start_position: int
     num_tokens: int
     layer_start: int
@@ -22,8 +22,9 @@ class SegmentRef:
     payload_nbytes: int
 
     @property
-    def context_key(self) -> bytes:
-        return bytes.fromhex(self.segment_id)
+    def segment_id(self) -> str:
+        """The context key in hex (how logs and ids name a segment)."""
+        return self.context_key.hex()
 
     @property
     def end_position(self) -> int:

@@ -323,7 +323,7 @@ def data_plane_result(response: pb.DescribeDataPlaneResponse) -> DataPlaneInfo:
 
 def _ref(ref: pb.SegmentRef) -> SegmentRef:
     return SegmentRef(
-        segment_id=ref.context_key.hex(),
+        context_key=ref.context_key,
         start_position=ref.start_position,
         num_tokens=ref.num_tokens,
         layer_start=ref.layer_start,

@@ -29,7 +29,7 @@ class FakeStore:
         for link in chunk_links(fingerprint, self.stored_tokens, BLOCK):
             if list(token_ids[link.start : link.end]) != self.stored_tokens[link.start : link.end]:
                 break
-            refs.append(SegmentRef(link.key.hex(), link.start, link.num_tokens, 0, 2, 100))
+            refs.append(SegmentRef(link.key, link.start, link.num_tokens, 0, 2, 100))
         return PrefixLookup(tuple(refs), refs[-1].end_position if refs else 0)
 
 
