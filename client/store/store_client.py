@@ -2,6 +2,8 @@
 
 Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
 for faults), so the worker falls back to dense; server faults raise our errors. No torch.
+Also owns sending reuse reports: `ReuseReporter` merges them as calls end and one
+background thread sends what accumulated (a call never waits on the network).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import grpc.experimental
 from cachetools import LRUCache
 
 from kvsplice.client.store import store_wire as wire
-from kvsplice.client.store.reuse_reporter import ReuseReporter
 from kvsplice.client.store.same_host import SameHostPath
 from kvsplice.client.store.store_channel import open_channel
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
 from kvsplice.client.store.store_faults import (
     MIN_ATTEMPT_TIMEOUT_S,
     DegradedWarning,
+    credential_error,
     error_from_rpc,
     retrying,
 )
@@ -39,9 +41,7 @@ from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
     NotFound,
-    PermissionDenied,
     StoreUnavailable,
-    Unauthenticated,
 )
 from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_report
@@ -63,14 +63,6 @@ SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryS
 logger = logging.getLogger(__name__)
 
 
-_CREDENTIAL_HINTS = {
-    Unauthenticated: "pass the tenant's token: StoreClient(..., token=TOKEN) "
-    "(`kvsplice tenants add` prints it once)",
-    PermissionDenied: "this token's tenant may not do this in the namespace "
-    "(`kvsplice tenants list` shows its namespaces and role)",
-}
-
-
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -80,6 +72,69 @@ def checked_namespace(namespace: str) -> str:
         return validate_namespace(namespace)
     except ValueError as error:
         raise InvalidRequest(str(error)) from error
+
+
+# send(report) -> False when the store could not be reached (keep it for the next flush).
+SendFn = Callable[[ReuseReport], bool]
+
+
+class ReuseReporter:
+    """Reports merged until the next flush; the flush thread starts with the first report.
+
+    `add` merges under a lock and returns; every `interval_s` the thread sends what
+    accumulated, in one RPC. A report the store could not take (unreachable) is merged
+    back and sent with the next; one it refused is dropped and counted by the sender.
+    """
+
+    def __init__(self, send: SendFn, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s {interval_s} must be > 0")
+        self.interval_s = interval_s
+        self._send = send
+        self._lock = threading.Lock()  # guards _pending and _thread
+        self._sending = threading.Lock()  # one flush at a time, in report order
+        self._pending = ReuseReport()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, report: ReuseReport) -> None:
+        """Merge `report` into the next flush (never blocks on I/O)."""
+        if report.empty:
+            return
+        with self._lock:
+            self._pending = self._pending.merged(report)
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="kvsplice-reuse-reports", daemon=True
+                )
+                self._thread.start()
+
+    def flush(self) -> bool:
+        """Send what is pending now; False if the store could not take it (kept)."""
+        with self._sending:
+            with self._lock:
+                report, self._pending = self._pending, ReuseReport()
+            if report.empty or self._send(report):
+                return True
+            with self._lock:
+                self._pending = report.merged(self._pending)
+            return False
+
+    def close(self) -> None:
+        """Stop the thread and send what is pending (one attempt)."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # a bug must not end reporting silently; the next flush retries
+                logger.exception("reuse report failed")
 
 
 class StoreClient:
@@ -417,12 +472,9 @@ class StoreClient:
     def _settle(self, operation: str, rpc_error: grpc.RpcError, miss: T) -> T:
         """`miss` (with one rate-limited warning) if the store was unreachable; else raise."""
         error = error_from_rpc(rpc_error)
-        if isinstance(error, Unauthenticated | PermissionDenied):
-            # NOTE: a credential mistake, not a fault: one line saying what to do, without
-            # the gRPC and retry frames chained under it.
-            hint = _CREDENTIAL_HINTS[type(error)]
-            message = f"{self.target} refused namespace {self.namespace!r}: {error}; {hint}"
-            raise type(error)(message) from None
+        refused = credential_error(error, self.target, self.namespace)
+        if refused is not None:  # one line saying what to do, no gRPC and retry frames
+            raise refused from None
         if not isinstance(error, StoreUnavailable):
             raise error from rpc_error
         self.counters.num_degraded_calls += 1

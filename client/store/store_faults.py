@@ -66,6 +66,23 @@ def error_from_rpc(error: grpc.RpcError) -> KvspliceError:
     return cls(f"store answered {code.name}: {details}")
 
 
+# NOTE: refused credentials are a mistake, not a fault: the error says what to do.
+_CREDENTIAL_HINTS: dict[type[KvspliceError], str] = {
+    Unauthenticated: "pass the tenant's token: StoreClient(..., token=TOKEN) "
+    "(`kvsplice tenants add` prints it once)",
+    PermissionDenied: "this token's tenant may not do this in the namespace "
+    "(`kvsplice tenants list` shows its namespaces and role)",
+}
+
+
+def credential_error(error: KvspliceError, target: str, namespace: str) -> KvspliceError | None:
+    """For refused credentials, `error` again saying what to do about them; else None."""
+    hint = _CREDENTIAL_HINTS.get(type(error))
+    if hint is None:
+        return None
+    return type(error)(f"{target} refused namespace {namespace!r}: {error}; {hint}")
+
+
 def is_transient(error: grpc.RpcError) -> bool:
     return error.code() in TRANSIENT_CODES  # type: ignore[attr-defined]
 

@@ -14,8 +14,7 @@ from helpers.text import make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.reuse_reporter import ReuseReporter
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_client import ReuseReporter, StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, call_report
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
