@@ -233,7 +233,7 @@ def _cos_sin(
     rope: RopeSpec, delta: int, layer: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Δ·inv_freq in float64 (positions are never held in half precision), applied in fp32.
-    angles = float(delta) * rope.table(layer).inv_freq_tensor()
+    angles = float(delta) * rope.inv_freq(layer)
     cos, sin = angles.cos().to(torch.float32), angles.sin().to(torch.float32)
     return cos.view(1, 1, 1, -1).to(device), sin.view(1, 1, 1, -1).to(device)
 

@@ -57,6 +57,7 @@ class RopeSpec:
     tables: tuple[RopeTable, ...]
     layer_tables: tuple[int, ...]
     _cache: _OperandCache = field(init=False, compare=False, repr=False)
+    _inv_freqs: tuple[torch.Tensor, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout not in ("rotate_half", "interleaved"):
@@ -69,6 +70,7 @@ class RopeSpec:
             if table.rotary_dim > self.head_dim:
                 raise ValueError(f"rotary_dim {table.rotary_dim} > head_dim {self.head_dim}")
         object.__setattr__(self, "_cache", _OperandCache(_OPERANDS_CACHE_SIZE))
+        object.__setattr__(self, "_inv_freqs", tuple(t.inv_freq_tensor() for t in self.tables))
 
     @classmethod
     def uniform(
@@ -121,6 +123,11 @@ class RopeSpec:
 
     def rotary_dim(self, layer_idx: int) -> int:
         return self.table(layer_idx).rotary_dim
+
+    def inv_freq(self, layer_idx: int) -> torch.Tensor:
+        """Layer `layer_idx`'s inv_freq, float64 on the CPU [rotary_dim // 2], built once
+        per spec and shared: read it, never write it."""
+        return self._inv_freqs[self.layer_tables[layer_idx]]
 
     def attention_scaling(self, layer_idx: int) -> float:
         """HF keys = attention_scaling · rotate(pre-RoPE keys); ≠ 1 only for yarn."""
@@ -242,7 +249,7 @@ class RopeSpec:
         self, table_ids: tuple[int, ...], delta: torch.Tensor, dtype: torch.dtype, device: Any
     ) -> tuple[torch.Tensor, ...]:
         on = delta.device if delta.device.type in ("cpu", "cuda") else torch.device("cpu")
-        inv_freq = torch.stack([self.tables[t].inv_freq_tensor(on) for t in table_ids])
+        inv_freq = torch.stack([self._inv_freqs[t].to(on) for t in table_ids])
         # [n, T, half] in float64: Δ·inv_freq carries only fp64 rounding for |Δ| ≤ 2^53.
         angles = delta.to(device=on, dtype=torch.float64)[None, :, None] * inv_freq[:, None, :]
         cos, sin = angles.cos(), angles.sin()
