@@ -40,7 +40,6 @@ from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
     CorruptPayload,
     InvalidRequest,
-    NotFound,
     StoreUnavailable,
 )
 from kvsplice.common.namespace_stats import NamespaceStats
@@ -282,16 +281,20 @@ class StoreClient:
     ) -> tuple[SegmentMeta, memoryview] | None:
         request = wire.get_request(self.namespace, key, model_fingerprint)
 
-        def read(timeout_s: float) -> tuple[SegmentMeta, memoryview]:
+        def read(timeout_s: float) -> tuple[SegmentMeta, memoryview] | None:
             assembler = wire.SegmentAssembler(self._buffers)
-            for response in self._get_segment(request, timeout=timeout_s, metadata=self._metadata):
-                assembler.feed(response)
+            try:
+                for response in self._get_segment(
+                    request, timeout=timeout_s, metadata=self._metadata
+                ):
+                    assembler.feed(response)
+            except grpc.RpcError as error:
+                if error.code() is grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+                    return None  # a miss is a value, not a fault
+                raise
             return assembler.finish()
 
-        try:
-            return self._idempotent("get_segment", read, self.config.get_timeout_s, None)
-        except NotFound:
-            return None
+        return self._idempotent("get_segment", read, self.config.get_timeout_s, None)
 
     def _same_host_path(self) -> SameHostPath | None:
         """The same-host path, asking the sidecar once where it reads (None: gRPC only)."""
