@@ -60,6 +60,11 @@ class CallExecutor:
         self._staging = PinnedStaging()  # carries int8 payload bytes to a GPU model
         self.num_layers = layout.num_layers
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model is, and so the K/V a call runs on."""
+        return self._model.device
+
     @functools.cached_property
     def layerwise(self) -> LayerwiseExecutor:
         """The decoder-layer loop, built on first use (only approximate plans need it)."""

@@ -25,22 +25,27 @@ import xxhash
 
 from kvsplice.client.execute.execution import CallTimings, ExecutionState, timed
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
-from kvsplice.client.modes.anchor.codec import (
-    anchor_id_of,
-    encode_base,
-    encode_offsets,
-    is_agent_output,
-    placeholder_id_of,
+from kvsplice.client.modes.anchor.anchors import (
+    AgentOffsets,
+    Anchor,
+    AnchorQuery,
+    GateDecision,
+    anchor_spans,
+    correct,
+    decide,
+    kv_offset,
 )
-from kvsplice.client.modes.anchor.correction import AnchorQuery, anchor_spans, correct
-from kvsplice.client.modes.anchor.gate import GateDecision, decide
 from kvsplice.client.modes.anchor.params import Params
 from kvsplice.client.modes.anchor.pools import (
     DecodedAnchors,
+    anchor_id_of,
     coverage,
+    encode_base,
+    encode_offsets,
+    is_agent_output,
     lead_base,
     own_pool,
+    placeholder_id_of,
     pooled_anchors,
     sender_base,
     sender_base_record,

@@ -8,7 +8,7 @@ from helpers.kv import random_segment
 from helpers.store import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
-from kvsplice.client.modes.anchor.codec import decode_anchor, encode_base, encode_offsets
+from kvsplice.client.modes.anchor.pools import decode_anchor, encode_base, encode_offsets
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.kvmath.segment_kv import SegmentKV

@@ -10,8 +10,9 @@ import torch
 from helpers.modes import SYNTH_ROPE, make_filled_segment, make_ids, make_llama, make_scene
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
-from kvsplice.client.modes.anchor.gate import (
+from kvsplice.client.modes.anchor.anchors import (
+    AgentOffsets,
+    Anchor,
     GateDecision,
     decide,
     entropy_bits,

@@ -33,7 +33,9 @@ from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, SubsetRule
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
-from kvsplice.client.modes.anchor.codec import (
+from kvsplice.client.modes.anchor.params import Params as AnchorParams
+from kvsplice.client.modes.anchor.policy import AnchorPolicy, agent_key
+from kvsplice.client.modes.anchor.pools import (
     anchor_id_of,
     decode_anchor,
     encode_offsets,
@@ -42,8 +44,6 @@ from kvsplice.client.modes.anchor.codec import (
     sender_base_parent,
     split_offsets,
 )
-from kvsplice.client.modes.anchor.params import Params as AnchorParams
-from kvsplice.client.modes.anchor.policy import AnchorPolicy, agent_key
 from kvsplice.client.modes.base import ReusePolicy
 from kvsplice.client.modes.blend import BlendPolicy
 from kvsplice.client.modes.blend import Params as BlendParams
