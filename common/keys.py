@@ -9,7 +9,10 @@ senders computed them, found by content). `content_key(tokens)` identifies the
 tokens alone, wherever they stand. blake2b (stdlib, 16-byte digests) keeps the
 keys identical in every process, independent of PYTHONHASHSEED.
 
-Also owns the exact key chain over a token sequence (`KeyChain`, `continues`), shared by
+Also owns the model fingerprint the chain is rooted in (`compute_fingerprint` over
+`FingerprintParts`: architecture, RoPE, weights and vocabulary digests, KV dtype; the
+parts are digested by the client, which has the model, so the server compares
+fingerprints without torch), and the exact key chain over a token sequence (`KeyChain`, `continues`), shared by
 every engine kvsplice drives: which key names each span stored after exactly its left
 context, and whether a stored segment really is the next link of a chain.
 """
@@ -17,14 +20,68 @@ context, and whether a stored segment really is the next link of a chain.
 from __future__ import annotations
 
 import hashlib
+import json
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # segment.py imports this module
     from kvsplice.common.segment import SegmentMeta
 
+# The model fingerprint.
+FINGERPRINT_VERSION = "kvfp1"
+FINGERPRINT_HEX_LEN = 32
+
+
+@dataclass(frozen=True)
+class FingerprintParts:
+    """What a fingerprint is computed from; every field participates."""
+
+    architecture: Mapping[str, Any]
+    rope: Mapping[str, Any]
+    weights_digest: str
+    vocab_digest: str
+    kv_dtype: str
+
+    def __post_init__(self) -> None:
+        if not self.weights_digest:
+            raise ValueError("weights_digest must be non-empty")
+        if not self.vocab_digest:
+            raise ValueError("vocab_digest must be non-empty")
+        if not self.kv_dtype:
+            raise ValueError("kv_dtype must be non-empty")
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the same bytes in every process."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def compute_fingerprint(parts: FingerprintParts) -> str:
+    """`kvfp1-<32 hex>`; any change of any part changes it."""
+    payload = canonical_json(
+        {
+            "architecture": parts.architecture,
+            "rope": parts.rope,
+            "weights": parts.weights_digest,
+            "vocab": parts.vocab_digest,
+            "kv_dtype": parts.kv_dtype,
+        }
+    )
+    digest = hashlib.blake2b(payload.encode(), digest_size=FINGERPRINT_HEX_LEN // 2)
+    return f"{FINGERPRINT_VERSION}-{digest.hexdigest()}"
+
+
+def is_fingerprint(value: str) -> bool:
+    """Whether `value` has the shape of a fingerprint (not whether it is known)."""
+    prefix = f"{FINGERPRINT_VERSION}-"
+    if not value.startswith(prefix) or len(value) != len(prefix) + FINGERPRINT_HEX_LEN:
+        return False
+    return all(c in "0123456789abcdef" for c in value[len(prefix) :])
+
+
+# The key space.
 KEY_NBYTES = 16
 MAX_TOKEN_ID = 2**31 - 1
 

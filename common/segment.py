@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from kvsplice.common.fingerprint import is_fingerprint
-from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key
+from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, is_fingerprint
 
 # fullmatch, never `$`: `$` also matches before a trailing newline ("ns\n").
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")

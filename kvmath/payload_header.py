@@ -19,7 +19,7 @@ from typing import Any
 import xxhash
 
 from kvsplice.common.errors import CorruptPayload
-from kvsplice.common.fingerprint import is_fingerprint
+from kvsplice.common.keys import is_fingerprint
 from kvsplice.kvmath.quant import QUANT_SCHEMES, TORCH_DTYPES
 
 logger = logging.getLogger(__name__)

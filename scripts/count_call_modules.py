@@ -4,9 +4,12 @@ Builds a 4-layer random Llama over a character vocabulary, an embedded store,
 and runs a two-agent chain per mode; the traced call is one that reuses
 approximately (anchor: a near-duplicate question once the pool holds two;
 other modes: the second agent of a chain). `sys.setprofile` records every
-Python function entered on the calling thread; a module counts once.
+Python function entered on the calling thread; a module counts once. The engine runs
+as a worker's does (`EngineConfig`'s defaults: segments put on its writer thread while
+the next call runs, so the put path is not the call's); `--sync-puts` puts them on the
+calling thread, inside the traced call.
 
-    .venv/bin/python scripts/count_call_modules.py --modes anchor,blend
+    .venv/bin/python scripts/count_call_modules.py --modes anchor,blend [--sync-puts]
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def traced(call) -> tuple[object, set[str]]:
     return result, modules
 
 
-def count_modules(mode: str, target: str) -> tuple[set[str], int]:
+def count_modules(mode: str, target: str, sync_puts: bool) -> tuple[set[str], int]:
     from kvsplice.client.execute.execution import GenerationConfig
     from kvsplice.client.model.models import bundle_model
     from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
@@ -89,7 +92,7 @@ def count_modules(mode: str, target: str) -> tuple[set[str], int]:
 
     loaded = bundle_model(make_tiny_llama(num_layers=4), CharTokenizer())
     store = StoreClient(target, f"count-{mode}")
-    engine = ReuseEngine(loaded, mode, store, EngineConfig(quant="none", async_store=False))
+    engine = ReuseEngine(loaded, mode, store, EngineConfig(quant="none", async_store=not sync_puts))
     generation = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
 
     def chain(question: str, trace_agent: int | None):
@@ -101,6 +104,7 @@ def count_modules(mode: str, target: str) -> tuple[set[str], int]:
             else:
                 outcome = engine.run(prompt, generation)
             upstream = outcome.output_ids or (32,)
+            engine.flush()  # the next call finds every put segment
         return modules, outcome
 
     for question in QUESTIONS:
@@ -115,6 +119,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="anchor,blend")
     parser.add_argument("--list", action="store_true", help="print the modules too")
+    parser.add_argument(
+        "--sync-puts", action="store_true", help="put segments on the calling thread"
+    )
     args = parser.parse_args()
     from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
@@ -124,7 +131,7 @@ def main() -> int:
         EmbeddedStore(loopback_config(f"{tmp}/lmdb")) as store,
     ):
         for mode in args.modes.split(","):
-            modules, approximate = count_modules(mode, store.target)
+            modules, approximate = count_modules(mode, store.target, args.sync_puts)
             print(
                 f"{mode}: {len(modules)} project modules (approximately reused tokens: {approximate})"
             )

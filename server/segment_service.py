@@ -25,8 +25,14 @@ from kvsplice.common.errors import (
     FingerprintMismatch,
     InvalidRequest,
 )
-from kvsplice.common.fingerprint import is_fingerprint
-from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, root_key
+from kvsplice.common.keys import (
+    KEY_NBYTES,
+    MAX_TOKEN_ID,
+    content_key,
+    context_key,
+    is_fingerprint,
+    root_key,
+)
 from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace

@@ -1,6 +1,6 @@
 """The parts of a model fingerprint that need the model: config, weights, vocabulary.
 
-`kvsplice.common.fingerprint` combines the parts; this module digests a live HF
+`kvsplice.common.keys` combines the parts; this module digests a live HF
 model and tokenizer into them. Every digest is independent of process state
 (no Python `hash`, sorted iteration), so every worker computes the same value.
 """
@@ -15,7 +15,7 @@ import xxhash
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from kvsplice.common.fingerprint import FingerprintParts, canonical_json, compute_fingerprint
+from kvsplice.common.keys import FingerprintParts, canonical_json, compute_fingerprint
 from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)

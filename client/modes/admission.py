@@ -24,7 +24,7 @@ from kvsplice.client.modes.params import to_json as params_json
 from kvsplice.client.modes.registry import MODES, SAFE_MODES, make_policy, mode_spec
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.common.errors import FingerprintMismatch, KvspliceError
-from kvsplice.common.fingerprint import is_fingerprint
+from kvsplice.common.keys import is_fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 import xxhash
 
 from kvsplice.common.file_digest import file_hexdigest
-from kvsplice.common.fingerprint import FingerprintParts, canonical_json, compute_fingerprint
+from kvsplice.common.keys import FingerprintParts, canonical_json, compute_fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from kvsplice.client.model.models import (
     kv_layout,
     load_model,
 )
-from kvsplice.common.fingerprint import is_fingerprint
+from kvsplice.common.keys import is_fingerprint
 from kvsplice.common.layout import KVLayout
 
 
