@@ -2,29 +2,39 @@
 
 Owns the two generation regimes (`progressive`: agent i sees the answers of agents
 < i; `parallel`: every agent sees only the question), the execution agents' roles
-and graph, `DisplayOrder` (which agent's answer sits in which display slot) and the
-judge's template for an order. The wording is `judge_prompts`'; running the calls,
-reading the selection and JCR live in the judge workload (eval).
+and graph, `DisplayOrder` (which agent's answer sits in which display slot), the
+judge's template for an order, and the two judge layouts (`JudgePipeline`):
+`persona-first` (each execution agent answers under its own system prompt; the judge
+gets a prompt of its own that quotes the answers: no candidate sits in an exact chain)
+and `transcript` (one group conversation: the agents speak in display order, agent k
+as "Agent k", and the judge takes the last turn, so every candidate a progressive
+agent gave is part of the judge prompt's exact chain). The wording is
+`judge_prompts`'; running the calls, reading the selection and JCR live in the judge
+workload (eval).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from kvsplice.agents.chat import CHATML, ChatFormat
-from kvsplice.agents.graph import AgentGraph, AgentStep, FillRef, QuestionRef, fully_connected
+from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, FillRef, QuestionRef
 from kvsplice.agents.judge_prompts import DECISION_LINE, JUDGES, MAX_CANDIDATES, check_task
 from kvsplice.agents.judge_prompts import execution_personas as _personas
+from kvsplice.agents.personas import Persona
 from kvsplice.agents.roles import AgentRole, make_roles
 from kvsplice.agents.template import PromptTemplate, agent_current
 
 logger = logging.getLogger(__name__)
 
 REGIMES = ("progressive", "parallel")
+JUDGE_LAYOUTS = ("persona-first", "transcript")
 MIN_CANDIDATES = 2
+# The judge's id in a transcript (display labels are digits, so it never names a candidate).
+JUDGE_ID = "J"
 
 
 def check_regime(regime: str) -> str:
@@ -41,20 +51,32 @@ def check_num_candidates(num_candidates: int) -> int:
     return num_candidates
 
 
+def check_judge_layout(layout: str) -> str:
+    if layout not in JUDGE_LAYOUTS:
+        raise ValueError(f"judge layout {layout!r} not in {JUDGE_LAYOUTS}")
+    return layout
+
+
 def execution_roles(task: str, num_agents: int, max_new_tokens: int) -> list[AgentRole]:
     """Agents "1".."n" of `task`, each in its own voice (persona-first layout)."""
     return make_roles(_personas(task, num_agents), [max_new_tokens] * num_agents)
 
 
-def execution_graph(roles: Sequence[AgentRole], regime: str) -> AgentGraph:
-    """The execution agents' calls in order: one round, answers visible per `regime`."""
-    if check_regime(regime) == "progressive":
-        return fully_connected(roles)
+def execution_graph(
+    roles: Sequence[AgentRole], regime: str, roster: Sequence[AgentRole] = ()
+) -> AgentGraph:
+    """The execution agents' calls in order: one round, answers visible per `regime`.
+
+    `roster`: every agent of the pipeline, for layouts that name them all (default `roles`).
+    """
+    progressive = check_regime(regime) == "progressive"
     steps = []
-    for role in roles:
+    for index, role in enumerate(roles):
+        seen = roles[:index] if progressive else ()
         fills: dict[str, FillRef] = {"user_question": QuestionRef()}
-        steps.append(AgentStep(role.for_inputs((), (), roles), 0, fills))
-    return AgentGraph("parallel", tuple(steps))
+        fills.update({agent_current(r.agent_id): AnswerRef(r.agent_id, 0) for r in seen})
+        steps.append(AgentStep(role.for_inputs(seen, (), roster or roles), 0, fills))
+    return AgentGraph("fully_connected_r1" if progressive else "parallel", tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -111,3 +133,57 @@ def judge_template(task: str, order: DisplayOrder, chat: ChatFormat = CHATML) ->
         f"{chat.assistant_start}{DECISION_LINE}"
     )
     return PromptTemplate.parse(text)
+
+
+@dataclass(frozen=True)
+class JudgePipeline:
+    """One example's calls under a display order: the execution agents' `graph`, the judge's
+    `template`, and `speakers` (candidate agent id -> the id its execution agent has in the
+    graph and in the judge's placeholders: itself persona-first, its display label in a
+    transcript)."""
+
+    graph: AgentGraph
+    template: PromptTemplate
+    speakers: Mapping[str, str]
+
+    def agent_of(self, speaker: str) -> str:
+        """The candidate agent id a speaker id stands for."""
+        for agent, spoken in self.speakers.items():
+            if spoken == speaker:
+                return agent
+        raise KeyError(f"no candidate speaks as {speaker!r}")
+
+
+def judge_pipeline(
+    task: str,
+    order: DisplayOrder,
+    regime: str,
+    max_new_tokens: int,
+    layout: str = "persona-first",
+    chat: ChatFormat = CHATML,
+) -> JudgePipeline:
+    """The execution agents and the judge of `task` for `order` in `layout` (module docstring).
+
+    Candidate agent ids are "1".."n" (agent i answers in the i-th style)."""
+    ids = order.agent_ids
+    if sorted(ids, key=int) != [str(i) for i in range(1, len(ids) + 1)]:
+        raise ValueError(f"candidate agent ids {ids} are not 1..{len(ids)}")
+    roles = execution_roles(task, len(ids), max_new_tokens)
+    if check_judge_layout(layout) == "persona-first":
+        graph = execution_graph(roles, regime)
+        return JudgePipeline(graph, judge_template(task, order, chat), {a: a for a in ids})
+    by_agent = {r.agent_id: r for r in roles}
+    speaking = [
+        replace(by_agent[agent], agent_id=label, layout="transcript")
+        for label, agent in zip(order.labels, ids, strict=True)
+    ]
+    wording = JUDGES[task]
+    judge = AgentRole(
+        JUDGE_ID, "judge", roles[0].template, 1,
+        Persona("judge", wording.system, wording.instruction), chat, "transcript",
+    )  # fmt: skip
+    roster = (*speaking, judge)
+    graph = execution_graph(speaking, regime, roster)
+    turn = judge.for_inputs(speaking, (), roster).template.source_text()
+    speakers = dict(zip(ids, order.labels, strict=True))
+    return JudgePipeline(graph, PromptTemplate.parse(turn + DECISION_LINE), speakers)

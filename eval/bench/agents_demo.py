@@ -157,6 +157,8 @@ def run_agents_demo(
                 loaded, records, problems, store.target, admission,
                 namespace=f"demo-judge-{run_id}", store_token=config.store_token,
                 max_new_tokens=config.max_new_tokens,
+                # the judge continues the pipeline's conversation where the pipeline has one
+                layout="transcript" if config.layout == "transcript" else "persona-first",
             )  # fmt: skip
         stats = namespace_stats(store.target, list(namespaces.values()), config.store_token)
         kept = stack.pop_all() if config.keep_store and store.embedded else None

@@ -95,13 +95,15 @@ def run_demo_judge(
     namespace: str,
     store_token: str | None = None,
     max_new_tokens: int = 32,
+    layout: str = "transcript",
 ) -> DemoJudge | None:
-    """Judge each problem's answers in `JUDGE_MODES` (shuffled orders); None: too few answers."""
+    """Judge each problem's answers in `JUDGE_MODES` (shuffled orders) in judge `layout`
+    (`agents.judge.JUDGE_LAYOUTS`); None: too few answers."""
     examples = judge_examples_of(pipeline, problems)
     if not examples:
         return None
     config = JudgeRunConfig(
-        modes=JUDGE_MODES, regime="progressive", shuffle=True, seed=0, warmup=False,
+        modes=JUDGE_MODES, regime="progressive", shuffle=True, seed=0, warmup=False, layout=layout,
         max_new_tokens=max_new_tokens, namespace=namespace, store_token=store_token,
         admission=admission, num_candidates=max(len(e.candidates or ()) for e in examples),
     )  # fmt: skip

@@ -47,6 +47,7 @@ class BenchJudgeConfig:
     regime: str = "progressive"
     num_candidates: int = 4
     shuffle: bool = True
+    layout: str = "transcript"
     modes: tuple[str, ...] = field(default_factory=default_judge_modes)
     seed: int = 0
     examples: int = 8
@@ -81,7 +82,8 @@ class BenchJudgeConfig:
     def run_config(self, run_id: str) -> JudgeRunConfig:
         return JudgeRunConfig(
             modes=self.modes, regime=self.regime, num_candidates=self.num_candidates,
-            shuffle=self.shuffle, seed=self.seed, max_new_tokens=self.max_new_tokens,
+            shuffle=self.shuffle, seed=self.seed, layout=self.layout,
+            max_new_tokens=self.max_new_tokens,
             judge_max_new_tokens=self.judge_max_new_tokens, warmup=self.warmup,
             namespace=f"judge-{run_id}", store_token=self.store_token, admission=self.admission,
         )  # fmt: skip

@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from kvsplice.agents.graph import AgentGraph, AnswerRef, QuestionRef
+from kvsplice.agents.graph import AnswerRef, QuestionRef
 from kvsplice.agents.judge import (
     REGIMES,
     DisplayOrder,
+    JudgePipeline,
+    check_judge_layout,
     check_num_candidates,
-    execution_graph,
-    execution_roles,
-    judge_template,
+    judge_pipeline,
 )
 from kvsplice.agents.pipeline import run_pipeline, stop_token_ids
 from kvsplice.agents.render import RenderedPrompt, render, tokenize_text
@@ -54,8 +54,10 @@ class JudgeRunConfig:
 
     `max_new_tokens`: each execution agent's cap when candidates are generated;
     `judge_max_new_tokens`: the judge's free text (parsed for coverage). `shuffle`: a
-    per-example permutation drawn from `seed` (else agent order). `admission`: base
-    parameters of every variant, and the policy "gated" runs (None: the defaults).
+    per-example permutation drawn from `seed` (else agent order). `layout`: the judge
+    pipeline's (`agents.judge.JUDGE_LAYOUTS`; in a transcript the agents speak in display
+    order). `admission`: base parameters of every variant, and the policy "gated" runs
+    (None: the defaults).
     """
 
     modes: tuple[str, ...] = (DENSE, "naive")
@@ -63,6 +65,7 @@ class JudgeRunConfig:
     num_candidates: int = 4
     shuffle: bool = True
     seed: int = 0
+    layout: str = "persona-first"
     max_new_tokens: int = 64
     judge_max_new_tokens: int = 6
     warmup: bool = True
@@ -80,6 +83,7 @@ class JudgeRunConfig:
         if self.regime not in REGIMES:
             raise ValueError(f"regime {self.regime!r} not in {REGIMES}")
         check_num_candidates(self.num_candidates)
+        check_judge_layout(self.layout)
         if self.max_new_tokens < 1 or self.judge_max_new_tokens < 1:
             raise ValueError("max_new_tokens and judge_max_new_tokens must be >= 1")
         for mode in self.modes:
@@ -145,70 +149,87 @@ def run_judges(
     with ExitStack() as stack:
         engines = {m: _engine(loaded, m, config, store_target, stack) for m in config.modes}
         for example in examples:
-            candidates = make_candidates(reference, example, config)
+            order = display_order(example, config)
+            pipeline = _pipeline(example, order, config)
+            candidates = make_candidates(reference, example, pipeline, config)
             tick(f"candidates · {example.example_id}")
             run.candidates[example.example_id] = candidates
-            order = display_order(example, candidates, config)
             run.orders[example.example_id] = order
             run.records += _judge_example(
-                loaded, example, candidates, order, engines, reference, config, tick, probe
-            )
+                loaded, example, candidates, pipeline, order, engines, reference, config, tick,
+                probe,
+            )  # fmt: skip
     return run
 
 
-def display_order(
-    example: JudgeExample, candidates: Candidates, config: JudgeRunConfig
-) -> DisplayOrder:
-    ids = candidates.agent_ids
+def display_order(example: JudgeExample, config: JudgeRunConfig) -> DisplayOrder:
+    """The example's display order of candidate agents "1".."n" (n: the given candidates,
+    else `num_candidates`), drawn before any is generated: a transcript speaks in it."""
+    count = config.num_candidates if example.candidates is None else len(example.candidates)
+    ids = [str(i) for i in range(1, count + 1)]
     if config.shuffle:
         return DisplayOrder.shuffled(ids, config.seed, example.example_id)
     return DisplayOrder.fixed(ids)
 
 
+def _pipeline(example: JudgeExample, order: DisplayOrder, config: JudgeRunConfig) -> JudgePipeline:
+    return judge_pipeline(example.task, order, config.regime, config.max_new_tokens, config.layout)
+
+
 def make_candidates(
-    dense: ReuseEngine, example: JudgeExample, config: JudgeRunConfig
+    dense: ReuseEngine, example: JudgeExample, pipeline: JudgePipeline, config: JudgeRunConfig
 ) -> Candidates:
-    """The given candidates tokenized, or the execution agents' answers, generated densely."""
+    """The given candidates tokenized, or the execution agents' answers, generated densely
+    (keyed by candidate agent id, "1".."n")."""
     tokenizer = dense.loaded.tokenizer
     if example.candidates is not None:
         texts = {str(i): t for i, t in enumerate(example.candidates, 1)}
         ids = {a: tokenize_text(tokenizer, t) for a, t in texts.items()}
     else:
-        graph = _graph(example.task, config.num_candidates, config.regime, config.max_new_tokens)
+        graph = pipeline.graph
         trace = run_pipeline(graph, example.question, dense, max_new_tokens=config.max_new_tokens)
-        ids = {c.agent_id: c.output_ids or tokenize_text(tokenizer, NO_ANSWER) for c in trace.calls}
+        spoken = {
+            pipeline.agent_of(c.agent_id): c.output_ids or tokenize_text(tokenizer, NO_ANSWER)
+            for c in trace.calls
+        }
+        ids = {a: spoken[a] for a in sorted(spoken, key=int)}
         texts = {a: tokenizer.decode(list(i), skip_special_tokens=True) for a, i in ids.items()}
     correct = {a: is_correct(example, t) for a, t in texts.items()}
     return Candidates(ids, texts, correct)
 
 
 def judge_prompt(
-    loaded: LoadedModel, example: JudgeExample, candidates: Candidates, order: DisplayOrder
+    loaded: LoadedModel,
+    example: JudgeExample,
+    candidates: Candidates,
+    pipeline: JudgePipeline,
+    order: DisplayOrder,
 ) -> RenderedPrompt:
     """The judge's prompt for `order`: byte-identical for the dense judge and every mode;
     it declares the labels' tokens, the constrained choice its selection is read from."""
     values: dict[str, str | tuple[int, ...]] = {"user_question": example.question}
-    values.update({f"agent_{a}_current": ids for a, ids in candidates.ids.items()})
-    prompt = render(judge_template(example.task, order), values, loaded.tokenizer)
+    values.update(
+        {f"agent_{pipeline.speakers[a]}_current": ids for a, ids in candidates.ids.items()}
+    )
+    prompt = render(pipeline.template, values, loaded.tokenizer)
     return replace(prompt, choice_ids=choice_token_ids(loaded.tokenizer, order.labels))
 
 
 def teacher_force(
-    engine: ReuseEngine, example: JudgeExample, candidates: Candidates, regime: str
+    engine: ReuseEngine, example: JudgeExample, candidates: Candidates, pipeline: JudgePipeline
 ) -> None:
     """Each candidate through its execution agent's prompt, as if that agent generated it."""
-    graph = _graph(
-        example.task, len(candidates.ids), regime, max(map(len, candidates.ids.values()))
-    )
     tokenizer = engine.loaded.tokenizer
-    for step in graph:
+    for step in pipeline.graph:
         values = {
-            name: example.question if isinstance(ref, QuestionRef) else candidates.ids[ref.agent_id]
+            name: example.question
+            if isinstance(ref, QuestionRef)
+            else candidates.ids[pipeline.agent_of(ref.agent_id)]
             for name, ref in step.fills.items()
             if isinstance(ref, QuestionRef | AnswerRef)
         }
         prompt = render(step.role.template, values, tokenizer)
-        forced = candidates.ids[step.agent_id]
+        forced = candidates.ids[pipeline.agent_of(step.agent_id)]
         engine.run(prompt, GenerationConfig(len(forced), forced_ids=forced, ignore_stop=True))
     engine.flush()
 
@@ -217,6 +238,7 @@ def _judge_example(
     loaded: LoadedModel,
     example: JudgeExample,
     candidates: Candidates,
+    pipeline: JudgePipeline,
     order: DisplayOrder,
     engines: Mapping[str, ReuseEngine],
     reference: ReuseEngine,
@@ -224,13 +246,13 @@ def _judge_example(
     tick: Callable[[str], None],
     probe: PrefillProbe | None,
 ) -> list[JudgeRecord]:
-    prompt = judge_prompt(loaded, example, candidates, order)
+    prompt = judge_prompt(loaded, example, candidates, pipeline, order)
     choice_ids = prompt.choice_ids
     dense = _judge(reference, "reference", example, prompt, order, choice_ids, config, probe)
     records = []
     for mode, engine in engines.items():
         if engine.store is not None:
-            teacher_force(engine, example, candidates, config.regime)
+            teacher_force(engine, example, candidates, pipeline)
         call = _judge(engine, mode, example, prompt, order, choice_ids, config, probe)
         records.append(_record(mode, example, candidates, order, prompt, call, dense, loaded))
         tick(f"{mode} · {example.example_id}")
@@ -287,10 +309,6 @@ def _record(
     )  # fmt: skip
 
 
-def _graph(task: str, num_agents: int, regime: str, max_new_tokens: int) -> AgentGraph:
-    return execution_graph(execution_roles(task, num_agents, max_new_tokens), regime)
-
-
 def _engine(
     loaded: LoadedModel, mode: str, config: JudgeRunConfig, target: str, stack: ExitStack,
     *, warmup: bool = False,
@@ -321,14 +339,15 @@ def _warm_up(
 ) -> None:
     """One untimed, short judge of `example` per mode in throwaway namespaces."""
     short = replace(config, max_new_tokens=8)
-    candidates = make_candidates(reference, example, short)
-    order = display_order(example, candidates, short)
-    prompt = judge_prompt(loaded, example, candidates, order)
+    order = display_order(example, short)
+    pipeline = _pipeline(example, order, short)
+    candidates = make_candidates(reference, example, pipeline, short)
+    prompt = judge_prompt(loaded, example, candidates, pipeline, order)
     with ExitStack() as stack:
         for mode in config.modes:
             engine = _engine(loaded, mode, config, target, stack, warmup=True)
             if engine.store is not None:
-                teacher_force(engine, example, candidates, config.regime)
+                teacher_force(engine, example, candidates, pipeline)
             _judge(engine, mode, example, prompt, order, prompt.choice_ids, short, None)
 
 

@@ -38,7 +38,8 @@ from kvsplice.cli.worker import (
 )
 
 
-# The library's own tuples (agents.judge_prompts.TASKS, agents.judge.REGIMES) import
+# The library's own tuples (agents.judge_prompts.TASKS, agents.judge.REGIMES and
+# JUDGE_LAYOUTS) import
 # torch-free modules, but tests still check these stay equal to them.
 class Task(StrEnum):
     gsm8k = "gsm8k"
@@ -49,6 +50,11 @@ class Task(StrEnum):
 class Regime(StrEnum):
     progressive = "progressive"
     parallel = "parallel"
+
+
+class JudgeLayout(StrEnum):
+    persona_first = "persona-first"
+    transcript = "transcript"
 
 
 @bench_app.command("judge")
@@ -67,6 +73,16 @@ def bench_judge(
             "the answers of agents before it) or parallel (independent)."
         ),
     ] = Regime.progressive,
+    layout: Annotated[
+        JudgeLayout,
+        typer.Option(
+            help="transcript: one group conversation, the agents speaking in display order "
+            "and the judge last, so a progressive agent's answer is in the judge prompt's "
+            "exact chain (how a pipeline on kvsplice lays its judge out); persona-first: "
+            "each agent under its own system prompt, the judge quoting the answers in a "
+            "prompt of its own (no candidate in an exact chain: seed 001's setting)."
+        ),
+    ] = JudgeLayout.transcript,
     candidates: Annotated[
         int, typer.Option("--candidates", min=2, max=8, help="Execution agents (candidates).")
     ] = 4,
@@ -138,7 +154,8 @@ def bench_judge(
     try:
         config = BenchJudgeConfig(
             task=None if task is None else task.value, regime=regime.value,
-            num_candidates=candidates, shuffle=shuffle, seed=seed, examples=examples,
+            num_candidates=candidates, shuffle=shuffle, layout=layout.value, seed=seed,
+            examples=examples,
             max_new_tokens=max_new_tokens, data_path=data, out_dir=out, json_path=json_out,
             store_target=store, store_token=auth_token or None, diagnostics=diagnostics,
             model=model_config(model, model_cache, dtype),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kvsplice.agents.judge import (
+    JUDGE_ID,
     DisplayOrder,
     execution_graph,
     execution_roles,
+    judge_pipeline,
     judge_template,
 )
 from kvsplice.agents.judge_prompts import DECISION_LINE, MAX_CANDIDATES, TASKS
@@ -59,3 +61,45 @@ def test_candidate_counts_and_regimes_are_checked() -> None:
         execution_graph(execution_roles("mmlu", 2, 8), "debate")
     with pytest.raises(ValueError, match="task"):
         judge_template("math", DisplayOrder(("1", "2")))
+
+
+def _filled(text: str, answers: dict[str, str]) -> str:
+    """A template's source text with the question and each speaker's answer written in."""
+    text = text.replace("{user_question}", "Q?")
+    for speaker, answer in answers.items():
+        text = text.replace(f"{{agent_{speaker}_current}}", answer)
+    return text
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_transcript_judge_continues_the_agents_chain_in_display_order(task: str) -> None:
+    order = DisplayOrder(("3", "1", "4", "2"))
+    pipeline = judge_pipeline(task, order, "progressive", 32, "transcript")
+    assert pipeline.speakers == {"3": "1", "1": "2", "4": "3", "2": "4"}
+    assert [step.agent_id for step in pipeline.graph] == ["1", "2", "3", "4"]
+    # the speaker in slot k has the style of the agent displayed there
+    styles = {s.agent_id: s.role.name for s in judge_pipeline(task, order, "parallel", 32).graph}
+    assert [step.role.name for step in pipeline.graph] == [styles[a] for a in order.agent_ids]
+    answers = {label: f"<answer of {label}>" for label in order.labels}
+    texts = [_filled(step.role.template.source_text(), answers) for step in pipeline.graph]
+    judge = _filled(pipeline.template.source_text(), answers)
+    for earlier, later, label in zip(texts, [*texts[1:], judge], order.labels, strict=True):
+        assert later.startswith(earlier + answers[label])  # each call extends the last
+    assert judge.endswith(DECISION_LINE)
+    assert f"Agent {JUDGE_ID} (judge)" in texts[0]  # the roster names the judge from the start
+
+
+def test_a_persona_first_pipeline_is_the_agents_graph_and_the_quoting_judge() -> None:
+    order = DisplayOrder(("2", "1", "3"))
+    pipeline = judge_pipeline("gsm8k", order, "progressive", 16)
+    assert pipeline.speakers == {"2": "2", "1": "1", "3": "3"}
+    assert pipeline.template == judge_template("gsm8k", order)
+    expected = execution_graph(execution_roles("gsm8k", 3, 16), "progressive")
+    assert [s.role.template for s in pipeline.graph] == [s.role.template for s in expected]
+
+
+def test_judge_pipelines_check_their_layout_and_agent_ids() -> None:
+    with pytest.raises(ValueError, match="judge layout"):
+        judge_pipeline("gsm8k", DisplayOrder(("1", "2")), "progressive", 8, "shared-first")
+    with pytest.raises(ValueError, match=r"not 1\.\.2"):
+        judge_pipeline("gsm8k", DisplayOrder(("1", "3")), "progressive", 8, "transcript")

@@ -5,21 +5,22 @@ from __future__ import annotations
 import pytest
 from test_cli_errors import one_error_line, run_cli
 
-from kvsplice.agents.judge import REGIMES
+from kvsplice.agents.judge import JUDGE_LAYOUTS, REGIMES
 from kvsplice.agents.judge_prompts import TASKS
-from kvsplice.cli.judge import Regime, Task
+from kvsplice.cli.judge import JudgeLayout, Regime, Task
 
 
 def test_the_choices_are_the_library_choices() -> None:
     assert tuple(Task) == TASKS
     assert tuple(Regime) == REGIMES
+    assert tuple(JudgeLayout) == JUDGE_LAYOUTS
 
 
 def test_help_names_the_issue_flags(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["bench", "judge", "-h"], capsys)
     assert code == 0
     for flag in ("--task", "--regime", "--candidates", "--shuffle / --no-shuffle", "--modes",
-                 "--seed", "--policy", "--json", "--data"):  # fmt: skip
+                 "--seed", "--policy", "--json", "--data", "--layout"):  # fmt: skip
         assert flag in out
 
 

@@ -110,6 +110,7 @@ def test_gated_never_sends_a_judge_to_a_mode_not_admitted_for_judges(
     config = BenchJudgeConfig(
         data_path=JUDGE_SAMPLE, examples=3, modes=("dense", "gated"), warmup=False,
         out_dir=tmp_path, judge_max_new_tokens=2, diagnostics=False, admission=policy,
+        layout="persona-first",  # the judge quotes the answers: none is in an exact chain
     )  # fmt: skip
     result = run_bench_judge(config, smollm2)
     gated = [r for r in result.run.records if r.mode == "gated"]
@@ -121,3 +122,24 @@ def test_gated_never_sends_a_judge_to_a_mode_not_admitted_for_judges(
         assert route.split(" -> ")[1].split(":")[0] in allowed  # never naive
     if not judge_modes:  # exact after the exact prefix: the dense judge's choice, nothing reused
         assert all(r.consistent and r.num_candidate_token_layers_reused == 0 for r in gated)
+
+
+def test_a_transcript_judge_reads_every_candidate_from_the_agents_chain(
+    smollm2: LoadedModel, tmp_path: Path
+) -> None:
+    """The agents speak in display order and the judge takes the last turn: `exact` (and
+    `gated`, whatever it routes to) reads every candidate token·layer the agents stored,
+    with zero drift; persona-first, exact reads none (the test above)."""
+    config = BenchJudgeConfig(
+        data_path=JUDGE_SAMPLE, examples=3, modes=("dense", "exact", "gated"), warmup=False,
+        out_dir=tmp_path, judge_max_new_tokens=2, diagnostics=False, layout="transcript",
+    )  # fmt: skip
+    result = run_bench_judge(config, smollm2)
+    for mode in ("exact", "gated"):
+        summary = next(s for s in result.summaries if s.mode == mode)
+        assert summary.examples == 3 and summary.jcr == 1.0
+        assert summary.candidate_token_layer_reuse == 1.0
+    for record in result.run.records:
+        if record.mode == "exact":  # the same choice, from logits within fp tolerance
+            assert abs(record.margin - record.dense_margin) < 1e-3
+    assert json.loads(result.files["json"].read_text())["config"]["layout"] == "transcript"
