@@ -57,6 +57,15 @@ class JudgeLayout(StrEnum):
     transcript = "transcript"
 
 
+# A HumanEval candidate is a whole function: 48 tokens cut most of them before the tests can pass.
+MAX_NEW_TOKENS = {Task.humaneval: 160}
+DEFAULT_MAX_NEW_TOKENS = 48
+
+
+def default_max_new_tokens(task: Task | None) -> int:
+    return MAX_NEW_TOKENS.get(task, DEFAULT_MAX_NEW_TOKENS) if task else DEFAULT_MAX_NEW_TOKENS
+
+
 @bench_app.command("judge")
 def bench_judge(
     task: Annotated[
@@ -128,8 +137,13 @@ def bench_judge(
     ] = None,
     examples: Annotated[int, typer.Option(min=1, help="Examples judged (the first ones).")] = 8,
     max_new_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens each execution agent may generate.")
-    ] = 48,
+        int | None,
+        typer.Option(
+            min=1,
+            help="Tokens each execution agent may generate (default: 160 for humaneval, whose "
+            "candidates are whole functions graded by their tests; 48 otherwise).",
+        ),
+    ] = None,
     diagnostics: Annotated[
         bool, typer.Option(help="Attention diagnostics per layer (one more forward per call).")
     ] = True,
@@ -156,7 +170,7 @@ def bench_judge(
             task=None if task is None else task.value, regime=regime.value,
             num_candidates=candidates, shuffle=shuffle, layout=layout.value, seed=seed,
             examples=examples,
-            max_new_tokens=max_new_tokens, data_path=data, out_dir=out, json_path=json_out,
+            max_new_tokens=max_new_tokens or default_max_new_tokens(task), data_path=data, out_dir=out, json_path=json_out,
             store_target=store, store_token=auth_token or None, diagnostics=diagnostics,
             model=model_config(model, model_cache, dtype),
             **({} if modes is None else {"modes": tuple(modes.split(","))}),
