@@ -40,6 +40,7 @@ from kvsplice.client.model.hf_cache import (
     install_layers,
     read_layers,
 )
+from kvsplice.client.model.lm_head import fp32_head
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.fused_decode import PinnedStaging, decode_into
@@ -58,6 +59,7 @@ class CallExecutor:
         self._layout = layout
         self._rope = rope
         self._staging = PinnedStaging()  # carries int8 payload bytes to a GPU model
+        self._head = fp32_head(model)  # every logit read in float32 (`lm_head`)
         self.num_layers = layout.num_layers
 
     @property
@@ -129,12 +131,12 @@ class CallExecutor:
         device = self._model.device
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=device).unsqueeze(0)
         positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
+        decoder = self._model.get_decoder()
         with torch.inference_mode():
-            out = self._model(
-                input_ids=ids, position_ids=positions, **cache_kwarg(self._model, cache), use_cache=True,
-                logits_to_keep=1,
+            out = decoder(
+                input_ids=ids, position_ids=positions, **cache_kwarg(decoder, cache), use_cache=True,
             )  # fmt: skip
-        return out.logits[0, -1].float()
+            return self._head(out.last_hidden_state[0, -1])
 
     def splice_prefill(self, plan: CallPlan, timings: CallTimings) -> ExecutionState:
         """Lay every span of `plan` (`splices_only`) into a fresh cache and pick the first token.

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_layers
+from kvsplice.client.model.lm_head import fp32_head
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
@@ -52,13 +53,14 @@ def capture_segments(
     _check_spans(spans, num_tokens)
     cache = full_length_cache()
     positions = torch.arange(num_tokens, device=ids.device).unsqueeze(0) + position_offset
+    decoder = model.get_decoder()
     with torch.inference_mode(), _record_boundaries(model, boundary_layers) as states:
-        out = model(
-            input_ids=ids, position_ids=positions, **cache_kwarg(model, cache), use_cache=True,
-            logits_to_keep=1,
-        )  # fmt: skip
+        out = decoder(
+            input_ids=ids, position_ids=positions, **cache_kwarg(decoder, cache), use_cache=True
+        )
+        logits_last = fp32_head(model)(out.last_hidden_state[0, -1])
     segments = [_cut(cache, states, span, position_offset) for span in spans]
-    return CaptureResult(segments=segments, logits_last=out.logits[0, -1].float())
+    return CaptureResult(segments=segments, logits_last=logits_last)
 
 
 def _cut(

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from kvsplice.client.model.lm_head import fp32_head
+
 logger = logging.getLogger(__name__)
 
 # The executor hands each layer an explicit additive 4-D mask; these two
@@ -98,17 +100,10 @@ class DecoderAdapter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden], the residual stream after the last layer -> [N, V] float32.
 
-        Final norm, LM head and (Gemma-style) final logit soft-capping, as the
-        model's own `*ForCausalLM.forward` applies them.
+        The model's final norm, then its LM head in float32 (`lm_head`), as the call
+        executor's forward reads every other logit.
         """
-        normed = self.model.get_decoder().norm(hidden)
-        logits = self.model.get_output_embeddings()(normed)
-        cap = getattr(
-            self.model.config.get_text_config(decoder=True), "final_logit_softcapping", None
-        )
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return fp32_head(self.model)(self.model.get_decoder().norm(hidden))
 
 
 def _check_supported(model: PreTrainedModel, cfg: object) -> None:
