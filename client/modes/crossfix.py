@@ -27,11 +27,8 @@ answers, the upper 6 reused; guard 0.15) are what the judge probes chose (README
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import torch
 
 from kvsplice.client.execute.execution import timed
 from kvsplice.client.execute.layerwise_executor import LayerwiseResult
@@ -48,6 +45,8 @@ from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
 from kvsplice.client.modes.shared import (
     blend_rule,
+    decision_margin,
+    declared_choices,
     plan_exact_prefix,
     resumed_spans,
     reuse_spans,
@@ -109,29 +108,6 @@ class Params:
     def margins(self) -> tuple[float, ...]:
         """The margin each pass must reach to be kept, pass by pass."""
         return (self.min_margin, self.deep_margin)[: len(self.check_layers)]
-
-
-def first_token_margin(logits: torch.Tensor) -> float:
-    """Top-1 minus top-2 of a [V] logit vector (inf for a one-entry vocabulary)."""
-    if logits.numel() < 2:
-        return math.inf
-    top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
-
-
-def declared_choices(prompt: SpannedPrompt) -> tuple[int, ...]:
-    """The tokens a prompt says its answer is read from (`prompt.choice_ids`, optional on
-    the protocol: a judge's candidate labels); empty when it declares none."""
-    choices = getattr(prompt, "choice_ids", ())
-    return tuple(int(t) for t in choices) if choices else ()
-
-
-def decision_margin(logits: torch.Tensor, choices: Sequence[int]) -> float:
-    """The first token's margin over the declared choices (what the caller's constrained
-    read compares), else over the whole vocabulary."""
-    if not choices:
-        return first_token_margin(logits)
-    return first_token_margin(logits[list(choices)])
 
 
 class CrossfixPolicy(WholeSpanRecordingPolicy):

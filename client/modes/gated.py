@@ -12,6 +12,14 @@ With a cost model (`JudgePricing`, calibrated), a judge-like call goes to the ro
 predicted cheapest among those that keep its decision — `exact`, the admitted judge mode
 (its guard keeps the decision), `dense` — and never to one predicted slower than dense
 (`route_cost.cheapest_route`); without one, to the admitted judge mode as before.
+
+An `exact` judge is zero drift, yet in bf16 it is not the dense judge's computation: a
+prompt prefilled from a reused prefix differs from one prefill by bf16 rounding (label
+logits apart by up to ~0.04 on Qwen2.5-Coder-0.5B), and a judge that decides by less than
+that can pick otherwise. So a judge-like call routed to `exact` on a reduced-precision model
+that declares its choices is run first (the exact plan, its time counted) and kept when its
+decision margin reaches the dtype's noise floor (`NOISE_FLOOR`); a closer call is prefilled
+dense, the reference judge's own computation (`{"gated_exact": "dense: margin ..."}`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
+
+import torch
 
 from kvsplice.client.execute.execution import ExecutionState, timed
 from kvsplice.client.modes.base import (
@@ -41,12 +51,19 @@ from kvsplice.client.modes.route_cost import (
     exact_cost,
     staged_cost,
 )
+from kvsplice.client.modes.shared import decision_margin, declared_choices
 
 logger = logging.getLogger(__name__)
 
 MODE = "gated"
 # Zero-drift modes: a judge may run them whatever calibration said.
 ZERO_DRIFT = ("dense", "exact")
+GUARD = "gated_exact"
+# Label-logit spread between two computations of one prompt (a reused prefix vs one
+# prefill) per weight dtype, with the LM head in float32: bf16 up to 0.04 on Qwen2.5-
+# Coder-0.5B's transcript judges (24 HumanEval sets, 2026-11-26), fp16 taken at a quarter
+# of it (3 more mantissa bits: an eighth). float32 splices equal dense to ~1e-3: no guard.
+NOISE_FLOOR = {torch.bfloat16: 0.05, torch.float16: 0.0125}
 
 
 @dataclass(frozen=True)
@@ -173,8 +190,32 @@ class GatedPolicy:
         policy, route = self.route(prompt, ctx)
         logger.debug("risk gate: %s", route.reason)
         planned = policy.plan(prompt, ctx)
+        if route.mode == "exact" and route.reason.startswith("judge"):
+            policy, planned = self._guard_exact(prompt, ctx, policy, planned)
         decisions = {MODE: route.reason, **planned.decisions}
         return replace(planned, decisions=decisions, memo=_Routed(policy, planned))
+
+    def _guard_exact(
+        self, prompt: SpannedPrompt, ctx: CallContext, exact: ReusePolicy, planned: PlannedCall[Any]
+    ) -> tuple[ReusePolicy, PlannedCall[Any]]:
+        """An exact judge kept when its margin clears the dtype's noise floor, else dense."""
+        layerwise = ctx.executor.layerwise
+        floor = NOISE_FLOOR.get(layerwise.adapter.model.dtype, 0.0)
+        choices = declared_choices(prompt)
+        if not floor or not choices or planned.result is not None:
+            return exact, planned
+        with timed(ctx.timings, "prefill_s"):
+            result = layerwise.run(planned.plan)
+        margin = decision_margin(result.logits_last, choices)
+        if margin >= floor:
+            kept = {GUARD: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
+            return exact, replace(planned, result=result, decisions=kept)
+        dense = self.dense or self.fallback
+        if dense.mode != "dense":
+            return exact, replace(planned, result=result)
+        redo = dense.plan(prompt, ctx)
+        why = {GUARD: f"dense: margin {margin:.3f} < {floor:g}, prefilled again", **redo.decisions}
+        return dense, replace(redo, decisions=why)
 
     def after_call(
         self,

@@ -338,3 +338,26 @@ def resumed_spans(
             )
         )  # fmt: skip
     return tuple(out)
+
+
+def first_token_margin(logits: torch.Tensor) -> float:
+    """Top-1 minus top-2 of a [V] logit vector (inf for a one-entry vocabulary)."""
+    if logits.numel() < 2:
+        return math.inf
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+def declared_choices(prompt: SpannedPrompt) -> tuple[int, ...]:
+    """The tokens a prompt says its answer is read from (`prompt.choice_ids`, optional on
+    the protocol: a judge's candidate labels); empty when it declares none."""
+    choices = getattr(prompt, "choice_ids", ())
+    return tuple(int(t) for t in choices) if choices else ()
+
+
+def decision_margin(logits: torch.Tensor, choices: Sequence[int]) -> float:
+    """The first token's margin over the declared choices (what the caller's constrained
+    read compares), else over the whole vocabulary."""
+    if not choices:
+        return first_token_margin(logits)
+    return first_token_margin(logits[list(choices)])

@@ -21,17 +21,14 @@ from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.anchor.params import Params as AnchorParams
 from kvsplice.client.modes.anchor.policy import AnchorPolicy
 from kvsplice.client.modes.base import CallContext, PlannedCall, ReusePolicy, SpannedPrompt
-from kvsplice.client.modes.crossfix import (
-    CrossfixPolicy,
-    decision_margin,
-    first_token_margin,
-)
+from kvsplice.client.modes.crossfix import CrossfixPolicy
 from kvsplice.client.modes.crossfix import Params as CrossfixParams
 from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
 from kvsplice.client.modes.gated import GatedPolicy, JudgePricing
 from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.route_cost import CostModel
+from kvsplice.client.modes.shared import decision_margin, first_token_margin
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
