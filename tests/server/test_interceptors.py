@@ -3,7 +3,9 @@ code exactly once (one log line), anything unexpected is INTERNAL, tokens are ch
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -83,6 +85,19 @@ async def call(
     return grpc.StatusCode.OK
 
 
+async def rpc_count(metrics: StoreMetrics, sample: dict[str, str]) -> float | None:
+    """The RPC's duration count once the handler has recorded it. The handler records it
+    after the client already has its status, so a loaded machine can run the test's next
+    line first (once, the server then stopped and the count never came): wait up to 5 s."""
+    deadline = time.monotonic() + 5.0
+    name = "kvsplice_rpc_duration_seconds_count"
+    while (value := metrics.registry.get_sample_value(name, sample)) is None:
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    return value
+
+
 def interceptor_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == INTERCEPTOR_LOGGER]
 
@@ -94,14 +109,15 @@ async def test_each_fault_maps_to_its_status_and_is_logged_once(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=INTERCEPTOR_LOGGER)
     server, metrics, target = await start_server(lambda: fault("boom"))
+    sample = {"method": method, "code": fault.status_name}
     try:
         code = await call(target, method)
+        count = await rpc_count(metrics, sample)
     finally:
         await server.stop(None)
     assert code.name == fault.status_name
     assert len(interceptor_records(caplog)) == 1
-    sample = {"method": method, "code": fault.status_name}
-    assert metrics.registry.get_sample_value("kvsplice_rpc_duration_seconds_count", sample) == 1
+    assert count == 1
 
 
 async def test_unexpected_exceptions_are_internal_with_one_traceback(
@@ -121,11 +137,12 @@ async def test_successful_calls_are_timed_as_ok() -> None:
     try:
         assert await call(target, "Unary") == grpc.StatusCode.OK
         assert await call(target, "Stream") == grpc.StatusCode.OK
+        counts = [
+            await rpc_count(metrics, {"method": m, "code": "OK"}) for m in ("Unary", "Stream")
+        ]
     finally:
         await server.stop(None)
-    for method in ("Unary", "Stream"):
-        sample = {"method": method, "code": "OK"}
-        assert metrics.registry.get_sample_value("kvsplice_rpc_duration_seconds_count", sample) == 1
+    assert counts == [1, 1]
 
 
 @pytest.mark.parametrize("method", ["Unary", "Stream"])
