@@ -68,10 +68,12 @@ NOISE_FLOOR = {torch.bfloat16: 0.05, torch.float16: 0.0125}
 
 @dataclass(frozen=True)
 class Route:
-    """Where the gate sent one call, and why (the call's `risk_gate` decision)."""
+    """Where the gate sent one call, and why (the call's `risk_gate` decision); `judge`:
+    the call was judge-like."""
 
     mode: str
     reason: str
+    judge: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ class GatedPolicy:
         else:
             policy = self.fallback
             why = f"{self.ordinary.mode} not admitted for judges"
-        return policy, Route(policy.mode, f"judge ({verdict.reason}) -> {policy.mode}: {why}")
+        reason = f"judge ({verdict.reason}) -> {policy.mode}: {why}"
+        return policy, Route(policy.mode, reason, judge=True)
 
     def _cheapest(
         self, prompt: SpannedPrompt, ctx: CallContext, verdict: str
@@ -182,7 +185,7 @@ class GatedPolicy:
         policy = {"exact": self.fallback, "dense": self.dense}.get(mode, self.judge)
         listed = ", ".join(f"{m} {s * 1e3:.0f}" for m, s in prices.items())
         return policy, Route(
-            mode, f"judge ({verdict}) -> {mode}: cheapest (predicted ms: {listed})"
+            mode, f"judge ({verdict}) -> {mode}: cheapest (predicted ms: {listed})", judge=True
         )
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[_Routed]:
@@ -190,7 +193,7 @@ class GatedPolicy:
         policy, route = self.route(prompt, ctx)
         logger.debug("risk gate: %s", route.reason)
         planned = policy.plan(prompt, ctx)
-        if route.mode == "exact" and route.reason.startswith("judge"):
+        if route.judge and route.mode == "exact" and self.dense is not None:
             policy, planned = self._guard_exact(prompt, ctx, policy, planned)
         decisions = {MODE: route.reason, **planned.decisions}
         return replace(planned, decisions=decisions, memo=_Routed(policy, planned))
@@ -210,9 +213,8 @@ class GatedPolicy:
         if margin >= floor:
             kept = {GUARD: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
             return exact, replace(planned, result=result, decisions=kept)
-        dense = self.dense or self.fallback
-        if dense.mode != "dense":
-            return exact, replace(planned, result=result)
+        dense = self.dense
+        assert dense is not None  # `plan` guards only with a dense policy
         redo = dense.plan(prompt, ctx)
         why = {GUARD: f"dense: margin {margin:.3f} < {floor:g}, prefilled again", **redo.decisions}
         return dense, replace(redo, decisions=why)
