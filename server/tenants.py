@@ -39,8 +39,30 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_NBYTES)
 
 
+# NOTE: `*` matches only at a boundary, so `team-a*` never covers `team-admin` or `team-ab`.
+# `-` and `_` join words inside one name (`team-a`), so only `.` and `:` separate a name from
+# what is derived from it (`team-a.salt-<hex>`, the connector's salted namespaces).
+NAMESPACE_SEPARATORS = ".:"
+_PATTERN_BOUNDARY = ".:-_"  # a pattern ending in one of these (`team-a-*`) states its own boundary
+
+
+def pattern_covers(pattern: str, namespace: str) -> bool:
+    """Whether namespace entry `pattern` covers `namespace`.
+
+    `*` covers every namespace; `team-a` only itself; `team-a*` covers `team-a` and
+    `team-a.<rest>` / `team-a:<rest>`; `team-a-*` (boundary written) covers `team-a-<rest>`.
+    """
+    if not pattern.endswith("*"):
+        return namespace == pattern
+    prefix = pattern[:-1]
+    if not prefix or prefix[-1] in _PATTERN_BOUNDARY:
+        return namespace.startswith(prefix)
+    rest = namespace.removeprefix(prefix)
+    return namespace.startswith(prefix) and (not rest or rest[0] in NAMESPACE_SEPARATORS)
+
+
 def _check_pattern(pattern: str) -> str:
-    """A namespace, or a namespace prefix followed by `*` (`team-a-*`; `*` alone: every one)."""
+    """A namespace, or a namespace prefix followed by `*` (see `pattern_covers`)."""
     if pattern == "*":
         return pattern
     try:
@@ -52,7 +74,7 @@ def _check_pattern(pattern: str) -> str:
 
 @dataclass(frozen=True)
 class Tenant:
-    """One credential: its namespaces (exact names or `prefix*` patterns) and its role.
+    """One credential: its namespaces (names or `prefix*` patterns: `pattern_covers`) and its role.
 
     readers read; writers also put and delete; admins may use every namespace.
     """
@@ -85,10 +107,7 @@ class Tenant:
     def may_use(self, namespace: str) -> bool:
         if self.is_admin:
             return True
-        return any(
-            namespace.startswith(p[:-1]) if p.endswith("*") else namespace == p
-            for p in self.namespaces
-        )
+        return any(pattern_covers(p, namespace) for p in self.namespaces)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -49,6 +49,38 @@ def test_patterns_roles_and_admin() -> None:
 
 
 @pytest.mark.parametrize(
+    "pattern, covered, not_covered",
+    [
+        (
+            "team-a*",
+            ["team-a", "team-a.salt-0123456789abcdef", "team-a:planner", "team-a.x.y"],
+            ["team-admin", "team-ab", "team-a-b", "team-a_b", "team-", "team", "xteam-a"],
+        ),
+        ("team-a-*", ["team-a-planner", "team-a-"], ["team-a", "team-admin", "team-a.x"]),
+        ("team-a.*", ["team-a.salt-00ff", "team-a."], ["team-a", "team-ab", "team-a:x"]),
+        ("team-a", ["team-a"], ["team-a.salt-00ff", "team-ab", "team-a-b"]),
+        ("*", ["team-a", "x", "team-admin"], []),
+    ],
+)
+def test_a_pattern_matches_only_at_a_separator(
+    pattern: str, covered: list[str], not_covered: list[str]
+) -> None:
+    tenant = Tenant("t", "d" * 64, (pattern,), "writer")
+    assert [ns for ns in covered if not tenant.may_use(ns)] == []
+    assert [ns for ns in not_covered if tenant.may_use(ns)] == []
+
+
+def test_the_grant_for_salted_namespaces_covers_the_connectors_salts_only() -> None:
+    """`team-a*` is the grant docs give an engine: its own salted namespaces, no neighbour's."""
+    engine = Tenant("engine", "e" * 64, ("team-a*",), "writer")
+    auth = Authenticator()
+    auth.authorize(engine, "team-a.salt-5f3c0d9e8a7b6c41", write=True)
+    for neighbour in ("team-admin", "team-ab", "team-admin.salt-5f3c0d9e8a7b6c41"):
+        with pytest.raises(PermissionDenied, match=neighbour):
+            auth.authorize(engine, neighbour)
+
+
+@pytest.mark.parametrize(
     "entry, message",
     [
         ({"name": "a", "token_sha256": "A" * 64, "namespaces": ["x"], "role": "writer"}, "hex"),
