@@ -84,6 +84,10 @@ class StoreClientConfig:
             ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
+            # NOTE: gRPC shares one connection per address between a process's channels, and
+            # its failure with it: a new client would inherit "connection refused" and the
+            # backoff of an old one whose store went away, though a store listens there now.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
 
 

@@ -62,19 +62,20 @@ def test_ignore_stop_generates_exactly_the_cap(loaded: LoadedModel) -> None:
 def test_fully_connected_rounds_reuse_across_calls(
     loaded: LoadedModel, store_target: str, mode: str
 ) -> None:
-    engine = ReuseEngine(
-        loaded, mode, StoreClient(store_target, f"pipeline-{mode}"), EngineConfig(quant="none")
-    )
-    trace = run_pipeline(
-        fully_connected(math_roles(2), rounds=2),
-        QUESTION,
-        engine,
-        max_new_tokens=4,
-        ignore_stop=True,
-    )
+    with (
+        StoreClient(store_target, f"pipeline-{mode}") as client,
+        ReuseEngine(loaded, mode, client, EngineConfig(quant="none")) as engine,
+    ):
+        trace = run_pipeline(
+            fully_connected(math_roles(2), rounds=2),
+            QUESTION,
+            engine,
+            max_new_tokens=4,
+            ignore_stop=True,
+        )
+        references = [engine.dense_reference(c.prompt, c.generation) for c in trace.calls]
     assert [(c.agent_id, c.round) for c in trace.calls] == [("1", 0), ("2", 0), ("1", 1), ("2", 1)]
-    for call in trace.calls:
-        reference = engine.dense_reference(call.prompt, call.generation)
+    for call, reference in zip(trace.calls, references, strict=True):
         if mode == "exact":
             assert call.output_ids == reference.output_ids
     # Round 1 re-reads the system prompt and question agent 1 stored in round 0.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +14,7 @@ from helpers.text import CharTokenizer
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.modes.base import ReusePolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.client.store.segment_writer import SegmentWriter
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
@@ -53,8 +55,20 @@ def make_store_engine(
     loaded: LoadedModel, policy: ReusePolicy | str, target: str, namespace: str
 ) -> ReuseEngine:
     """An engine running `policy` against a new client of `namespace` at `target`
-    (`engine.store`), storing unquantized K/V: exact reuse then matches dense to fp32."""
-    return ReuseEngine(loaded, policy, StoreClient(target, namespace), EngineConfig(quant="none"))
+    (`engine.store`), storing unquantized K/V: exact reuse then matches dense to fp32.
+    Its writer and client close once the test drops the engine."""
+    client = StoreClient(target, namespace)
+    engine = ReuseEngine(loaded, policy, client, EngineConfig(quant="none"))
+    # NOTE: an engine dropped unclosed kept its client's reuse-report thread retrying the
+    # module's store after it stopped, for the rest of the session (a flake's origin).
+    weakref.finalize(engine, _close_engine_parts, engine.writer, client).atexit = False
+    return engine
+
+
+def _close_engine_parts(writer: SegmentWriter | None, client: StoreClient) -> None:
+    if writer is not None:
+        writer.close()
+    client.close()
 
 
 @contextmanager

@@ -14,28 +14,37 @@ from kvsplice.proto import store_pb2 as pb
 SERVICE = "kvsplice.v1.SegmentStore"
 
 
-def closed_port_target() -> str:
-    """A loopback address nothing listens on (connections are refused at once)."""
+@contextmanager
+def refusing_target(shareable: bool = False) -> Iterator[str]:
+    """A loopback address that refuses connections while the block runs.
+
+    NOTE: the port stays bound (never listening) until the block ends. A port bound then
+    closed is handed to the next `bind(0)`: a server of a later test could get it while a
+    client of this one still retries it. `shareable` (SO_REUSEPORT) lets a gRPC server of
+    this block listen on it later (gRPC sets SO_REUSEPORT itself).
+    """
     with socket.socket() as sock:
+        if shareable:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 Behavior = Callable[..., object]
 
 
 @contextmanager
-def fake_store(**behaviors: tuple[str, Behavior]) -> Iterator[str]:
-    """A sync gRPC server answering SegmentStore methods with test behaviors.
+def fake_store(address: str = "127.0.0.1:0", **behaviors: tuple[str, Behavior]) -> Iterator[str]:
+    """A sync gRPC server at `address` answering SegmentStore methods with test behaviors.
 
-    Each keyword is a method name mapped to (kind, behavior), kind being
-    "unary" or "server_stream"; message types are the contract's own.
+    Each other keyword is a method name mapped to (kind, behavior), kind being
+    "unary" or "server_stream"; message types are the contract's own. The server
+    listens before the block starts.
     """
     handlers = {name: _handler(name, kind, fn) for name, (kind, fn) in behaviors.items()}
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(address)
     server.start()
     try:
         yield f"127.0.0.1:{port}"

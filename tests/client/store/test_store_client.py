@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.store import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_meta, make_payload
-from helpers.store_client import closed_port_target, fake_store
+from helpers.store_client import fake_store, refusing_target
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
@@ -140,7 +140,10 @@ def test_unreachable_store_gives_misses_and_one_warning(
 ) -> None:
     payload = make_payload(100)
     meta = make_meta([1, 2], payload)
-    with StoreClient(closed_port_target(), NAMESPACE, config=FAST) as client:
+    with (
+        refusing_target() as target,
+        StoreClient(target, NAMESPACE, config=FAST) as client,
+    ):
         results = [
             client.put_segment(meta, payload),
             client.get_segment(meta.segment_id),
@@ -160,11 +163,31 @@ def test_unreachable_store_gives_misses_and_one_warning(
 def test_clients_of_one_dead_store_share_one_warning_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    target = closed_port_target()
-    for _ in range(4):  # a demo opens one client per mode and agent
-        with StoreClient(target, NAMESPACE, config=FAST) as client:
-            assert client.lookup_prefix(FINGERPRINT, [1, 2]) == PrefixLookup.MISS
+    with refusing_target() as target:
+        for _ in range(4):  # a demo opens one client per mode and agent
+            with StoreClient(target, NAMESPACE, config=FAST) as client:
+                assert client.lookup_prefix(FINGERPRINT, [1, 2]) == PrefixLookup.MISS
     assert len(warnings_logged(caplog)) == 1
+
+
+def test_a_new_client_never_inherits_the_refused_connection_of_an_old_one() -> None:
+    """The cause of a flake: an engine's client, never closed, kept reporting to its
+    module's store after it stopped; a fake store of a later test got that port, and a
+    new client there was told "connection refused" from the old client's backoff."""
+    slow_retry = replace(FAST, reconnect_backoff_ms=60_000, max_reconnect_backoff_ms=60_000)
+    lookup = ("unary", lambda request, context: pb.LookupPrefixResponse())
+    with (
+        refusing_target(shareable=True) as target,
+        StoreClient(target, NAMESPACE, config=slow_retry) as old,
+    ):
+        assert old.lookup_prefix(FINGERPRINT, [1, 2]) == PrefixLookup.MISS  # refused
+        assert old.counters.num_degraded_calls == 1
+        with (
+            fake_store(target, LookupPrefix=lookup),
+            StoreClient(target, NAMESPACE, config=slow_retry) as new,
+        ):
+            assert new.lookup_prefix(FINGERPRINT, [1, 2]) == PrefixLookup.MISS  # answered
+            assert new.counters.num_degraded_calls == 0
 
 
 def test_a_store_slower_than_the_deadline_is_a_miss() -> None:
