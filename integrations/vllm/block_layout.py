@@ -1,14 +1,18 @@
-"""vLLM's paged KV blocks <-> kvsplice's token-major K/V, one class per attention backend.
+"""vLLM's paged KV blocks <-> kvsplice's token-major K/V, one class per layout kind.
 
 A layout moves whole blocks of one layer's cache: `gather` copies blocks out as
 `k, v: [H_kv, n_blocks * block_size, D]`, `scatter` writes such tensors into
 blocks. kvsplice's payloads stay token-major (`[L, H_kv, T, D]`) whatever the engine.
+Which kind an engine uses is `engine_layout.check_supported`'s verdict, not a guess
+from the tensor. In vLLM 0.32 every layer's cache is the view
+`[num_blocks, H_kv, block_size, 2 * D]`; the kinds differ inside it:
 
-- CPU (`CPU_ATTN`): a layer's cache is `[num_blocks, H_kv, block_size, 2 * D]`; how
-  K and V sit inside one (block, head) slab depends on the kernel's ISA (K is
-  stored transposed on `vec`). Rather than hard-code that, `CpuBlockLayout.probe`
-  asks vLLM's own cache-write op where each (token, head, dim) lands, once.
-- CUDA flash-attention layout: `[2, num_blocks, block_size, H_kv, D]`.
+- CPU (`CPU_ATTN`): how K and V sit inside one (block, head) slab depends on the
+  kernel's ISA (K is stored transposed on `vec`). Rather than hard-code that,
+  `CpuBlockLayout.probe` asks vLLM's own cache-write op where each (token, head,
+  dim) lands, once.
+- CUDA (`FLASH_ATTN`, `FLASHINFER`, `TRITON_ATTN`, `FLEX_ATTENTION`): K is the first
+  D of the last dim, V the last D (`FlashBlockLayout`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,18 @@ from typing import Protocol
 
 import torch
 
+from kvsplice.integrations.vllm.engine_layout import CPU, FLASH, UnsupportedLayout, check_supported
+
+__all__ = [
+    "BlockLayout",
+    "CpuBlockLayout",
+    "FlashBlockLayout",
+    "UnsupportedLayout",
+    "check_supported",
+    "layout_for",
+]
+
 logger = logging.getLogger(__name__)
-
-
-class UnsupportedLayout(Exception):
-    """The engine's KV cache has a layout this connector cannot read (it then stays idle)."""
 
 
 class BlockLayout(Protocol):
@@ -110,7 +121,14 @@ class CpuBlockLayout:
 
 @dataclass(frozen=True)
 class FlashBlockLayout:
-    """CUDA flash-attention: a layer's cache is `[2, num_blocks, block_size, H_kv, D]`."""
+    """vLLM 0.32's CUDA layout: a layer's cache is the view `[num_blocks, H_kv, block_size,
+    2 * D]`, K in the first D of the last dim and V in the last D.
+
+    NOTE: the view's strides follow the resolved `KVCacheLayout` (LBNHC puts tokens outside
+    heads; block-outer layouts put other layers' pages between blocks), so it is often not
+    contiguous. Blocks therefore move only through `index_select` / `index_copy_` on the
+    view itself, which honour any strides; never through `.view()` or a flat copy.
+    """
 
     block_size: int
     num_kv_heads: int
@@ -119,32 +137,48 @@ class FlashBlockLayout:
     def gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks = cache.index_select(1, block_ids.to(cache.device))  # [2, n, bs, H, D]
-        k, v = (
-            part.reshape(-1, self.num_kv_heads, self.head_dim).transpose(0, 1) for part in blocks
-        )
-        return k.contiguous(), v.contiguous()
+        blocks = cache.index_select(0, block_ids.to(cache.device))  # [n, H, bs, 2D]
+        k, v = blocks.split(self.head_dim, dim=-1)  # each [n, H, bs, D]
+        return self._tokens(k), self._tokens(v)
 
     def scatter(
         self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        n = len(block_ids)
-        shape = (n, self.block_size, self.num_kv_heads, self.head_dim)
-        both = torch.stack([k.transpose(0, 1).reshape(shape), v.transpose(0, 1).reshape(shape)])
-        cache.index_copy_(1, block_ids.to(cache.device), both.to(cache.device, cache.dtype))
+        both = torch.cat([k, v], dim=-1).to(cache.device, cache.dtype)  # [H, n * bs, 2D]
+        blocks = both.view(self.num_kv_heads, len(block_ids), self.block_size, -1)
+        cache.index_copy_(0, block_ids.to(cache.device), blocks.transpose(0, 1))
+
+    def _tokens(self, per_block: torch.Tensor) -> torch.Tensor:
+        # [n, H, bs, D] -> [H, n * bs, D] (a copy: `per_block` is a strided split)
+        return per_block.transpose(0, 1).reshape(self.num_kv_heads, -1, self.head_dim)
 
 
-def layout_for(cache: torch.Tensor, block_size: int, cpu_isa: str | None) -> BlockLayout:
-    """The layout of one layer's `cache` tensor as vLLM registered it."""
-    if cache.device.type == "cpu" and cache.dim() == 4:
-        if cpu_isa is None:
-            raise UnsupportedLayout("the CPU attention kernel's ISA is unknown")
+def layout_for(
+    cache: torch.Tensor, block_size: int, kind: str, cpu_isa: str | None = None
+) -> BlockLayout:
+    """The layout of one layer's `cache` as vLLM registered it.
+
+    `cache`: [num_blocks, H_kv, N, 2 * D], N the kernel block size (vLLM may split each
+    of its `block_size`-token blocks into several kernel blocks); `kind`: what
+    `check_supported` returned; `cpu_isa`: the CPU attention kernel's ISA (CPU only).
+    The layout's `block_size` is N, and its block ids count kernel blocks.
+    """
+    if cache.dim() != 4 or cache.shape[-1] % 2 or block_size % cache.shape[2]:
+        raise UnsupportedLayout(
+            f"KV cache of shape {tuple(cache.shape)} is not [num_blocks, H_kv, N, 2 * D] "
+            f"with N dividing the block size {block_size}"
+        )
+    if kind == CPU:
+        if cache.device.type != "cpu" or cpu_isa is None:
+            raise UnsupportedLayout(
+                f"the CPU layout needs a CPU cache (got {cache.device.type}) and the CPU "
+                f"attention kernel's ISA (got {cpu_isa!r})"
+            )
         return CpuBlockLayout.probe(cache, cpu_isa)
-    if cache.device.type == "cuda" and cache.dim() == 5 and cache.shape[0] == 2:
-        return FlashBlockLayout(int(cache.shape[2]), int(cache.shape[3]), int(cache.shape[4]))
-    raise UnsupportedLayout(
-        f"KV cache of shape {tuple(cache.shape)} on {cache.device.type} (block size {block_size})"
-    )
+    if kind == FLASH:
+        _, heads, kernel_block_size, twice_dim = cache.shape
+        return FlashBlockLayout(int(kernel_block_size), int(heads), int(twice_dim) // 2)
+    raise UnsupportedLayout(f"unknown layout kind {kind!r} (expected {CPU!r} or {FLASH!r})")
 
 
 def _coordinates(heads: int, block_size: int, dim: int) -> list[torch.Tensor]:
