@@ -73,6 +73,14 @@ def compute_fingerprint(parts: FingerprintParts) -> str:
     return f"{FINGERPRINT_VERSION}-{digest.hexdigest()}"
 
 
+def derive_fingerprint(model_fingerprint: str, extras: Mapping[str, Any]) -> str:
+    """A fingerprint for K/V the model computes under `extras` (a LoRA adapter, images):
+    the same shape as the model's, never equal to it or to another `extras`' one."""
+    payload = canonical_json({"base": model_fingerprint, "extras": extras})
+    digest = hashlib.blake2b(payload.encode(), digest_size=FINGERPRINT_HEX_LEN // 2)
+    return f"{FINGERPRINT_VERSION}-{digest.hexdigest()}"
+
+
 def is_fingerprint(value: str) -> bool:
     """Whether `value` has the shape of a fingerprint (not whether it is known)."""
     prefix = f"{FINGERPRINT_VERSION}-"

@@ -8,6 +8,7 @@ background thread sends what accumulated (a call never waits on the network).
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -171,6 +172,21 @@ class StoreClient:
         self._served_lock = threading.Lock()
         self._served: LRUCache[bytes, Served] = LRUCache(maxsize=MAX_REMEMBERED_READS)
         self._reporter = ReuseReporter(self._send_report, self.config.report_interval_s)
+        self._owns_channel = True
+
+    def in_namespace(self, namespace: str) -> StoreClient:
+        """A client for `namespace` over this client's channel: the same sidecar, token,
+        TLS, retry policies and receive buffers, no connection of its own. Closing it
+        leaves this client's channel open (close this one last)."""
+        other = copy.copy(self)
+        other.namespace = checked_namespace(namespace)
+        other.counters = ClientCounters()
+        other._same_host = _UNASKED if self.config.same_host_reads else None
+        other._served_lock = threading.Lock()
+        other._served = LRUCache(maxsize=MAX_REMEMBERED_READS)
+        other._reporter = ReuseReporter(other._send_report, self.config.report_interval_s)
+        other._owns_channel = False
+        return other
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
         """Store `payload` under `meta`; True once the store holds a segment under its key
@@ -432,7 +448,8 @@ class StoreClient:
         if isinstance(self._same_host, SameHostPath):
             self._same_host.close()
         self._same_host = None
-        self._channel.close()
+        if self._owns_channel:
+            self._channel.close()
 
     def __enter__(self) -> StoreClient:
         return self

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -62,15 +63,18 @@ class EngineSpec:
     env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     python: str = sys.executable
+    log_stats: bool = False  # vLLM's stats and its Prometheus counters (/metrics)
 
     def command(self) -> list[str]:
         cmd = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model_dir, "--port", str(self.port), "--host", "127.0.0.1",
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-            "--enforce-eager", "--enable-prompt-tokens-details", "--disable-log-stats",
+            "--enforce-eager", "--enable-prompt-tokens-details",
             "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
         ]  # fmt: skip
+        if not self.log_stats:
+            cmd.append("--disable-log-stats")
         if self.kv_transfer_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
         return [*cmd, *self.extra_args]
@@ -189,6 +193,27 @@ class Engine(Child):
             int(usage.get("prompt_tokens", len(prompt_ids))), int(details.get("cached_tokens") or 0),
         )  # fmt: skip
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's own prefix cache (needs VLLM_SERVER_DEV_MODE=1), retried while
+        requests still hold blocks."""
+        for _ in range(50):
+            response = self._http.post(f"{self.url}/reset_prefix_cache", timeout=30.0)
+            response.raise_for_status()
+            if response.json().get("success"):
+                return
+            time.sleep(0.2)
+        raise EngineError(f"{self.name}: its prefix cache could not be reset")
+
+    def counters(self) -> dict[str, float]:
+        """vLLM's Prometheus counters (`log_stats`), summed over labels: name -> value."""
+        text = self._http.get(f"{self.url}/metrics", timeout=30.0).text
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:") and "_total" in line.split(" ")[0]:
+                name = line.split("{")[0].split(" ")[0]
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return totals
+
     def stop(self, timeout_s: float = 60.0) -> None:
         self._http.close()
         super().stop(timeout_s)
@@ -205,11 +230,33 @@ class Engine(Child):
         self.stop()
 
 
+@dataclass(frozen=True)
+class AdminAccess:
+    """How to reach a sidecar's admin API: TLS files (its CA, a client certificate under
+    mTLS) and an admin tenant's token; all None for a plain local sidecar."""
+
+    ca_path: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+    token: str | None = None
+
+    def httpx_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"timeout": 10.0}
+        if self.ca_path:
+            context = ssl.create_default_context(cafile=self.ca_path)
+            if self.cert_path:
+                context.load_cert_chain(self.cert_path, self.key_path)
+            kwargs["verify"] = context
+        if self.token:
+            kwargs["headers"] = {"Authorization": f"Bearer {self.token}"}
+        return kwargs
+
+
 class Sidecar(Child):
     """`kvsplice serve` with an LMDB tier: restartable, its data surviving a restart."""
 
     def __init__(self, data_dir: Path, port: int, admin_port: int, log_dir: Path,
-                 extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 extra_args: tuple[str, ...] = (), admin: AdminAccess | None = None) -> None:  # fmt: skip
         command = [
             sys.executable, "-m", "kvsplice", "serve", "--listen", f"127.0.0.1:{port}",
             "--admin-listen", f"127.0.0.1:{admin_port}", "--lmdb-path", str(data_dir),
@@ -218,7 +265,12 @@ class Sidecar(Child):
         super().__init__(f"sidecar-{port}", command, {}, log_dir)
         self.data_dir = data_dir
         self.target = f"127.0.0.1:{port}"
-        self.admin_url = f"http://127.0.0.1:{admin_port}"
+        self.admin = admin or AdminAccess()
+        scheme = "https" if self.admin.ca_path else "http"
+        self.admin_url = f"{scheme}://127.0.0.1:{admin_port}"
+
+    def _get(self, path: str, **params: Any) -> httpx.Response:
+        return httpx.get(f"{self.admin_url}{path}", params=params, **self.admin.httpx_kwargs())
 
     def start(self, timeout_s: float = 120.0) -> Sidecar:
         self.spawn()
@@ -226,7 +278,7 @@ class Sidecar(Child):
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                if httpx.get(f"{self.admin_url}/readyz", timeout=2.0).status_code == 200:
+                if self._get("/readyz").status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -238,9 +290,7 @@ class Sidecar(Child):
         return self.start()
 
     def namespace_stats(self, namespace: str) -> dict[str, Any]:
-        response = httpx.get(
-            f"{self.admin_url}/v1/stats", params={"namespace": namespace}, timeout=10.0
-        )
+        response = self._get("/v1/stats", namespace=namespace)
         response.raise_for_status()
         rows = response.json()["namespaces"]
         return rows[0] if rows else {}

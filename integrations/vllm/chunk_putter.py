@@ -2,7 +2,9 @@
 
 The forward pass only copies a chunk's blocks out and enqueues them; encoding,
 checksumming and the put run on this thread. A full queue drops the chunk (counted,
-logged once a while): a dropped save is a future miss, never a stall.
+logged once a while): a dropped save is a future miss, never a stall. Every chunk's
+outcome (stored, or not) goes to `on_outcome`, so the scheduler counts a chunk as
+stored only once the sidecar acknowledged it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsplice.common.segment import chained_meta
@@ -36,13 +39,16 @@ class PutterCounters:
     num_dropped: int = 0
 
 
+OutcomeFn = Callable[[SaveSpec, bool], None]
+
+
 class ChunkPutter:
     def __init__(
-        self, clients: StoreClients, fingerprint: str, quant: str, max_pending: int
+        self, clients: StoreClients, quant: str, max_pending: int, on_outcome: OutcomeFn
     ) -> None:
         self.clients = clients
-        self.fingerprint = fingerprint
         self.quant = quant
+        self.on_outcome = on_outcome
         self.counters = PutterCounters()
         self._queue: queue.Queue[GatheredChunk | None] = queue.Queue(max_pending)
         self._last_warning_s = 0.0
@@ -55,6 +61,7 @@ class ChunkPutter:
             return True
         except queue.Full:
             self.counters.num_dropped += 1
+            self.on_outcome(chunk.spec, False)
             self._warn(
                 "the sidecar is not keeping up: dropped a chunk (%d so far)",
                 self.counters.num_dropped,
@@ -79,28 +86,35 @@ class ChunkPutter:
     def _run(self) -> None:
         while True:
             chunk = self._queue.get()
+            stored = False
             try:
                 if chunk is None:
                     return
-                self._put(chunk)
-            except Exception:
+                stored = self._put(chunk)
+            except Exception:  # a refusal or a bug: this chunk is not stored
                 self.counters.num_failed += 1
-                logger.exception("storing a chunk failed")
+                logger.debug("storing a chunk failed", exc_info=True)
+                self._warn(
+                    "storing chunks failed (a refusal?): %d so far", self.counters.num_failed
+                )
             finally:
+                if chunk is not None:
+                    self.on_outcome(chunk.spec, stored)
                 self._queue.task_done()
 
-    def _put(self, chunk: GatheredChunk) -> None:
+    def _put(self, chunk: GatheredChunk) -> bool:
         spec = chunk.spec
         meta = chained_meta(
-            spec.namespace, self.fingerprint, spec.parent_key, spec.token_ids, spec.start,
+            spec.namespace, spec.root, spec.parent_key, spec.token_ids, spec.start,
             chunk.kv.num_layers, created_at_s=time.time(), kind="prompt", exact=True,
         )  # fmt: skip
-        payload = encode_payload(chunk.kv, model_fingerprint=self.fingerprint, quant=self.quant)
+        payload = encode_payload(chunk.kv, model_fingerprint=spec.root, quant=self.quant)
         if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
             self.counters.num_put += 1
-        else:
-            self.counters.num_failed += 1
-            self._warn("the sidecar is unreachable: %d chunks not stored", self.counters.num_failed)
+            return True
+        self.counters.num_failed += 1
+        self._warn("the sidecar is unreachable: %d chunks not stored", self.counters.num_failed)
+        return False
 
     def _warn(self, message: str, count: int) -> None:
         now = time.monotonic()

@@ -1,9 +1,12 @@
 """`KvspliceConnector`: vLLM's KV connector API (v1, vLLM 0.32) over the kvsplice sidecar.
 
 Wiring only: the scheduler half (`scheduler_side`) and the worker half
-(`worker_side`) do the work; this class maps vLLM's hooks onto them. Loads are
-synchronous (done in `start_load_kv`, before the forward pass reads a block);
-saves copy blocks out after the step and put them from a background thread.
+(`worker_side`) do the work; this class maps vLLM's hooks onto them. Lookups run off
+the scheduler loop; loads are synchronous (done in `start_load_kv`, before the
+forward pass reads a block); saves copy blocks out after the step and put them from
+a background thread; the worker's news (acknowledged puts, load faults) reaches the
+scheduler through vLLM's worker metadata. No hook lets a sidecar fault escape into
+vLLM: each is a miss or a recompute, counted and logged once per kind.
 """
 
 from __future__ import annotations
@@ -18,16 +21,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvsplice.integrations.vllm.block_layout import UnsupportedLayout, layout_for
-from kvsplice.integrations.vllm.chunk_putter import ChunkPutter
+from kvsplice.integrations.vllm.block_layout import UnsupportedLayout, check_supported, layout_for
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig
-from kvsplice.integrations.vllm.engine_fingerprint import engine_fingerprint
+from kvsplice.integrations.vllm.engine_fingerprint import (
+    ROPE_KEYS,
+    effective_fingerprint,
+    engine_fingerprint,
+)
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
 from kvsplice.integrations.vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -47,6 +56,16 @@ class KvspliceMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     starts: list[RequestStart] = field(default_factory=list)
+    num_faults_seen: int = 0  # load faults the scheduler had absorbed when it planned this
+
+
+@dataclass
+class KvspliceWorkerMetadata(KVConnectorWorkerMetadata):
+    news: WorkerNews = field(default_factory=WorkerNews)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, KvspliceWorkerMetadata)
+        return KvspliceWorkerMetadata(self.news.merge(other.news))
 
 
 class KvspliceConnector(KVConnectorBase_V1):
@@ -65,23 +84,28 @@ class KvspliceConnector(KVConnectorBase_V1):
         transfer = self._kv_transfer_config
         self.config = ConnectorConfig.from_extra_config(transfer.kv_connector_extra_config or {})
         _check_parallelism(vllm_config)
+        self.layout_kind = _checked_layout(vllm_config)
         self.block_size = vllm_config.cache_config.block_size
         self.chunk_tokens = self.config.chunk_tokens_for(self.block_size)
         kv_dtype = _kv_dtype(vllm_config)
-        self.fingerprint = engine_fingerprint(_model_dir(vllm_config), kv_dtype)
+        files = engine_fingerprint(_model_dir(vllm_config), kv_dtype)
+        self.fingerprint = effective_fingerprint(files, _engine_settings(vllm_config))
         self.clients = StoreClients(self.config)
+        self.faults = FaultLog()
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
+        self._disabled: str | None = None
+        self._disabled_reported = False
         self._load_errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(
-                self.clients,
-                self.fingerprint,
-                self.block_size,
-                self.chunk_tokens,
+                self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
                 save_decode=self.config.save_decode_for(kv_dtype),
-            )
-            _recompute_on_load_failure(transfer)
+                lookup_wait_s=self.config.lookup_wait_ms / 1000,
+                lookup_timeout_s=self.config.lookup_deadline_ms / 1000,
+                faults=self.faults,
+            )  # fmt: skip
+            _warn_if_failing_requests(transfer)
         logger.info(
             "kvsplice connector (%s) -> %s namespace %r, chunks of %d tokens, fingerprint %s",
             role.name, self.config.target, self.config.namespace, self.chunk_tokens, self.fingerprint,
@@ -96,16 +120,15 @@ class KvspliceConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         first = next(iter(kv_caches.values()))
         try:
-            layout = layout_for(first, self.block_size, _cpu_isa(self._vllm_config, first))
+            kind = check_supported(self._vllm_config)  # the loaded layers' own backends
+            layout = layout_for(first, self.block_size, kind, _cpu_isa(self._vllm_config, first))
+            self.worker = WorkerSide(
+                self.clients, self.fingerprint, self.block_size, kv_caches, layout,
+                self.config.quant, self.config.max_pending_saves, self.faults,
+            )  # fmt: skip
         except UnsupportedLayout as error:
+            self._disabled = f"this worker cannot read its KV cache: {error}"
             logger.error("kvsplice connector disabled on this worker: %s", error)
-            return
-        putter = ChunkPutter(
-            self.clients, self.fingerprint, self.config.quant, self.config.max_pending_saves
-        )
-        self.worker = WorkerSide(
-            self.clients, self.fingerprint, self.block_size, kv_caches, layout, putter
-        )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -114,7 +137,7 @@ class KvspliceConnector(KVConnectorBase_V1):
             if self.worker is None:
                 self._load_errors.update(spec.block_ids)
             else:
-                self._load_errors.update(self.worker.load(spec))
+                self._load_errors.update(self.worker.load(spec))  # never raises
         if self.worker is not None:
             for start in meta.starts:
                 self.worker.report(start)
@@ -137,15 +160,27 @@ class KvspliceConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvspliceMetadata)
         for spec in meta.saves:
-            self.worker.save(spec)
+            self.worker.save(spec, meta.num_faults_seen)  # never raises
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        news = WorkerNews()
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, KvspliceMetadata)
+            news = self.worker.take_news(meta.num_faults_seen)
+        if self._disabled and not self._disabled_reported:
+            news.disabled, self._disabled_reported = self._disabled, True
+        return KvspliceWorkerMetadata(news) if news else None
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.putter.close()
+        if self.scheduler is not None:
+            self.scheduler.lookups.close()
         self.clients.close()
 
     # ---- scheduler side ----------------------------------------------------------------
@@ -154,7 +189,11 @@ class KvspliceConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         assert self.scheduler is not None
-        return self.scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+        try:
+            return self.scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+        except Exception as error:  # a bug must not stop the scheduler: no external hit
+            self.faults.record("lookup failed", repr(error))
+            return 0, False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -167,7 +206,13 @@ class KvspliceConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.scheduler is not None
         loads, saves, starts = self.scheduler.build_step(scheduler_output)
-        return KvspliceMetadata(loads, saves, starts)
+        return KvspliceMetadata(loads, saves, starts, self.scheduler.num_faults_seen)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        assert self.scheduler is not None
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KvspliceWorkerMetadata):
+            self.scheduler.absorb(meta.news)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -196,6 +241,15 @@ def _check_parallelism(vllm_config: VllmConfig) -> None:
         )
 
 
+def _checked_layout(vllm_config: VllmConfig) -> str:
+    """The KV layout kind the engine uses; in both roles, a ValueError before any promise
+    for a model or backend this connector cannot read (MLA, quantized KV, others)."""
+    try:
+        return check_supported(vllm_config)
+    except UnsupportedLayout as error:
+        raise ValueError(f"KvspliceConnector cannot serve this engine: {error}") from None
+
+
 def _model_dir(vllm_config: VllmConfig) -> Path:
     """The local directory of the served model (a hub id resolves in the local cache only)."""
     model = vllm_config.model_config.model
@@ -205,6 +259,20 @@ def _model_dir(vllm_config: VllmConfig) -> Path:
 
     revision = vllm_config.model_config.revision
     return Path(snapshot_download(model, revision=revision, local_files_only=True))
+
+
+def _engine_settings(vllm_config: VllmConfig) -> dict[str, Any]:
+    """The engine's settings that change K/V beyond the model's files."""
+    model = vllm_config.model_config
+    text = model.hf_text_config
+    overrides = model.hf_overrides
+    if callable(overrides):
+        overrides = f"{overrides.__module__}.{overrides.__qualname__}"
+    return {
+        "quantization": model.quantization,
+        "hf_overrides": overrides,
+        "rope": {k: getattr(text, k) for k in ROPE_KEYS if getattr(text, k, None) is not None},
+    }
 
 
 def _kv_dtype(vllm_config: VllmConfig) -> str:
@@ -225,12 +293,12 @@ def _cpu_isa(vllm_config: VllmConfig, cache: torch.Tensor) -> str | None:
     return _get_attn_isa(cache.dtype, int(cache.shape[2]), head_dim, "auto")
 
 
-def _recompute_on_load_failure(transfer: Any) -> None:
-    """A store fault must cost a recompute, never a failed request."""
+def _warn_if_failing_requests(transfer: Any) -> None:
+    """vLLM's policy is respected; its default, "fail", ends a request whose load faults."""
     if transfer.kv_load_failure_policy != "recompute":
         logger.warning(
-            "kv_load_failure_policy %r would fail requests when the sidecar faults; "
-            "the kvsplice connector uses 'recompute' (set it to silence this)",
+            "kv_load_failure_policy is %r: a request whose KV load fails (a sidecar restart, "
+            'an evicted or corrupt segment) ends with an error; set it to "recompute" '
+            "to recompute such blocks instead",
             transfer.kv_load_failure_policy,
         )
-        transfer.kv_load_failure_policy = "recompute"

@@ -2,13 +2,16 @@
 
 Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
 `token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `save_decode`,
-`lookup_timeout_ms`, `max_pending_saves`. Knows nothing of vLLM's objects.
+`lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
+`token_env`, `token_file`, `tls_cert`, `tls_key`. Knows nothing of vLLM's objects.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from kvsplice.common.segment import validate_namespace
@@ -30,6 +33,13 @@ class ConnectorConfig:
     (`save_decode_for`).
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
+    Lookups run off the scheduler loop: a new request waits for its lookup at most
+    `lookup_wait_ms` in the step it arrives, is asked about again in later steps,
+    and is served without the sidecar once `lookup_deadline_ms` passed with no answer
+    (`lookup_timeout_ms` is one RPC's deadline, retries included).
+    The tenant's token: `token` (it then shows in vLLM's logged config), or better
+    `token_env` (the name of an environment variable) or `token_file` (a path).
+    `tls_cert` and `tls_key` present a client certificate (a sidecar with mTLS).
     """
 
     target: str
@@ -42,6 +52,12 @@ class ConnectorConfig:
     save_decode: bool | None = None
     lookup_timeout_ms: int = 500
     max_pending_saves: int = 256
+    lookup_wait_ms: int = 20
+    lookup_deadline_ms: int = 2000
+    token_env: str | None = None
+    token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target:
@@ -57,6 +73,32 @@ class ConnectorConfig:
             raise ValueError(f"lookup_timeout_ms {self.lookup_timeout_ms} not in [1, 60000]")
         if self.max_pending_saves < 1:
             raise ValueError(f"max_pending_saves {self.max_pending_saves} must be >= 1")
+        if not 0 <= self.lookup_wait_ms <= self.lookup_deadline_ms <= 600_000:
+            raise ValueError(
+                f"need 0 <= lookup_wait_ms ({self.lookup_wait_ms}) <= lookup_deadline_ms "
+                f"({self.lookup_deadline_ms}) <= 600000"
+            )
+        if sum(x is not None for x in (self.token, self.token_env, self.token_file)) > 1:
+            raise ValueError("give the token one way: token, token_env or token_file")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (a client certificate)")
+
+    def resolved_token(self) -> str | None:
+        """The tenant's token from wherever it was given; ValueError naming a missing source."""
+        if self.token_env is not None:
+            token = os.environ.get(self.token_env)
+            if not token:
+                raise ValueError(f"token_env {self.token_env!r}: that variable is not set")
+            return token
+        if self.token_file is not None:
+            try:
+                token = Path(self.token_file).read_text().strip()
+            except OSError as error:
+                raise ValueError(f"token_file {self.token_file!r}: {error.strerror}") from None
+            if not token:
+                raise ValueError(f"token_file {self.token_file!r} is empty")
+            return token
+        return self.token
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
@@ -72,7 +114,10 @@ class ConnectorConfig:
                 "kv_connector_extra_config['target'] (the sidecar's host:port or unix:path) is required"
             )
         values = dict(extra)
-        for name in ("chunk_tokens", "lookup_timeout_ms", "max_pending_saves"):
+        for name in (
+            "chunk_tokens", "lookup_timeout_ms", "max_pending_saves", "lookup_wait_ms",
+            "lookup_deadline_ms",
+        ):  # fmt: skip
             if values.get(name) is not None:
                 values[name] = int(values[name])
         for name in ("same_host_reads", "save_decode"):

@@ -17,7 +17,12 @@ from typing import Any
 import xxhash
 
 from kvsplice.common.file_digest import file_hexdigest
-from kvsplice.common.keys import FingerprintParts, canonical_json, compute_fingerprint
+from kvsplice.common.keys import (
+    FingerprintParts,
+    canonical_json,
+    compute_fingerprint,
+    derive_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,13 @@ def engine_fingerprint(
         kv_dtype=f"engine:{kv_dtype}",
     )
     return compute_fingerprint(parts)
+
+
+def effective_fingerprint(files_fingerprint: str, settings: dict[str, Any]) -> str:
+    """The fingerprint of what the engine really computes: the files' fingerprint with the
+    engine's own settings that change K/V folded in (online quantization, config overrides,
+    the RoPE it resolved). Two engines with the same files and settings agree."""
+    return derive_fingerprint(files_fingerprint, {"engine": settings})
 
 
 def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:

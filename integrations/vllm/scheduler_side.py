@@ -1,33 +1,51 @@
 """The connector's scheduler half: what the sidecar holds for a request, and what to save.
 
-`num_new_matched_tokens` looks the request's tokens up (`LookupPrefix` over the
-chained context keys) and promises the block-aligned stored run; repeated calls
-for one request reuse the first answer, so it has no effect the scheduler can
-see. `build_step` turns this step's allocations into `LoadSpec`s, and every chunk
-of computed tokens the sidecar does not hold yet into a `SaveSpec`. Only exact
-prefixes are ever promised: the chain keys name tokens after exactly their left
-context. Knows vLLM's request and scheduler-output objects only through the
-few attributes it reads.
+`num_new_matched_tokens` looks the request's tokens up off the scheduler loop
+(`Lookups`: None until the sidecar answered) and promises the block-aligned stored
+run, never past a segment a worker found corrupt. `build_step` turns this step's
+allocations into `LoadSpec`s, and every chunk of computed tokens the sidecar does
+not hold into a `SaveSpec`. `absorb` takes the workers' news: acknowledged and
+failed puts (a chunk counts as stored only once acknowledged; a failed one is put
+again when next computed) and load faults (the request's chain rewinds to the
+fault). Only exact prefixes are ever promised. Knows vLLM's request and
+scheduler-output objects only through the few attributes it reads.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvsplice.client.store.store_types import PrefixLookup
+from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
+from kvsplice.integrations.vllm.lookups import LookupQuery, Lookups
+from kvsplice.integrations.vllm.request_keys import request_root
+from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, StoredPiece
+from kvsplice.integrations.vllm.transfer_specs import (
+    LoadSpec,
+    RequestStart,
+    SaveSpec,
+    StoredPiece,
+    WorkerNews,
+)
 
 logger = logging.getLogger(__name__)
 
-# Chunk keys this engine put recently: a system prompt shared by many requests is sent once.
+# Chunks acknowledged recently (a system prompt shared by many requests is sent once).
 MAX_RECENT_KEYS = 65_536
+# A save never acknowledged nor failed (a worker gone) stops blocking others after this.
+IN_FLIGHT_TTL_S = 120.0
+# Segments a worker found corrupt are not promised for this long (deleted meanwhile).
+BAD_SEGMENT_TTL_S = 600.0
+# A request that waited this long since its lookup is looked up again before a load.
+LOOKUP_MAX_AGE_S = 10.0
 
 
 @dataclass
@@ -36,9 +54,12 @@ class _Tracked:
 
     request: Any  # vllm.v1.request.Request
     namespace: str
-    lookup: PrefixLookup
-    num_lookup_tokens: int
-    chain: KeyChain
+    root: str | None  # None: its K/V is never shared (request_keys)
+    chain: KeyChain | None
+    lookup: PrefixLookup | None = None  # None: not answered yet
+    num_lookup_tokens: int = 0
+    looked_up_s: float = 0.0
+    ack_seq: int = 0  # acknowledgements seen when the lookup answered
     block_ids: list[int] = field(default_factory=list)
     held_keys: frozenset[bytes] = frozenset()
     pending_load: LoadSpec | None = None
@@ -53,61 +74,126 @@ class SchedulerSide:
         block_size: int,
         chunk_tokens: int,
         save_decode: bool = False,
+        *,
+        lookup_wait_s: float = 0.02,
+        lookup_timeout_s: float = 2.0,
+        breaker: Breaker | None = None,
+        faults: FaultLog | None = None,
     ) -> None:
         self.clients = clients
         self.save_decode = save_decode
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.chunk_tokens = chunk_tokens
+        self.faults = faults or FaultLog()
+        self.lookups = Lookups(
+            self._lookup, wait_s=lookup_wait_s, timeout_s=lookup_timeout_s,
+            breaker=breaker or Breaker(), faults=self.faults,
+        )  # fmt: skip
         self._tracked: dict[str, _Tracked] = {}
-        self._recent_keys: OrderedDict[bytes, None] = OrderedDict()
+        self._in_flight: dict[tuple[str, bytes], float] = {}
+        self._acked: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._ack_seq = 0
+        self._bad_segments: dict[str, float] = {}
+        self.disabled: str | None = None
         self.num_hit_tokens = 0
-        self.num_lookups = 0
+        self.num_faults_seen = 0  # load faults absorbed: the worker withholds saves until then
 
-    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int:
-        """Tokens past `num_computed_tokens` the sidecar holds, whole blocks, leaving one to compute."""
+    @property
+    def num_lookups(self) -> int:
+        return self.lookups.num_lookups
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int | None:
+        """Tokens past `num_computed_tokens` the sidecar holds, whole blocks, leaving one to
+        compute; None while the lookup is under way (vLLM asks again next step)."""
         tracked = self._track(request)
         tracked.num_local_tokens = num_computed_tokens
-        limit = min(tracked.lookup.num_matched_tokens, tracked.num_lookup_tokens - 1)
-        aligned = limit // self.block_size * self.block_size
+        cap = (len(request.all_token_ids) - 1) // self.block_size * self.block_size
+        if self.disabled or tracked.root is None or cap <= num_computed_tokens:
+            return 0  # nothing the sidecar could add: no lookup
+        if tracked.lookup is None or _stale(tracked, len(request.all_token_ids)):
+            query = LookupQuery(tracked.namespace, tracked.root, len(request.all_token_ids))
+            lookup = self.lookups.poll(request.request_id, query, request.all_token_ids)
+            if lookup is None:
+                return None
+            self._answered(tracked, self._without_bad(lookup), query.num_tokens)
+        assert tracked.lookup is not None
+        aligned = min(tracked.lookup.num_matched_tokens, cap) // self.block_size * self.block_size
         return max(0, aligned - num_computed_tokens)
 
+    def _lookup(self, query: LookupQuery, token_ids: Sequence[int]) -> PrefixLookup:
+        """One `LookupPrefix` (on a lookup thread); a degraded call is a fault, not a miss."""
+        store = self.clients.for_namespace(query.namespace)
+        degraded = store.counters.num_degraded_calls
+        lookup = store.lookup_prefix(query.root, token_ids)
+        if store.counters.num_degraded_calls != degraded:
+            raise StoreUnavailable("the sidecar did not answer LookupPrefix in time")
+        return lookup
+
+    def _answered(self, tracked: _Tracked, lookup: PrefixLookup, num_tokens: int) -> None:
+        tracked.lookup, tracked.num_lookup_tokens = lookup, num_tokens
+        tracked.looked_up_s, tracked.ack_seq = time.monotonic(), self._ack_seq
+        tracked.held_keys = frozenset(ref.context_key for ref in lookup.segments)
+
+    def _without_bad(self, lookup: PrefixLookup) -> PrefixLookup:
+        """`lookup` cut before the first segment a worker found corrupt."""
+        if not self._bad_segments:
+            return lookup
+        now = time.monotonic()
+        self._bad_segments = {s: t for s, t in self._bad_segments.items() if t > now}
+        for i, ref in enumerate(lookup.segments):
+            if ref.segment_id in self._bad_segments:
+                kept = lookup.segments[:i]
+                return PrefixLookup(kept, kept[-1].end_position if kept else 0)
+        return lookup
+
+    # ---- allocation and steps ------------------------------------------------------------
+
     def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
-        """Remember where the promised tokens go; a load is built for the next step."""
+        """Remember where the promised tokens go; a load is built for the next step.
+
+        NOTE: once vLLM allocated for a promise, a LoadSpec must reach the worker even if
+        building its pieces fails: a spec without pieces makes the worker report every
+        promised block failed (recomputed), never leaves them unwritten.
+        """
         tracked = self._tracked.get(request.request_id)
         if tracked is None or num_external_tokens <= 0:
             return
         start = tracked.num_local_tokens
         end = start + num_external_tokens
         first, last = start // self.block_size, end // self.block_size
-        tokens = tuple(tracked.request.all_token_ids[:end])
+        try:
+            pieces = _pieces(tracked.lookup or PrefixLookup.MISS, tracked.root or "", start, end)
+        except Exception as error:
+            self.faults.record("building a load failed", error)
+            pieces = ()
         tracked.pending_load = LoadSpec(
-            request_id=request.request_id,
-            namespace=tracked.namespace,
-            start=start,
-            end=end,
+            request_id=request.request_id, namespace=tracked.namespace,
+            root=tracked.root or "", start=start, end=end,
             block_ids=tuple(block_ids[first:last]),
-            token_ids=tokens,
-            pieces=_pieces(tracked.lookup, self.fingerprint, start, end),
-        )
+            token_ids=tuple(tracked.request.all_token_ids[:end]), pieces=pieces,
+        )  # fmt: skip
         self.num_hit_tokens += num_external_tokens
 
     def build_step(
         self, scheduler_output: Any
     ) -> tuple[list[LoadSpec], list[SaveSpec], list[RequestStart]]:
         loads: list[LoadSpec] = []
-        saves: list[SaveSpec] = []
         starts: list[RequestStart] = []
+        computed: list[tuple[_Tracked, int]] = []
         for new in scheduler_output.scheduled_new_reqs:
             tracked = self._tracked.get(new.req_id)
             if tracked is None:
                 continue
-            request = tracked.request
-            starts.append(RequestStart(new.req_id, tracked.namespace, request.num_prompt_tokens))
+            starts.append(
+                RequestStart(new.req_id, tracked.namespace, tracked.request.num_prompt_tokens)
+            )
             tracked.block_ids = list(new.block_ids[0])
             self._take_load(tracked, loads)
-            computed = new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id]
-            saves.extend(self._saves(tracked, computed, scheduler_output))
+            scheduled = scheduler_output.num_scheduled_tokens[new.req_id]
+            computed.append((tracked, new.num_computed_tokens + scheduled))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             tracked = self._tracked.get(req_id)
@@ -116,35 +202,71 @@ class SchedulerSide:
             new_blocks = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:  # preempted: all its blocks are new
                 tracked.block_ids = [] if new_blocks is None else list(new_blocks[0])
+                if tracked.pending_load is not None:  # its hits are reported too
+                    starts.append(RequestStart(req_id, tracked.namespace, 0))
             elif new_blocks is not None:
                 tracked.block_ids.extend(new_blocks[0])
             self._take_load(tracked, loads)
-            computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[req_id]
-            saves.extend(self._saves(tracked, computed, scheduler_output))
-        return loads, saves, starts
+            scheduled = scheduler_output.num_scheduled_tokens[req_id]
+            computed.append((tracked, cached.num_computed_tokens[i] + scheduled))
+        return loads, self._all_saves(computed, scheduler_output), starts
 
     def finished(self, request: Any) -> None:
         self._tracked.pop(request.request_id, None)
+        self.lookups.forget(request.request_id)
 
-    def _track(self, request: Any) -> _Tracked:
-        tracked = self._tracked.get(request.request_id)
-        token_ids = request.all_token_ids
-        if tracked is not None and tracked.num_lookup_tokens == len(token_ids):
-            return tracked
-        namespace = salted_namespace(self.clients.config.namespace, request.cache_salt)
-        lookup = self.clients.for_namespace(namespace).lookup_prefix(self.fingerprint, token_ids)
-        self.num_lookups += 1
-        held = frozenset(ref.context_key for ref in lookup.segments)
-        tracked = _Tracked(
-            request, namespace, lookup, len(token_ids), KeyChain(self.fingerprint), held_keys=held
-        )
-        self._tracked[request.request_id] = tracked
-        return tracked
+    # ---- what the workers report ---------------------------------------------------------
 
-    def _take_load(self, tracked: _Tracked, loads: list[LoadSpec]) -> None:
-        if tracked.pending_load is not None:
-            loads.append(tracked.pending_load)
-            tracked.pending_load = None
+    def absorb(self, news: WorkerNews) -> None:
+        """Acknowledged puts count as stored; failed ones are free to be put again; a load
+        fault rewinds its request's chain and keeps a corrupt segment from being promised."""
+        if news.acked:
+            self._ack_seq += 1
+        for key in news.acked:
+            self._in_flight.pop(key, None)
+            self._acked[key] = self._ack_seq
+            self._acked.move_to_end(key)
+            if len(self._acked) > MAX_RECENT_KEYS:
+                self._acked.popitem(last=False)
+        for key in news.failed:
+            self._in_flight.pop(key, None)
+        for fault in news.faults:
+            self.num_faults_seen += 1
+            if fault.corrupt_segment_id is not None:
+                self._bad_segments[fault.corrupt_segment_id] = time.monotonic() + BAD_SEGMENT_TTL_S
+            tracked = self._tracked.get(fault.request_id)
+            if tracked is not None:
+                self._rewind(tracked, fault.position)
+        if news.disabled and not self.disabled:
+            self.disabled = news.disabled
+            logger.error("kvsplice connector off (nothing promised): %s", news.disabled)
+
+    def _rewind(self, tracked: _Tracked, position: int) -> None:
+        """Move the request's save chain back to `position` (a chunk edge or earlier):
+        vLLM recomputes from there, and those chunks are saved once computed again."""
+        if tracked.chain is None or tracked.root is None:
+            return
+        target = min(tracked.chain.position, position // self.chunk_tokens * self.chunk_tokens)
+        chain = KeyChain(tracked.root)
+        tokens = tracked.request.all_token_ids
+        while chain.position < target:
+            chain.extend(tokens[chain.position : chain.position + self.chunk_tokens])
+        tracked.chain = chain
+        tracked.held_keys = frozenset()
+
+    # ---- saves ---------------------------------------------------------------------------
+
+    def _all_saves(
+        self, computed: list[tuple[_Tracked, int]], scheduler_output: Any
+    ) -> list[SaveSpec]:
+        saves: list[SaveSpec] = []
+        self._expire_in_flight()
+        for tracked, num_computed in computed:
+            try:
+                saves.extend(self._saves(tracked, num_computed, scheduler_output))
+            except Exception as error:  # a save not made is a future miss
+                self.faults.record("planning saves failed", error)
+        return saves
 
     def _saves(self, tracked: _Tracked, num_computed: int, scheduler_output: Any) -> list[SaveSpec]:
         """Chunks whose K/V exists after this step and whose tokens are known, not yet stored.
@@ -157,6 +279,9 @@ class SchedulerSide:
         `save_decode` stores them at once (more reuse, outputs then match a recompute only
         up to that rounding, as with vLLM's own prefix cache).
         """
+        chain = tracked.chain
+        if chain is None or tracked.root is None or self.disabled:
+            return []
         request_id = tracked.request.request_id
         num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(request_id, ()))
         token_ids = tracked.request.all_token_ids
@@ -165,32 +290,66 @@ class SchedulerSide:
         )
         if not self.save_decode:
             ready = min(ready, tracked.request.num_prompt_tokens)
-        chain, saves = tracked.chain, []
+        saves = []
         while chain.position + self.chunk_tokens <= ready:
             start = chain.position
             link = chain.extend(token_ids[start : start + self.chunk_tokens])
-            if link.key in tracked.held_keys or link.key in self._recent_keys:
+            key = (tracked.namespace, link.key)
+            if link.key in tracked.held_keys or not self._claim(key, tracked.ack_seq):
                 continue
-            self._remember(link.key)
-            first, last = start // self.block_size, link.end // self.block_size
             saves.append(SaveSpec(
-                request_id=request_id, namespace=tracked.namespace, start=start,
-                token_ids=tuple(token_ids[start : link.end]), parent_key=link.parent_key,
-                block_ids=tuple(tracked.block_ids[first:last]),
+                request_id=request_id, namespace=tracked.namespace, root=tracked.root,
+                start=start, token_ids=tuple(token_ids[start : link.end]),
+                parent_key=link.parent_key, key=link.key, block_size=self.block_size,
+                context_block_ids=tuple(tracked.block_ids[: link.end // self.block_size]),
             ))  # fmt: skip
         return saves
 
-    def _remember(self, key: bytes) -> None:
-        self._recent_keys[key] = None
-        if len(self._recent_keys) > MAX_RECENT_KEYS:
-            self._recent_keys.popitem(last=False)
+    def _claim(self, key: tuple[str, bytes], lookup_ack_seq: int) -> bool:
+        """Whether this request should put `key`: nobody is putting it now, and it was not
+        acknowledged since the request's lookup (acknowledged before and not found by the
+        lookup: evicted, or past a hole; put again)."""
+        if key in self._in_flight or self._acked.get(key, -1) > lookup_ack_seq:
+            return False
+        self._in_flight[key] = time.monotonic()
+        return True
+
+    def _expire_in_flight(self) -> None:
+        if not self._in_flight:
+            return
+        oldest = time.monotonic() - IN_FLIGHT_TTL_S
+        if next(iter(self._in_flight.values())) < oldest:
+            self._in_flight = {k: t for k, t in self._in_flight.items() if t >= oldest}
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _track(self, request: Any) -> _Tracked:
+        tracked = self._tracked.get(request.request_id)
+        if tracked is not None:
+            return tracked
+        namespace = salted_namespace(self.clients.config.namespace, request.cache_salt)
+        root = request_root(self.fingerprint, request)
+        chain = None if root is None else KeyChain(root)
+        tracked = _Tracked(request, namespace, root, chain)
+        self._tracked[request.request_id] = tracked
+        return tracked
+
+    def _take_load(self, tracked: _Tracked, loads: list[LoadSpec]) -> None:
+        if tracked.pending_load is not None:
+            loads.append(tracked.pending_load)
+            tracked.pending_load = None
 
 
-def _pieces(
-    lookup: PrefixLookup, fingerprint: str, start: int, end: int
-) -> tuple[StoredPiece, ...]:
+def _stale(tracked: _Tracked, num_tokens: int) -> bool:
+    """Whether the request changed (a resumed request has more tokens) or waited so long
+    since its lookup that what it found may have been evicted."""
+    age_s = time.monotonic() - tracked.looked_up_s
+    return tracked.num_lookup_tokens != num_tokens or age_s > LOOKUP_MAX_AGE_S
+
+
+def _pieces(lookup: PrefixLookup, root: str, start: int, end: int) -> tuple[StoredPiece, ...]:
     """The looked-up segments overlapping `[start, end)`, each with its parent key."""
-    chain = KeyChain(fingerprint)
+    chain = KeyChain(root)
     pieces = []
     for ref in lookup.segments:
         if ref.start_position < end and ref.end_position > start:

@@ -1,6 +1,8 @@
-"""One `StoreClient` per namespace a connector uses (a request's `cache_salt` makes its own).
+"""The store clients of one connector: one channel to the sidecar, a client per namespace.
 
-Shared by the scheduler and worker sides of one process; thread-safe, bounded.
+A request's `cache_salt` makes its own namespace; every namespace's client shares the
+configured namespace's channel, token, TLS and receive buffers (`StoreClient.in_namespace`),
+so salts cost no connections. Shared by the scheduler and worker sides; thread-safe, bounded.
 """
 
 from __future__ import annotations
@@ -24,18 +26,26 @@ class StoreClients:
             lookup_timeout_s=config.lookup_timeout_ms / 1000,
             same_host_reads=config.same_host_reads,
         )
-        self._tls = None if config.tls_ca is None else ClientTls(ca_path=config.tls_ca)
+        self._token = config.resolved_token()
+        self._tls = None
+        if config.tls_ca is not None or config.tls_cert is not None:
+            self._tls = ClientTls(
+                ca_path=config.tls_ca, cert_path=config.tls_cert, key_path=config.tls_key
+            )
+        self._base = StoreClient(
+            config.target, config.namespace, token=self._token,
+            config=self._client_config, tls=self._tls,
+        )  # fmt: skip
         self._clients: OrderedDict[str, StoreClient] = OrderedDict()
         self._lock = threading.Lock()
 
     def for_namespace(self, namespace: str) -> StoreClient:
+        if namespace == self._base.namespace:
+            return self._base
         with self._lock:
             client = self._clients.get(namespace)
             if client is None:
-                client = StoreClient(
-                    self.config.target, namespace, token=self.config.token,
-                    config=self._client_config, tls=self._tls,
-                )  # fmt: skip
+                client = self._base.in_namespace(namespace)
                 self._clients[namespace] = client
                 if len(self._clients) > MAX_CLIENTS:
                     self._clients.popitem(last=False)[1].close()
@@ -47,3 +57,4 @@ class StoreClients:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+        self._base.close()

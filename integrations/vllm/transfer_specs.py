@@ -1,11 +1,12 @@
-"""What the scheduler side tells the worker side each step: blocks to load, chunks to save.
+"""What the two halves tell each other: blocks to load and chunks to save (scheduler to
+worker, each step), what became of them (worker to scheduler, `WorkerNews`).
 
-Plain picklable records (vLLM may ship them to worker processes); no tensors, no vLLM types.
+Plain picklable records (vLLM may ship them between processes); no tensors, no vLLM types.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class LoadSpec:
 
     request_id: str
     namespace: str
+    root: str  # the fingerprint the request's chain hangs from (request_keys)
     start: int
     end: int
     block_ids: tuple[int, ...]
@@ -38,18 +40,29 @@ class LoadSpec:
 
 @dataclass(frozen=True)
 class SaveSpec:
-    """Store tokens `[start, end)` (one chunk, whole blocks) as the next link of a chain."""
+    """Store tokens `[start, end)` (one chunk, whole blocks) as the next link of a chain.
+
+    `context_block_ids` are the request's blocks holding tokens `[0, end)`: the chunk's
+    K/V was computed over all of them, so it is dropped if any of them failed to load.
+    """
 
     request_id: str
     namespace: str
+    root: str
     start: int
     token_ids: tuple[int, ...]  # the chunk's tokens
     parent_key: bytes
-    block_ids: tuple[int, ...]
+    key: bytes  # the chunk's context key (its chain link)
+    context_block_ids: tuple[int, ...]
+    block_size: int
 
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return self.context_block_ids[self.start // self.block_size :]
 
 
 @dataclass(frozen=True)
@@ -60,3 +73,36 @@ class RequestStart:
     request_id: str
     namespace: str
     num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class LoadFaultNews:
+    """A load failed at `position`: nothing computed over it may be stored, and a stored
+    piece that failed verification (`corrupt_segment_id`) is not promised again."""
+
+    request_id: str
+    namespace: str
+    position: int
+    corrupt_segment_id: str | None = None
+
+
+@dataclass
+class WorkerNews:
+    """What the worker learned since the last step: puts the sidecar acknowledged (or
+    that failed, were dropped or withheld), load faults, and whether it can work at all."""
+
+    acked: list[tuple[str, bytes]] = field(default_factory=list)  # (namespace, key)
+    failed: list[tuple[str, bytes]] = field(default_factory=list)
+    faults: list[LoadFaultNews] = field(default_factory=list)
+    disabled: str | None = None  # why this worker cannot load or save (None: it can)
+
+    def merge(self, other: WorkerNews) -> WorkerNews:
+        return WorkerNews(
+            self.acked + other.acked,
+            self.failed + other.failed,
+            self.faults + other.faults,
+            self.disabled or other.disabled,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.acked or self.failed or self.faults or self.disabled)

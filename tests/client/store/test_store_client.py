@@ -308,3 +308,17 @@ def test_the_store_client_does_not_import_torch() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_clients_of_other_namespaces_share_one_channel_and_stay_apart(
+    client: StoreClient,
+) -> None:
+    other = client.in_namespace("other-team")
+    payload = make_payload(4096)
+    meta = replace(make_meta(range(20), payload), namespace="other-team")
+    assert other.put_segment(meta, payload) is True
+    assert other.get_segment(meta.segment_id) is not None
+    assert client.get_segment(meta.segment_id) is None  # another namespace: not visible
+    assert other._channel is client._channel  # no connection of its own
+    other.close()
+    assert client.lookup_prefix(FINGERPRINT, list(range(20))) is not None  # still open

@@ -44,23 +44,37 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
     sidecar.stop()
 
 
-def connector_config(target: str, namespace: str = NAMESPACE) -> dict:
+# The engines run as vLLM does by default: prefix caching on, async scheduling (0.32's
+# default), chunked prefill. float32, so that an output equal to the reference's proves
+# the loaded K/V exact; a KV cache of 48 blocks (6,144 tokens) so that 16 concurrent
+# requests of ~700 tokens preempt.
+AS_VLLM_RUNS = {
+    "enable_prefix_caching": True,
+    "dtype": "float32",
+    "extra_args": ("--num-gpu-blocks-override", "48", "--max-num-batched-tokens", "512"),
+    "log_stats": True,
+    "env": {"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache
+}
+
+
+def connector_config(target: str, namespace: str = NAMESPACE, **extra: object) -> dict:
     return {
         "kv_connector": "KvspliceConnector",
         "kv_connector_module_path": "kvsplice.integrations.vllm",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"target": target, "namespace": namespace},
+        "kv_connector_extra_config": {"target": target, "namespace": namespace, **extra},
     }
 
 
 @pytest.fixture(scope="module")
 def engines(model_dir: str, sidecar: Sidecar, log_dir: Path) -> Iterator[dict[str, Engine]]:
-    """`reference` (no connector), `a` and `b` (the connector, one namespace): three processes."""
+    """`reference` (no connector, no prefix cache: the dense oracle), `a` and `b` (the
+    connector, one namespace, vLLM's defaults): three processes."""
     specs = [
-        EngineSpec("reference", model_dir, free_port()),
-        EngineSpec("a", model_dir, free_port(), connector_config(sidecar.target)),
-        EngineSpec("b", model_dir, free_port(), connector_config(sidecar.target)),
+        EngineSpec("reference", model_dir, free_port(), dtype="float32"),
+        EngineSpec("a", model_dir, free_port(), connector_config(sidecar.target), **AS_VLLM_RUNS),  # type: ignore[arg-type]
+        EngineSpec("b", model_dir, free_port(), connector_config(sidecar.target), **AS_VLLM_RUNS),  # type: ignore[arg-type]
     ]
     engines = {spec.name: Engine(spec, log_dir).start() for spec in specs}
     try:

@@ -1,0 +1,119 @@
+"""Prefix lookups off vLLM's scheduler loop: asked once, answered when the sidecar answers.
+
+vLLM lets a connector answer "ask again next step" (`None`) while it finds out what an
+external cache holds. `Lookups.poll` starts the lookup on a small thread pool, waits
+for it at most `wait_s` the first time it is asked (a healthy sidecar answers within
+a millisecond or two, so most requests are scheduled in the step they arrive), and
+afterwards never blocks: `None` until the answer is there, a miss once `timeout_s`
+has passed. Every fault is a miss, counted by `FaultLog` and fed to the `Breaker`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from kvsplice.client.store.store_types import PrefixLookup
+from kvsplice.common.errors import InvalidRequest, PermissionDenied, StoreUnavailable
+from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+
+# Refusals of one request's lookup (a salt its token does not cover, an over-long
+# prompt): the sidecar itself is healthy, so they do not trip the breaker.
+REQUEST_REFUSALS = (PermissionDenied, InvalidRequest)
+
+
+@dataclass(frozen=True)
+class LookupQuery:
+    namespace: str
+    root: str  # the fingerprint the request's chain hangs from (request_keys)
+    num_tokens: int
+
+
+@dataclass
+class _Pending:
+    query: LookupQuery
+    future: Future[PrefixLookup]
+    started_s: float
+
+
+LookupFn = Callable[[LookupQuery, Sequence[int]], PrefixLookup]
+
+
+class Lookups:
+    def __init__(
+        self,
+        lookup: LookupFn,
+        *,
+        wait_s: float,
+        timeout_s: float,
+        breaker: Breaker,
+        faults: FaultLog,
+        max_workers: int = 4,
+    ) -> None:
+        self._lookup = lookup
+        self.wait_s = wait_s
+        self.timeout_s = timeout_s
+        self.breaker = breaker
+        self.faults = faults
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kvsplice-lookup")
+        self._pending: dict[str, _Pending] = {}
+        self.num_lookups = 0
+        self.num_deferred = 0
+
+    def poll(
+        self, request_id: str, query: LookupQuery, token_ids: Sequence[int]
+    ) -> PrefixLookup | None:
+        """The lookup's answer, MISS on any fault, or None: not answered yet, ask again.
+
+        `token_ids` are the request's tokens (its first `query.num_tokens` are looked up).
+        """
+        pending = self._pending.get(request_id)
+        wait_s = 0.0
+        if pending is None or pending.query != query:
+            if not self.breaker.allow():
+                return PrefixLookup.MISS
+            tokens = tuple(token_ids[: query.num_tokens])  # vLLM appends to its list
+            future = self._pool.submit(self._guarded, query, tokens)
+            pending = _Pending(query, future, time.monotonic())
+            self._pending[request_id] = pending
+            self.num_lookups += 1
+            wait_s = self.wait_s
+        try:
+            lookup = pending.future.result(timeout=wait_s)
+        except FutureTimeout:
+            if time.monotonic() - pending.started_s < self.timeout_s:
+                self.num_deferred += 1
+                return None
+            del self._pending[request_id]
+            self.faults.record("lookup timed out", f"no answer in {self.timeout_s:.1f} s")
+            self.breaker.failed()
+            return PrefixLookup.MISS
+        del self._pending[request_id]
+        return lookup
+
+    def forget(self, request_id: str) -> None:
+        """The request finished (or was aborted) before its lookup was asked for again."""
+        self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _guarded(self, query: LookupQuery, token_ids: Sequence[int]) -> PrefixLookup:
+        try:
+            lookup = self._lookup(query, token_ids)
+        except REQUEST_REFUSALS as error:
+            self.faults.record(f"lookup refused ({type(error).__name__})", error)
+            return PrefixLookup.MISS
+        except StoreUnavailable as error:
+            self.faults.record("sidecar unavailable", error)
+            self.breaker.failed()
+            return PrefixLookup.MISS
+        except Exception as error:  # any other status or bug: a miss, never the engine
+            self.faults.record(f"lookup failed ({type(error).__name__})", error)
+            self.breaker.failed()
+            return PrefixLookup.MISS
+        self.breaker.succeeded()
+        return lookup

@@ -1,0 +1,198 @@
+"""The worker half without vLLM: loads, saves and what it tells the scheduler after a fault.
+
+A synthetic CPU block layout (a fixed permutation of each block's slots) stands in for
+the engine's; the engine tests run vLLM's own. The fake sidecar keeps what was put.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvsplice.common.keys import chunk_links
+from kvsplice.integrations.vllm.block_layout import CpuBlockLayout, UnsupportedLayout
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec, StoredPiece
+from kvsplice.integrations.vllm.worker_side import WorkerSide
+
+FINGERPRINT = "kvfp1-" + "ab" * 16
+BLOCK, HEADS, DIM, LAYERS, NUM_BLOCKS = 4, 2, 8, 3, 16
+NS = "ns"
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.segments: dict[str, tuple[object, bytes]] = {}
+        self.gone: set[str] = set()
+        self.corrupt: set[str] = set()
+        self.deleted: list[str] = []
+        self.counters = SimpleNamespace(num_corrupt_payloads=0, num_degraded_calls=0)
+
+    def put_segment(self, meta: object, payload: bytes) -> bool:
+        self.segments.setdefault(meta.segment_id, (meta, payload))  # type: ignore[attr-defined]
+        return True
+
+    def get_segment(self, segment_id: str, *, model_fingerprint: str) -> tuple | None:
+        if segment_id in self.corrupt:
+            self.counters.num_corrupt_payloads += 1
+            return None
+        if segment_id in self.gone:
+            return None
+        return self.segments.get(segment_id)
+
+    def delete(self, segment_id: str) -> bool:
+        self.deleted.append(segment_id)
+        return self.segments.pop(segment_id, None) is not None
+
+    def report_reuse(self, num_prompt_tokens: int, runs: object = ()) -> None:
+        return
+
+    def served_from(self, key: bytes) -> str:
+        return "grpc"
+
+
+class FakeClients:
+    def __init__(self, store: FakeStore) -> None:
+        self.store = store
+
+    def for_namespace(self, namespace: str) -> FakeStore:
+        return self.store
+
+
+def synthetic_layout() -> CpuBlockLayout:
+    # one (block) slab: per head, K's [bs, D] then V's [bs, D]
+    head, token, dim = torch.meshgrid(
+        torch.arange(HEADS), torch.arange(BLOCK), torch.arange(DIM), indexing="ij"
+    )
+    k = head * 2 * BLOCK * DIM + token * DIM + dim
+    return CpuBlockLayout(BLOCK, HEADS, DIM, k, k + BLOCK * DIM)
+
+
+def make_worker(store: FakeStore, seed: int | None = 0) -> WorkerSide:
+    shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * DIM)
+    gen = torch.Generator().manual_seed(seed or 0)
+    caches = {
+        f"model.layers.{i}.self_attn.attn": (
+            torch.randn(shape, generator=gen) if seed is not None else torch.zeros(shape)
+        )
+        for i in range(LAYERS)
+    }
+    layout = synthetic_layout()
+    return WorkerSide(
+        FakeClients(store), FINGERPRINT, BLOCK, caches, layout, "none", 64, FaultLog()
+    )  # type: ignore[arg-type]
+
+
+TOKENS = tuple(range(100, 120))  # 20 tokens: 5 chunks of one block
+
+
+def save_spec(request_id: str, index: int, context: tuple[int, ...]) -> SaveSpec:
+    link = chunk_links(FINGERPRINT, TOKENS, BLOCK)[index]
+    return SaveSpec(
+        request_id=request_id, namespace=NS, root=FINGERPRINT, start=link.start,
+        token_ids=TOKENS[link.start : link.end], parent_key=link.parent_key, key=link.key,
+        context_block_ids=context[: link.end // BLOCK], block_size=BLOCK,
+    )  # fmt: skip
+
+
+def load_spec(block_ids: tuple[int, ...], num_chunks: int) -> LoadSpec:
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)[:num_chunks]
+    pieces = tuple(
+        StoredPiece(ln.key.hex(), ln.start, ln.num_tokens, ln.parent_key) for ln in links
+    )
+    end = num_chunks * BLOCK
+    return LoadSpec("r", NS, FINGERPRINT, 0, end, block_ids[:num_chunks], TOKENS[:end], pieces)
+
+
+def store_three_chunks(store: FakeStore) -> WorkerSide:
+    writer = make_worker(store, seed=1)
+    for i in range(3):
+        writer.save(save_spec("w", i, (0, 1, 2)), 0)
+    assert writer.putter.flush()
+    assert len(writer.take_news(0).acked) == 3
+    return writer
+
+
+def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
+    store = FakeStore()
+    writer = store_three_chunks(store)
+    reader = make_worker(store, seed=None)
+    assert reader.load(load_spec((5, 9, 4), 3)) == set()
+    for mine, theirs in zip(reader.caches, writer.caches, strict=True):
+        assert torch.equal(mine[[5, 9, 4]], theirs[[0, 1, 2]])
+
+
+def test_a_load_fault_withholds_every_save_computed_over_it_until_the_scheduler_knows() -> None:
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None)
+    second = chunk_links(FINGERPRINT, TOKENS, BLOCK)[1].key.hex()
+    store.gone.add(second)  # evicted between lookup and load
+    blocks = (5, 9, 4, 7, 8)
+    assert reader.load(load_spec(blocks, 3)) == {9, 4}
+    # the same step computed chunks 3 and 4 over the unloaded blocks: none is stored
+    reader.save(save_spec("r", 3, blocks), num_faults_seen=0)
+    reader.save(save_spec("r", 4, blocks), num_faults_seen=0)
+    reader.save(save_spec("other", 0, (11,)), num_faults_seen=0)  # untouched: stored
+    assert reader.putter.flush()
+    news = reader.take_news(num_faults_seen=0)
+    assert [(f.request_id, f.position, f.corrupt_segment_id) for f in news.faults] == [
+        ("r", 4, None)
+    ]
+    assert len(news.failed) == 2 and len(news.acked) == 1
+    assert reader.num_withheld_saves == 2 and store.deleted == []
+    # planned after the scheduler absorbed the fault (vLLM recomputed the blocks): stored
+    reader.take_news(num_faults_seen=1)
+    reader.save(save_spec("r", 3, blocks), num_faults_seen=1)
+    assert reader.putter.flush() and len(reader.take_news(1).acked) == 1
+
+
+def test_a_corrupt_piece_is_reported_as_such_and_deleted() -> None:
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None)
+    first = chunk_links(FINGERPRINT, TOKENS, BLOCK)[0].key.hex()
+    store.corrupt.add(first)
+    assert reader.load(load_spec((5, 9, 4), 3)) == {5, 9, 4}
+    (fault,) = reader.take_news(0).faults
+    assert (fault.position, fault.corrupt_segment_id) == (0, first)
+    assert store.deleted == [first]
+
+
+def test_a_piece_that_is_not_the_promised_link_is_corrupt() -> None:
+    store = FakeStore()
+    store_three_chunks(store)
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    # the second key now holds the third chunk's segment: a chain link that lies
+    store.segments[links[1].key.hex()] = store.segments[links[2].key.hex()]
+    reader = make_worker(store, seed=None)
+    assert reader.load(load_spec((5, 9, 4), 3)) == {9, 4}
+    assert reader.take_news(0).faults[0].corrupt_segment_id == links[1].key.hex()
+
+
+def test_a_failing_copy_out_is_a_failed_save_never_an_exception() -> None:
+    store = FakeStore()
+    worker = make_worker(store)
+    worker.save(save_spec("r", 0, (NUM_BLOCKS + 5,)), 0)  # a block id past the cache
+    news = worker.take_news(0)
+    assert len(news.failed) == 1 and worker.faults.counts
+
+
+def test_layers_of_different_shapes_are_refused_at_start() -> None:
+    caches = {
+        "model.layers.0.self_attn.attn": torch.zeros(NUM_BLOCKS, HEADS, BLOCK, 2 * DIM),
+        "model.layers.1.self_attn.attn": torch.zeros(NUM_BLOCKS, 1, BLOCK, 2 * DIM),
+    }
+    with pytest.raises(UnsupportedLayout, match="different KV cache shapes"):
+        WorkerSide(
+            FakeClients(FakeStore()),
+            FINGERPRINT,
+            BLOCK,
+            caches,
+            synthetic_layout(),
+            "none",
+            4,
+            FaultLog(),
+        )  # type: ignore[arg-type]
