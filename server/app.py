@@ -33,6 +33,7 @@ from kvsplice.server.data_plane import describe_data_plane
 from kvsplice.server.interceptors import FaultInterceptor, TenantAuthInterceptor
 from kvsplice.server.listen_checks import bind_failure, check_serve
 from kvsplice.server.metrics import StoreMetrics
+from kvsplice.server.pid_file import remove_pid_file, write_pid_file
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME, SegmentStoreServicer, add_to_server
 from kvsplice.server.tenants import Authenticator
@@ -114,6 +115,14 @@ class StoreServer:
             self.store.close()
         logger.info("kvsplice store stopped")
 
+    @property
+    def admin_url(self) -> str | None:
+        """The admin API's URL as served (`https://` with TLS); None while it is off."""
+        if self.admin is None:
+            return None
+        scheme = "http" if self.config.tls is None else "https"
+        return f"{scheme}://{_bracketed(self.admin.host)}:{self.admin.port}"
+
     def _shared_status(self) -> SharedTierOut | None:
         status = self.store.shared_status()
         if status is None:
@@ -135,14 +144,16 @@ class StoreServer:
 
 def startup_line(app: StoreServer) -> str:
     """Listen addresses, tiers with their budgets and auth, in one line."""
-    admin = (
-        f"admin+dashboard http://{app.admin.host}:{app.admin.port}" if app.admin else "admin off"
-    )
+    admin = f"admin+dashboard {app.admin_url}" if app.admin_url else "admin off"
     tiers = " -> ".join(_tier_summary(app.config.store))
     auth = "tenants" if app.config.tenants_path else "on" if app.config.auth_token else "off"
     if app.config.tls is not None:
         auth += ", mtls" if app.config.tls.client_ca_path else ", tls"
     return f"kvsplice serving: grpc {app.address}, {admin}; tiers {tiers}; auth {auth}"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _tier_summary(store: StoreConfig) -> list[str]:
@@ -279,10 +290,15 @@ async def run_until_signalled(config: ServerConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
     loop.add_signal_handler(signal.SIGHUP, app.authenticator.reload)
+    pid_file = Path(config.pid_file) if config.pid_file else None
     try:
+        if pid_file is not None:  # NOTE: after the signal handlers: a HUP it invites is handled
+            write_pid_file(pid_file)
         await stop_requested.wait()
     finally:
         await app.stop()
+        if pid_file is not None:
+            remove_pid_file(pid_file)
 
 
 def serve(config: ServerConfig) -> None:

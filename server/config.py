@@ -144,6 +144,12 @@ class ServerConfig:
         4 * MIB, "Stream frame size of payloads.", name="chunk-mib", mib=True, min=1, max=64
     )
     grace_period_s: float = flag(10.0, "On SIGTERM, how long in-flight RPCs may drain.", min=0)
+    pid_file: str | None = flag(
+        None,
+        "Write the sidecar's pid here once it listens (removed on a clean exit), for "
+        "`kill -HUP` and service managers; refused if it holds a running process's pid.",
+        path=True,
+    )
     sweep_interval_s: float = 60.0
     catch_up_timeout_s: float = 30.0
     max_concurrent_rpcs: int | None = None
@@ -178,6 +184,10 @@ class ServerConfig:
         _require(
             64 * 1024 <= self.chunk_nbytes <= 64 * MIB,
             f"chunk_nbytes must be in [64 KiB, 64 MiB], got {self.chunk_nbytes}",
+        )
+        _require(
+            self.pid_file is None or bool(self.pid_file),
+            f"pid_file must be None or a path, got {self.pid_file!r}",
         )
         _require(
             self.grace_period_s >= 0, f"grace_period_s must be >= 0, got {self.grace_period_s}"

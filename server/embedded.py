@@ -57,11 +57,11 @@ class EmbeddedStore:
 
     @property
     def admin_url(self) -> str | None:
-        """`http://host:port` of the admin API (and dashboard); None when it is off."""
+        """`http://host:port` of the admin API and dashboard (`https://` with TLS); None when
+        it is off."""
         if self._server is None:
             raise RuntimeError("EmbeddedStore is not started")
-        admin = self._server.admin
-        return None if admin is None else f"http://{admin.host}:{admin.port}"
+        return self._server.admin_url
 
     @property
     def server(self) -> StoreServer:

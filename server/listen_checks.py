@@ -1,7 +1,8 @@
 """What `serve` will load and bind, checked before anything exists (no LMDB directory, no port).
 
-Owns the up-front checks of TLS material (each PEM parses, the key is the certificate's)
-and of listen addresses (a unix socket's directory, a TCP port that binds); each failure
+Owns the up-front checks of TLS material (each PEM parses, the key is the certificate's),
+of listen addresses (a unix socket's directory, a TCP port that binds) and of the pid file
+(`pid_file.check_pid_file`); each failure
 is `ServeRefused` with its real cause in one line. Binding itself is `app`'s.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from kvsplice.common.errors import ServeRefused
 from kvsplice.server.config import ServerConfig, TlsConfig
+from kvsplice.server.pid_file import check_pid_file
 
 
 def check_serve(config: ServerConfig) -> None:
@@ -25,6 +27,8 @@ def check_serve(config: ServerConfig) -> None:
     check_listen_address(config.listen_address)
     if config.admin_port is not None:
         check_listen_address(f"{_bracketed(config.admin_host)}:{config.admin_port}")
+    if config.pid_file is not None:
+        check_pid_file(Path(config.pid_file))
 
 
 def check_tls(tls: TlsConfig) -> None:

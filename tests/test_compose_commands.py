@@ -346,6 +346,7 @@ def make_contract_cli() -> Command:
         tls_client_ca: Annotated[
             str, typer.Option("--tls-client-ca", envvar="KVSPLICE_TLS_CLIENT_CA")
         ] = "",
+        pid_file: Annotated[str, typer.Option("--pid-file", envvar="KVSPLICE_PID_FILE")] = "",
     ) -> None: ...
 
     @contract.command()

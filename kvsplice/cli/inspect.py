@@ -45,6 +45,9 @@ def admin_call(
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"{admin_url.rstrip('/')}{path}"
+    plain = admin_url.startswith("http://")
+    if tls is not None and plain:
+        fail(f"--admin-url {admin_url} is plain HTTP, yet TLS is set: {_use_https(admin_url)}", 2)
     verify: Any = True
     if tls is not None:
         import ssl
@@ -57,7 +60,10 @@ def admin_call(
             method, url, params=params, headers=headers, timeout=ADMIN_TIMEOUT_S, verify=verify
         )
     except httpx.HTTPError as exc:
-        fail(f"cannot reach the admin API at {admin_url}: {exc}", 2)
+        # A TLS listener closes a plaintext request unanswered.
+        tls_likely = plain and isinstance(exc, httpx.RemoteProtocolError)
+        hint = f" (if the sidecar serves TLS: {_use_https(admin_url)})" if tls_likely else ""
+        fail(f"cannot reach the admin API at {admin_url}: {exc}{hint}", 2)
     if reply.status_code != 200:
         try:
             detail = reply.json().get("detail", reply.text)
@@ -65,6 +71,10 @@ def admin_call(
             detail = reply.text
         fail(f"{method} {path}: HTTP {reply.status_code}: {detail}")
     return reply.json()
+
+
+def _use_https(admin_url: str) -> str:
+    return f"use https://{admin_url.removeprefix('http://')}"
 
 
 def _print_json(body: object) -> None:

@@ -6,38 +6,33 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
+from helpers.serve_process import KVSPLICE, ServeProcess, start_serve
 from helpers.store import make_meta, make_payload
-from test_serve_sigterm import wait_serving
 
 from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 
-KVSPLICE = [sys.executable, "-c", "from kvsplice.cli import main; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 def serve(lmdb_dir: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    """A sidecar that is expected to refuse to start (its stderr piped)."""
     command = [*KVSPLICE, "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", "off"]
     return subprocess.Popen(
         [*command, "--lmdb-path", str(lmdb_dir), "--memory-mib", "0", *extra],
         stderr=subprocess.PIPE,
         env={**os.environ, "KVSPLICE_LOG_LEVEL": "WARNING"},
     )
+
+
+def start(workdir: Path, lmdb_dir: Path) -> ServeProcess:
+    return start_serve(workdir, "--lmdb-path", str(lmdb_dir), "--memory-mib", "0", admin=False)
 
 
 def put_until_stopped(target: str, acked: list[int], stop: threading.Event) -> None:
@@ -58,27 +53,24 @@ def put_until_stopped(target: str, acked: list[int], stop: threading.Event) -> N
 
 @pytest.mark.slow
 def test_sigkill_mid_load_loses_no_acknowledged_put(tmp_path: Path) -> None:
-    port = free_port()
-    target = f"127.0.0.1:{port}"
-    process = serve(tmp_path / "lmdb", port)
+    sidecar = start(tmp_path / "sidecar", tmp_path / "lmdb")
     acked: list[int] = []
     try:
-        wait_serving(target)
         stop = threading.Event()
-        writer = threading.Thread(target=put_until_stopped, args=(target, acked, stop))
+        writer = threading.Thread(target=put_until_stopped, args=(sidecar.target, acked, stop))
         writer.start()
         time.sleep(2.0)
-        process.send_signal(signal.SIGKILL)
-        process.wait(10)
+        sidecar.process.send_signal(signal.SIGKILL)
+        sidecar.process.wait(10)
         stop.set()
         writer.join(10)
     finally:
-        process.kill()
+        sidecar.process.kill()
     assert len(acked) > 5
-    process = serve(tmp_path / "lmdb", port)
+    assert sidecar.pid_file.exists()  # a crash leaves it: the restart reuses it (stale)
+    sidecar = start(tmp_path / "sidecar", tmp_path / "lmdb")
     try:
-        wait_serving(target)
-        with grpc.insecure_channel(target) as channel:
+        with grpc.insecure_channel(sidecar.target) as channel:
             stub = store_pb2_grpc.SegmentStoreStub(channel)
             for i in acked:
                 payload = make_payload(200_000, seed=i)
@@ -89,21 +81,19 @@ def test_sigkill_mid_load_loses_no_acknowledged_put(tmp_path: Path) -> None:
                 replies = list(stub.GetSegment(request, timeout=10))
                 assert b"".join(r.chunk for r in replies[1:]) == payload, i
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        sidecar.stop()
 
 
 @pytest.mark.slow
 def test_a_second_sidecar_on_the_same_port_or_directory_exits_with_one_line(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    first = serve(tmp_path / "a", port)
+    first = start(tmp_path / "first", tmp_path / "a")  # its port is busy, its LMDB locked
+    port = int(first.target.rsplit(":", 1)[1])
     try:
-        wait_serving(f"127.0.0.1:{port}")
         for lmdb_dir, listen_port, reason in (
             (tmp_path / "b", port, "address already in use"),
-            (tmp_path / "a", free_port(), "is in use by another kvsplice process"),
+            (tmp_path / "a", 0, "is in use by another kvsplice process"),
         ):
             second = serve(lmdb_dir, listen_port)
             _, stderr = second.communicate(timeout=60)
@@ -111,5 +101,4 @@ def test_a_second_sidecar_on_the_same_port_or_directory_exits_with_one_line(
             assert second.returncode == 1
             assert len(lines) == 1 and reason in lines[0], lines
     finally:
-        first.send_signal(signal.SIGTERM)
-        first.wait(30)
+        first.stop()

@@ -1,14 +1,12 @@
 """The operations recipes work as written: a tenant's client with a token and TLS, the image's
-healthcheck with TLS set through KVSPLICE_TLS_*, compose's Prometheus with auth on, SIGHUP by
-`pkill -f`, and `/v1/stats` of an unknown namespace."""
+healthcheck with TLS set through KVSPLICE_TLS_*, compose's Prometheus with auth on, SIGHUP to
+the pid in `--pid-file`, and `/v1/stats` of an unknown namespace."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from helpers.serve_process import start_serve
 from helpers.store import make_meta, make_payload
 from helpers.tls import Pki, make_pki
-from test_serve_sigterm import wait_serving
 
 from kvsplice.cli import main
 from kvsplice.client.store.store_client import StoreClient
@@ -173,32 +171,26 @@ def test_stats_of_an_unknown_namespace_are_empty(tmp_path: Path) -> None:
         assert [(r["namespace"], r["num_segments"]) for r in rows] == [("known", 1)]
 
 
-@pytest.mark.skipif(shutil.which("pkill") is None, reason="pkill (procps) is not installed")
 def test_the_sighup_recipe_reloads_the_tenants_of_that_sidecar(tmp_path: Path) -> None:
-    (recipe,) = [line for line in OPERATIONS.splitlines() if line.startswith("pkill -HUP -f ")]
-    documented = "/etc/kvsplice/tenants.json"
+    (recipe,) = [line for line in OPERATIONS.splitlines() if line.startswith("kill -HUP ")]
+    (serve_line,) = [line for line in OPERATIONS.splitlines() if "serve --tenants /etc" in line]
+    documented = "/run/kvsplice/kvsplice.pid"
+    assert f"--pid-file {documented}" in serve_line and documented in recipe
     tenants = write_tenants(tmp_path / "tenants.json", ("team-a", TOKEN, ("team-a",)))
-    port = free_port()
-    console_script = Path(sys.executable).parent / "kvsplice"  # as `pip install` puts it
-    command = [sys.executable, str(console_script), "serve", "--tenants", str(tenants)]
-    command += ["--listen", f"127.0.0.1:{port}", "--admin-listen", "off", "--memory-mib", "0"]
-    command += ["--lmdb-path", str(tmp_path / "lmdb")]
-    env = {**os.environ, "KVSPLICE_LOG_LEVEL": "WARNING"}
-    sidecar = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    lmdb = ["--lmdb-path", str(tmp_path / "lmdb"), "--memory-mib", "0"]
+    sidecar = start_serve(tmp_path / "sidecar", "--tenants", str(tenants), *lmdb, admin=False)
     try:
-        wait_serving(f"127.0.0.1:{port}")
         new_token = "team-b-token-0123456789"
         write_tenants(tenants, ("team-a", TOKEN, ("team-a",)), ("team-b", new_token, ("team-b",)))
-        line = recipe.split("#")[0].replace(documented, str(tenants))
+        line = recipe.split("#")[0].replace(documented, str(sidecar.pid_file))
         subprocess.run(["sh", "-c", line], check=True)
         payload = make_payload(512)
         meta = make_meta([5], payload, namespace="team-b")
-        with StoreClient(f"127.0.0.1:{port}", "team-b", token=new_token) as client:
+        with StoreClient(sidecar.target, "team-b", token=new_token) as client:
             wait_until(lambda: accepted(client, meta, payload))
-        assert sidecar.poll() is None  # reloaded, not killed
+        assert sidecar.process.poll() is None  # reloaded, not killed
     finally:
-        sidecar.terminate()
-        sidecar.wait(30)
+        assert sidecar.stop() == 0
 
 
 def accepted(client: StoreClient, meta, payload: bytes) -> bool:
@@ -215,11 +207,3 @@ def wait_until(probe, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyp
     while not probe():
         assert time.monotonic() < deadline, "not within the timeout"
         time.sleep(0.05)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

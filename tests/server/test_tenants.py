@@ -286,10 +286,8 @@ def test_every_admin_endpoint_aimed_at_another_tenant_is_refused(store: Embedded
 def test_tenants_add_prints_a_token_once_and_sighup_admits_it(tmp_path: Path) -> None:
     import signal
     import subprocess
-    import sys
 
-    from test_crash_safety import KVSPLICE, free_port
-    from test_serve_sigterm import wait_serving
+    from helpers.serve_process import KVSPLICE, start_serve
 
     tenants = tmp_path / "tenants.json"
 
@@ -307,17 +305,12 @@ def test_tenants_add_prints_a_token_once_and_sighup_admits_it(tmp_path: Path) ->
         return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
 
     first = add("alice", "team-a")
-    port = free_port()
-    target = f"127.0.0.1:{port}"
-    command = [*KVSPLICE, "serve", "--listen", target, "--admin-listen", "off"]
-    process = subprocess.Popen(
-        [*command, "--lmdb-path", str(tmp_path / "lmdb"), "--tenants", str(tenants)]
-    )
+    lmdb = ["--lmdb-path", str(tmp_path / "lmdb")]
+    sidecar = start_serve(tmp_path / "sidecar", *lmdb, "--tenants", str(tenants), admin=False)
     try:
-        wait_serving(target)
         second = add("bob", "team-b")
         assert first not in tenants.read_text() and second not in tenants.read_text()
-        with grpc.insecure_channel(target) as channel:
+        with grpc.insecure_channel(sidecar.target) as channel:
             stub = store_pb2_grpc.SegmentStoreStub(channel)
 
             def stats(token: str) -> grpc.StatusCode:
@@ -326,15 +319,13 @@ def test_tenants_add_prints_a_token_once_and_sighup_admits_it(tmp_path: Path) ->
                 return code_of(lambda: stub.Stats(request, metadata=md))
 
             assert stats(second) is grpc.StatusCode.UNAUTHENTICATED
-            process.send_signal(signal.SIGHUP)
+            sidecar.process.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 10
             while stats(second) is not grpc.StatusCode.OK:
                 assert time.monotonic() < deadline
             assert stats(first) is grpc.StatusCode.PERMISSION_DENIED
-        assert sys.executable
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        assert sidecar.stop() == 0
 
 
 def test_only_an_admin_is_told_where_the_lmdb_file_is(store: EmbeddedStore) -> None:

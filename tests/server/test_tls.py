@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,10 @@ import pytest
 from helpers.store import make_meta, make_payload
 from helpers.tls import Pki, make_pki
 
+from kvsplice.cli import main
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
+from kvsplice.server.app import startup_line
 from kvsplice.server.config import TlsConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
@@ -71,3 +74,34 @@ def test_admin_api_serves_https_to_client_certificates_only(
 def test_client_tls_needs_cert_and_key_together() -> None:
     with pytest.raises(ValueError, match="together"):
         ClientTls(ca_path="ca.pem", cert_path="client.pem")
+
+
+def test_the_startup_line_and_admin_url_say_https_when_tls_is_on(mtls_store: EmbeddedStore) -> None:
+    server = mtls_store._server
+    assert server is not None and server.admin is not None
+    url = f"https://127.0.0.1:{server.admin.port}"
+    assert mtls_store.admin_url == url
+    assert f"admin+dashboard {url};" in startup_line(server)
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def test_the_admin_cli_says_use_https_when_it_meets_tls_on_an_http_url(
+    mtls_store: EmbeddedStore, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert mtls_store.admin_url is not None
+    https_url = mtls_store.admin_url
+    http_url = https_url.replace("https://", "http://")
+    certs = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert)]
+    certs += ["--tls-key", str(pki.client_key)]
+    code, _, err = run_cli(["stats", "--admin-url", http_url, *certs], capsys)
+    assert code == 2 and f"is plain HTTP, yet TLS is set: use {https_url}" in err
+    code, _, err = run_cli(["stats", "--admin-url", http_url], capsys)
+    assert code == 2 and f"(if the sidecar serves TLS: use {https_url})" in err
+    code, out, _ = run_cli(["stats", "--json", "--admin-url", https_url, *certs], capsys)
+    assert code == 0 and json.loads(out) == {"namespaces": []}
