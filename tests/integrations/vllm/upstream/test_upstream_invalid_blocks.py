@@ -1,0 +1,22 @@
+"""vLLM's `test_invalid_blocks_correctness.py` run against kvsplice.
+
+Sync recompute (blocks stay allocated, the request recomputes from the bad block) and
+sync fail (bad blocks evicted, the request errors) use kvsplice's own hit; the async
+recompute test keeps its scripted async load.
+"""
+
+from vllm_kv_connector_unit.test_invalid_blocks_correctness import (
+    fail_scheduler,
+    recompute_scheduler,
+    test_async_recompute_blocks_not_cached_when_invalid,
+    test_sync_fail_invalid_blocks_evicted,
+    test_sync_recompute_blocks_not_freed_for_running_requests,
+)
+
+__all__ = [
+    "fail_scheduler",
+    "recompute_scheduler",
+    "test_async_recompute_blocks_not_cached_when_invalid",
+    "test_sync_fail_invalid_blocks_evicted",
+    "test_sync_recompute_blocks_not_freed_for_running_requests",
+]

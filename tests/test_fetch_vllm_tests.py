@@ -1,0 +1,71 @@
+"""scripts/fetch_vllm_tests.py against a local sdist (a file:// URL): what it keeps, and
+that a download whose sha256 is not the expected one is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_vllm_tests.py"
+
+
+@pytest.fixture(scope="module")
+def fetch() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fetch_vllm_tests", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_sdist(path: Path, root_name: str, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{root_name}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture
+def sdist(tmp_path: Path, fetch: ModuleType) -> Path:
+    files = {"tests/v1/unit/utils.py": b"X = 1\n", "vllm/__init__.py": b"", "setup.py": b""}
+    return make_sdist(tmp_path / "served.tar.gz", fetch.ROOT_NAME, files)
+
+
+def test_unpacks_only_the_tests_and_reuses_them(
+    tmp_path: Path, fetch: ModuleType, sdist: Path
+) -> None:
+    cache = tmp_path / "cache"
+    sha256 = fetch.sha256_of(sdist)
+    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    assert (root / "tests/v1/unit/utils.py").read_bytes() == b"X = 1\n"
+    assert sorted(p.name for p in root.iterdir()) == [".sha256", "tests"]
+    sdist.unlink()  # a second call neither downloads nor unpacks
+    assert fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256) == root
+
+
+def test_a_cached_archive_is_unpacked_again_without_downloading(
+    tmp_path: Path, fetch: ModuleType, sdist: Path
+) -> None:
+    cache = tmp_path / "cache"
+    sha256 = fetch.sha256_of(sdist)
+    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    (root / ".sha256").unlink()
+    sdist.unlink()
+    assert fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256) == root
+    assert (root / "tests/v1/unit/utils.py").is_file()
+
+
+def test_refuses_a_download_whose_sha256_differs(
+    tmp_path: Path, fetch: ModuleType, sdist: Path
+) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="sha256"):
+        fetch.fetch_tests(cache, url=sdist.as_uri(), sha256="0" * 64)
+    assert sorted(p.name for p in cache.iterdir()) == []
