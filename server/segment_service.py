@@ -314,12 +314,10 @@ class SegmentService:
         match = self._stored_prefix(namespace, match)
         shared = self._store.shared
         short = match.num_matched_tokens < len(tokens)
-        lengths = (
-            self._exact.segment_lengths(namespace, MAX_PROBE_LENGTHS)
-            if short and shared is not None and not shared.status().degraded
-            else ()
-        )
-        return SharedProbe(namespace, fingerprint, tokens, match, lengths)
+        if not short or shared is None or shared.status().degraded:
+            return SharedProbe(namespace, fingerprint, tokens, match, extendable=False)
+        lengths = self._exact.segment_lengths(namespace, MAX_PROBE_LENGTHS)
+        return SharedProbe(namespace, fingerprint, tokens, match, True, lengths)
 
     def extend_shared(self, probe: SharedProbe) -> PrefixMatch:
         """`probe.match` carried into the shared tier if `extendable` (thread-safe: store

@@ -4,9 +4,11 @@ A sidecar's index knows what it stored and what the shared tier's event streams 
 A segment another sidecar put moments ago (its event not yet polled here), or whose event
 was trimmed off the stream or lost while this sidecar's catch-up failed, is in the cluster
 but not in the index. Where a match stops short of the prompt, the next segment's context
-key is computed for each segment length workers here use (the index's commonest) and asked
-of the shared tier; a record found is read through (verified, cached, cataloged, indexed)
-and the walk goes on from its end. A miss costs one existence check per length tried.
+key is computed for each segment length in use (the cluster's commonest for the namespace,
+then the index's: a sidecar that indexed nothing still walks the chain) and asked of the
+shared tier; a record found is read through (verified, cached, cataloged, indexed) and the
+walk goes on from its end. A miss costs one existence check per length tried (and, at most
+once a second per namespace, one read of the cluster's lengths).
 Blocking I/O: call it off the event loop.
 """
 
@@ -30,17 +32,16 @@ MAX_PROBE_LENGTHS = 4  # segment lengths tried at each position
 
 @dataclass(frozen=True)
 class SharedProbe:
-    """What a lookup asks of the shared tier: the local match and the lengths to try."""
+    """What a lookup asks of the shared tier: the local match, whether to carry it into
+    the shared tier (not without one, while degraded, or when complete) and the lengths
+    the local index knows (tried after the cluster's, see `probe_lengths`)."""
 
     namespace: str
     fingerprint: str
     token_ids: tuple[int, ...]
     match: PrefixMatch
-    lengths: tuple[int, ...]  # none: nothing to ask (no shared tier, degraded, or complete)
-
-    @property
-    def extendable(self) -> bool:
-        return bool(self.lengths)
+    extendable: bool
+    local_lengths: tuple[int, ...] = ()
 
 
 def extend_from_shared(store: TieredStore, probe: SharedProbe) -> PrefixMatch:
@@ -51,11 +52,12 @@ def extend_from_shared(store: TieredStore, probe: SharedProbe) -> PrefixMatch:
     segments = list(probe.match.segments)
     position = probe.match.num_matched_tokens
     parent = segments[-1].context_key if segments else root_key(probe.fingerprint)
-    if shared is None or not probe.lengths:
+    if shared is None or not probe.extendable:
         return probe.match
     try:
-        while position < len(tokens):
-            meta = _next_segment(store, probe, parent, position)
+        lengths = probe_lengths(probe, shared.lengths.commonest(probe.namespace, MAX_PROBE_LENGTHS))
+        while lengths and position < len(tokens):
+            meta = _next_segment(store, probe, lengths, parent, position)
             if meta is None:
                 break
             segments.append(meta)
@@ -67,11 +69,19 @@ def extend_from_shared(store: TieredStore, probe: SharedProbe) -> PrefixMatch:
     return PrefixMatch(tuple(segments), position)
 
 
+def probe_lengths(probe: SharedProbe, cluster_lengths: Sequence[int]) -> tuple[int, ...]:
+    """The cluster's lengths of the namespace (every sidecar's published puts), then the
+    local index's others (puts not published yet; the index falls back to every namespace
+    when it holds none of this one): `MAX_PROBE_LENGTHS` at most."""
+    merged = dict.fromkeys((*cluster_lengths, *probe.local_lengths))
+    return tuple(merged)[:MAX_PROBE_LENGTHS]
+
+
 def _next_segment(
-    store: TieredStore, probe: SharedProbe, parent: bytes, position: int
+    store: TieredStore, probe: SharedProbe, lengths: Sequence[int], parent: bytes, position: int
 ) -> SegmentMeta | None:
     assert store.shared is not None
-    for length in probe.lengths:
+    for length in lengths:
         span = probe.token_ids[position : position + length]
         if len(span) < length:
             continue

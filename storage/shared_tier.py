@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.storage.config import RedisTierConfig
 from kvsplice.storage.redis_tier import RedisTier
-from kvsplice.storage.segment_codec import meta_span
+from kvsplice.storage.segment_codec import meta_span, read_meta
 from kvsplice.storage.segment_events import READ_COUNT, START_ID, EventStreams, SharedEvent
+from kvsplice.storage.segment_lengths import SegmentLengths
 from kvsplice.storage.tier import TierStats
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class SharedTier:
         self.records = RedisTier(config, name=name)
         self.connection = self.records.connection
         self._events = EventStreams(self.connection, config.key_prefix, config.stream_max_len)
+        self.lengths = SegmentLengths(self.connection, config.key_prefix)
         self._read_local: ReadLocal = lambda key: None
         self._pending: OrderedDict[bytes, tuple[str, str]] = OrderedDict()
         self._cond = threading.Condition()
@@ -261,4 +263,7 @@ class SharedTier:
             return  # removed meanwhile; that removal is queued behind this write
         self.records.put(key, body)
         head = bytes(body[: meta_span(body)]) if op == "put" else b""
+        if head:  # before the event: whoever learns of the put can probe its length
+            meta = read_meta(head)
+            self.lengths.record(meta.namespace, meta.num_tokens)
         self._events.publish(SharedEvent(op, key, self.origin, head=head))

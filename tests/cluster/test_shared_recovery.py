@@ -139,3 +139,34 @@ def test_a_lookup_past_what_the_index_knows_reads_the_chain_through_from_the_clu
         other = make_chain(2, tokens_per_segment=32, seed=29)
         assert client_c.lookup_prefix(FINGERPRINT, chain_tokens(other)).num_matched_tokens == 0
         assert client_c.lookup_prefix(FINGERPRINT, chain_tokens(chain)).num_matched_tokens == 768
+
+
+def test_a_sidecar_that_indexed_nothing_walks_the_chain_with_the_clusters_lengths(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    config = shared_config(cluster.url, key_prefix)
+    chain = make_chain(6, tokens_per_segment=24, seed=30)
+    put_without_history(start_sidecar, config, chain)
+    c = start_sidecar("c", config)  # no event, no segment: its index knows no length
+    assert c.server.segments._exact.segment_lengths(NAMESPACE, 4) == ()
+    assert c.server.store.shared.lengths.commonest(NAMESPACE, 4) == (24,)
+    assert found_and_read(c, chain) == (6 * 24, 6)
+
+
+def test_the_clusters_lengths_are_the_commonest_first_and_read_at_most_once_a_second(
+    cluster, key_prefix, start_sidecar
+) -> None:
+    shared = start_sidecar("a", shared_config(cluster.url, key_prefix)).server.store.shared
+    lengths = shared.lengths
+    for length, num_puts in ((16, 3), (7, 1), (32, 3), (5, 2)):
+        for _ in range(num_puts):
+            lengths.record(NAMESPACE, length)
+    name = lengths.hash_name(NAMESPACE)
+    shared.connection.call("hset", lambda c: c.hset(name, "garbage", "x"))  # skipped
+    assert lengths.commonest(NAMESPACE, 3) == (16, 32, 5)  # ties: the shorter first
+    lengths.record(NAMESPACE, 7)
+    lengths.record(NAMESPACE, 7)
+    lengths.record(NAMESPACE, 7)
+    assert lengths.commonest(NAMESPACE, 4) == (16, 32, 5, 7)  # cached: read a second ago
+    wait_for(lambda: lengths.commonest(NAMESPACE, 4), lambda got: got[0] == 7, timeout_s=3.0)
+    assert lengths.commonest("tenant-never-written", 4) == ()
