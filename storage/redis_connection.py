@@ -131,10 +131,18 @@ class RedisConnection:
             client.close()
 
     def _probe(self) -> None:
-        if self._client is None:
-            self._connect()
-        else:
-            self._client.ping()
+        client = self._client
+        if client is not None:
+            try:
+                client.ping()
+                return
+            except TIER_FAULTS:
+                if not self.is_cluster:
+                    raise
+                # NOTE: a cluster client can keep asking a node that died (a dead seed
+                # or default node, a stale slot map): a new one learns the topology from
+                # any seed that answers, so a healthy cluster always ends the outage.
+        self._connect()
 
     def _connect(self) -> None:
         client = _make_client(self.config)
@@ -147,6 +155,8 @@ class RedisConnection:
             if self._closed:
                 client.close()
                 return
+            # NOTE: a replaced client is left to the garbage collector, not closed: a
+            # call that began before the breaker opened may still be using it.
             self._client = client
         logger.info("%s connected (%s)", self.name, "cluster" if self.is_cluster else "single")
 

@@ -1,14 +1,17 @@
 """The Redis tier on a real Cluster: binary keys (braces too) land by their hash tag,
-every primary is scanned, and a record never spans slots."""
+every primary is scanned, a record never spans slots, and a client stuck on a dead node
+never keeps the tier degraded while the cluster answers."""
 
 from __future__ import annotations
 
 import pytest
 import redis
+from helpers.cluster import shared_config
+from helpers.waiting import wait_for
 from redis.cluster import RedisCluster
 
 from kvsplice.storage.config import RedisTierConfig
-from kvsplice.storage.redis_connection import cluster_seeds
+from kvsplice.storage.redis_connection import RedisConnection, cluster_seeds
 from kvsplice.storage.redis_tier import RedisTier
 
 pytestmark = pytest.mark.redis
@@ -65,3 +68,24 @@ def test_replica_reads_find_what_the_primaries_hold(cluster, key_prefix) -> None
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_client_stuck_on_a_dead_node_is_replaced_once_the_cluster_answers(
+    cluster, key_prefix
+) -> None:
+    connection = RedisConnection(shared_config(cluster.url, key_prefix))
+    stuck = connection._client
+    assert stuck is not None
+
+    def dead_node_ping(*args: object, **kwargs: object) -> bool:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    # as a client whose default node died and was never replaced (a stale topology)
+    stuck.ping = dead_node_ping  # type: ignore[method-assign]
+    connection.breaker.trip(redis.ConnectionError("test: two calls failed"))
+    try:
+        wait_for(connection.breaker.is_open, lambda is_open: not is_open, timeout_s=10.0)
+        assert connection._client is not stuck
+        assert connection.call("ping", lambda client: client.ping())
+    finally:
+        connection.close()
