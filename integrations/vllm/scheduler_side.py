@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,9 +133,21 @@ class SchedulerSide:
         return lookup
 
     def _answered(self, tracked: _Tracked, lookup: PrefixLookup, num_tokens: int) -> None:
+        """Keep the lookup; what it found counts as stored for requests that are not looked
+        up (their local hit covers all the sidecar could add) and would put it again."""
+        tracked.held_keys = frozenset(ref.context_key for ref in lookup.segments)
+        if tracked.held_keys:
+            self._ack_seq += 1
+            self._remember_acked((tracked.namespace, key) for key in tracked.held_keys)
         tracked.lookup, tracked.num_lookup_tokens = lookup, num_tokens
         tracked.looked_up_s, tracked.ack_seq = time.monotonic(), self._ack_seq
-        tracked.held_keys = frozenset(ref.context_key for ref in lookup.segments)
+
+    def _remember_acked(self, keys: Iterable[tuple[str, bytes]]) -> None:
+        for key in keys:
+            self._acked[key] = self._ack_seq
+            self._acked.move_to_end(key)
+        while len(self._acked) > MAX_RECENT_KEYS:
+            self._acked.popitem(last=False)
 
     def _without_bad(self, lookup: PrefixLookup) -> PrefixLookup:
         """`lookup` cut before the first segment a worker found corrupt."""
@@ -222,12 +234,9 @@ class SchedulerSide:
         fault rewinds its request's chain and keeps a corrupt segment from being promised."""
         if news.acked:
             self._ack_seq += 1
-        for key in news.acked:
-            self._in_flight.pop(key, None)
-            self._acked[key] = self._ack_seq
-            self._acked.move_to_end(key)
-            if len(self._acked) > MAX_RECENT_KEYS:
-                self._acked.popitem(last=False)
+            for key in news.acked:
+                self._in_flight.pop(key, None)
+            self._remember_acked(news.acked)
         for key in news.failed:
             self._in_flight.pop(key, None)
         for fault in news.faults:

@@ -356,3 +356,14 @@ def test_a_resumed_request_that_loads_reports_its_hits() -> None:
         Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 2})
     )
     assert len(loads) == 1 and [(s.request_id, s.num_prompt_tokens) for s in starts] == [("r", 0)]
+
+
+def test_a_request_its_local_hit_covers_is_not_looked_up_nor_puts_what_the_sidecar_holds() -> None:
+    prompt = list(range(10, 23))  # 13 tokens: 3 full blocks
+    side, store = make_side(prompt)
+    assert side.num_new_matched_tokens(FakeRequest("r1", prompt), 0) == 12
+    # r2: vLLM's prefix cache already holds the 12 tokens the sidecar could add
+    assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 12) == 0
+    assert len(store.lookups) == 1
+    step = Step([NewReq("r2", ([4, 5, 6, 7],), 12)], num_scheduled_tokens={"r2": 1})
+    assert side.build_step(step)[1] == []  # found stored by r1's lookup: not put again

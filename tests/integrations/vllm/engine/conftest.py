@@ -45,13 +45,14 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
 
 
 # The engines run as vLLM does by default: prefix caching on, async scheduling (0.32's
-# default), chunked prefill. float32, so that an output equal to the reference's proves
-# the loaded K/V exact; a KV cache of 48 blocks (6,144 tokens) so that 16 concurrent
-# requests of ~700 tokens preempt.
+# default), chunked prefill (at most 512 tokens a step). float32, so that an output equal
+# to the reference's proves the loaded K/V exact; a KV cache of 24 blocks (3,072 tokens)
+# so that 16 concurrent requests of 300-1,000 tokens preempt.
 AS_VLLM_RUNS = {
     "enable_prefix_caching": True,
     "dtype": "float32",
-    "extra_args": ("--num-gpu-blocks-override", "48", "--max-num-batched-tokens", "512"),
+    "max_model_len": 2048,
+    "extra_args": ("--num-gpu-blocks-override", "24", "--max-num-batched-tokens", "512"),
     "log_stats": True,
     "env": {"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache
 }
