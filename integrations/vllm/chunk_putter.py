@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsplice.common.segment import chained_meta
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import SaveSpec
 from kvsplice.kvmath.payload import encode_payload
@@ -44,9 +45,15 @@ OutcomeFn = Callable[[SaveSpec, bool], None]
 
 class ChunkPutter:
     def __init__(
-        self, clients: StoreClients, quant: str, max_pending: int, on_outcome: OutcomeFn
+        self,
+        clients: StoreClients,
+        quant: str,
+        max_pending: int,
+        on_outcome: OutcomeFn,
+        faults: FaultLog | None = None,
     ) -> None:
         self.clients = clients
+        self.faults = faults or FaultLog()
         self.quant = quant
         self.on_outcome = on_outcome
         self.counters = PutterCounters()
@@ -91,12 +98,10 @@ class ChunkPutter:
                 if chunk is None:
                     return
                 stored = self._put(chunk)
-            except Exception:  # a refusal or a bug: this chunk is not stored
+            except Exception as error:  # a refusal (a reader's token) or a bug: not stored
                 self.counters.num_failed += 1
                 logger.debug("storing a chunk failed", exc_info=True)
-                self._warn(
-                    "storing chunks failed (a refusal?): %d so far", self.counters.num_failed
-                )
+                self.faults.record(f"put refused ({type(error).__name__})", error)
             finally:
                 if chunk is not None:
                     self.on_outcome(chunk.spec, stored)

@@ -108,7 +108,7 @@ class Lookups:
             self.faults.record(f"lookup refused ({type(error).__name__})", error)
             return PrefixLookup.MISS
         except StoreUnavailable as error:
-            self.faults.record("sidecar unavailable", error)
+            self.faults.record(unavailable_kind(error), error)
             self.breaker.failed()
             return PrefixLookup.MISS
         except Exception as error:  # any other status or bug: a miss, never the engine
@@ -117,3 +117,11 @@ class Lookups:
             return PrefixLookup.MISS
         self.breaker.succeeded()
         return lookup
+
+
+def unavailable_kind(error: Exception) -> str:
+    """How to name an unreachable sidecar in the log: a TLS mistake is not an outage."""
+    text = str(error).lower()
+    if "ssl" in text or "handshake" in text or "certificate" in text:
+        return "sidecar TLS handshake failed (check tls_ca, tls_cert/tls_key and its certificate)"
+    return "sidecar unavailable"

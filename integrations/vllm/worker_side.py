@@ -70,7 +70,7 @@ class WorkerSide:
         _check_same_shapes(self.caches)
         self.layout = layout
         self.faults = faults
-        self.putter = ChunkPutter(clients, quant, max_pending_saves, self._put_outcome)
+        self.putter = ChunkPutter(clients, quant, max_pending_saves, self._put_outcome, faults)
         self.blocks_per_block = block_size // layout.block_size  # kernel blocks per vLLM block
         self.num_loaded_tokens = 0
         self.num_failed_loads = 0

@@ -367,3 +367,14 @@ def test_a_request_its_local_hit_covers_is_not_looked_up_nor_puts_what_the_sidec
     assert len(store.lookups) == 1
     step = Step([NewReq("r2", ([4, 5, 6, 7],), 12)], num_scheduled_tokens={"r2": 1})
     assert side.build_step(step)[1] == []  # found stored by r1's lookup: not put again
+
+
+def test_a_tls_failure_is_named_as_tls_not_as_an_outage() -> None:
+    handshake = StoreUnavailable(
+        "store answered UNAVAILABLE: Ssl handshake failed: CERTIFICATE_VERIFY_FAILED"
+    )
+    store = BlockingStore(list(range(10, 22)), error=handshake)
+    store.release.set()
+    side = make_blocking_side(store, lookup_wait_s=5.0)
+    assert side.num_new_matched_tokens(FakeRequest("r", list(range(10, 22))), 0) == 0
+    assert any("TLS" in kind for kind in side.faults.counts)

@@ -196,3 +196,23 @@ def test_layers_of_different_shapes_are_refused_at_start() -> None:
             4,
             FaultLog(),
         )  # type: ignore[arg-type]
+
+
+def test_a_refused_put_is_said_once_by_kind_and_counted_as_not_stored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kvsplice.common.errors import PermissionDenied
+
+    store = FakeStore()
+
+    def refuse(meta: object, payload: bytes) -> bool:
+        raise PermissionDenied("this token's tenant may not do this in the namespace")
+
+    store.put_segment = refuse  # type: ignore[method-assign]
+    worker = make_worker(store)
+    for i in range(3):
+        worker.save(save_spec("r", i, (0, 1, 2)), 0)
+    assert worker.putter.flush()
+    assert len(worker.take_news(0).failed) == 3
+    refusals = [r for r in caplog.records if "put refused (PermissionDenied)" in r.getMessage()]
+    assert len(refusals) == 1 and worker.faults.counts["put refused (PermissionDenied)"] == 3
