@@ -1,5 +1,5 @@
-"""The README's worker snippet runs as written against a live sidecar, and the sidecar's
-stats count the reuse the worker printed."""
+"""The worker snippet of docs/client-api.md (once the README's) runs as written against a
+live sidecar, and the sidecar's stats count the reuse the worker printed."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ import pytest
 from kvsplice.cli import main
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CLIENT_API = Path(__file__).resolve().parent.parent / "docs" / "client-api.md"
 TARGET = '"127.0.0.1:50051"'
 REUSED = re.compile(r"^(\d+)/(\d+) tokens reused", re.M)
 
 
 def worker_snippet() -> str:
-    section = README.read_text().split("## Using the client from a worker", 1)[1]
+    section = CLIENT_API.read_text().split("## Using the client from a worker", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def run_snippet(target: str) -> None:
     snippet = worker_snippet()
     assert TARGET in snippet
-    exec(compile(snippet.replace(TARGET, repr(target)), "README", "exec"), {})
+    exec(compile(snippet.replace(TARGET, repr(target)), "docs/client-api.md", "exec"), {})
 
 
 @pytest.mark.slow

@@ -51,7 +51,11 @@ def tls_tenant_store(tmp_path: Path, pki: Pki) -> Iterator[EmbeddedStore]:
 
 
 def readme_tenant_snippet() -> str:
-    section = (ROOT / "README.md").read_text().split("## Using the client from a worker", 1)[1]
+    section = (
+        (ROOT / "docs" / "client-api.md")
+        .read_text()
+        .split("## Using the client from a worker", 1)[1]
+    )
     (snippet,) = [s for s in re.findall(r"```python\n(.*?)```", section, re.S) if "ClientTls" in s]
     return snippet
 
@@ -62,7 +66,7 @@ def test_the_readme_tenant_client_puts_and_reads_over_tls(
     monkeypatch.setenv("KVSPLICE_TOKEN", TOKEN)
     code = readme_tenant_snippet().replace('"127.0.0.1:50051"', repr(tls_tenant_store.target))
     scope: dict[str, object] = {}
-    exec(compile(code.replace('"ca.pem"', repr(str(pki.ca))), "README", "exec"), scope)
+    exec(compile(code.replace('"ca.pem"', repr(str(pki.ca))), "docs/client-api.md", "exec"), scope)
     store = scope["store"]
     assert isinstance(store, StoreClient)
     payload = make_payload(4096)
