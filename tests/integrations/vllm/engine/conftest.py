@@ -7,7 +7,6 @@ starts them once, all at the same time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,16 +18,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make vllm; make 
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
 
 NAMESPACE = "pipeline"
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> str:
-    explicit = os.environ.get("KVSPLICE_VLLM_MODEL_DIR")
-    if explicit:
-        return explicit
-    from kvsplice.client.model.models import DEFAULT_CACHE_DIR, converted_smollm2_dir
-
-    return str(converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ connector (`connector_stand_in`), and ExampleConnector becomes kvsplice's.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -43,16 +42,6 @@ _namespaces = itertools.count()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu_test: vLLM's mark for tests that need no GPU")
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> str:
-    explicit = os.environ.get("KVSPLICE_VLLM_MODEL_DIR")
-    if explicit:
-        return explicit
-    from kvsplice.client.model.models import DEFAULT_CACHE_DIR, converted_smollm2_dir
-
-    return str(converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()))
 
 
 @pytest.fixture(scope="session")
