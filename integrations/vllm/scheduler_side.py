@@ -299,18 +299,20 @@ class SchedulerSide:
         )
         if not self.save_decode:
             ready = min(ready, tracked.request.num_prompt_tokens)
-        saves = []
+        saves: list[SaveSpec] = []
+        table: tuple[int, ...] | None = None  # built once, shared by this step's saves
         while chain.position + self.chunk_tokens <= ready:
             start = chain.position
             link = chain.extend(token_ids[start : start + self.chunk_tokens])
             key = (tracked.namespace, link.key)
             if link.key in tracked.held_keys or not self._claim(key, tracked.ack_seq):
                 continue
+            table = tuple(tracked.block_ids) if table is None else table
             saves.append(SaveSpec(
                 request_id=request_id, namespace=tracked.namespace, root=tracked.root,
                 start=start, token_ids=tuple(token_ids[start : link.end]),
                 parent_key=link.parent_key, key=link.key, block_size=self.block_size,
-                context_block_ids=tuple(tracked.block_ids[: link.end // self.block_size]),
+                block_table=table,
             ))  # fmt: skip
         return saves
 

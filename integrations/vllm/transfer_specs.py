@@ -42,8 +42,9 @@ class LoadSpec:
 class SaveSpec:
     """Store tokens `[start, end)` (one chunk, whole blocks) as the next link of a chain.
 
-    `context_block_ids` are the request's blocks holding tokens `[0, end)`: the chunk's
-    K/V was computed over all of them, so it is dropped if any of them failed to load.
+    `block_table` is the request's block table (at least the blocks holding `[0, end)`;
+    one tuple shared by all of a request's saves in a step): the chunk's K/V was computed
+    over `context_block_ids`, so it is dropped if any of them failed to load.
     """
 
     request_id: str
@@ -53,7 +54,7 @@ class SaveSpec:
     token_ids: tuple[int, ...]  # the chunk's tokens
     parent_key: bytes
     key: bytes  # the chunk's context key (its chain link)
-    context_block_ids: tuple[int, ...]
+    block_table: tuple[int, ...]
     block_size: int
 
     @property
@@ -62,7 +63,11 @@ class SaveSpec:
 
     @property
     def block_ids(self) -> tuple[int, ...]:
-        return self.context_block_ids[self.start // self.block_size :]
+        return self.block_table[self.start // self.block_size : self.end // self.block_size]
+
+    @property
+    def context_block_ids(self) -> tuple[int, ...]:
+        return self.block_table[: self.end // self.block_size]
 
 
 @dataclass(frozen=True)

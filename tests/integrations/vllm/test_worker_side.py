@@ -93,7 +93,7 @@ def save_spec(request_id: str, index: int, context: tuple[int, ...]) -> SaveSpec
     return SaveSpec(
         request_id=request_id, namespace=NS, root=FINGERPRINT, start=link.start,
         token_ids=TOKENS[link.start : link.end], parent_key=link.parent_key, key=link.key,
-        context_block_ids=context[: link.end // BLOCK], block_size=BLOCK,
+        block_table=context, block_size=BLOCK,
     )  # fmt: skip
 
 

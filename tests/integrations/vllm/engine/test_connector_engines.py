@@ -118,8 +118,10 @@ def test_a_fresh_engine_loads_every_full_block_and_answers_token_exactly(
     external = _delta(counters, counters_before, "vllm:external_prefix_cache_hits_total")
     local = _delta(counters, counters_before, "vllm:prefix_cache_hits_total")
     # agent 1's blocks come from the sidecar; agent k's prefix is agent k-1's prompt and
-    # answer, which this engine computed itself: its own prefix cache serves those
-    assert external >= 2 * BLOCK and local > 0 and external + local == cached
+    # answer, which this engine computed itself: its own prefix cache serves those.
+    # NOTE: vLLM counts a local hit each time it asks the connector, and a request whose
+    # lookup is still under way is asked again next step: `local` may count a hit twice.
+    assert external >= 2 * BLOCK and local > 0 and external <= cached
     # what an operator sees: the sidecar counts exactly the tokens the engine loaded (its
     # reports flush in the background, ~1 s; the deadline only bounds a hang), and vLLM's
     # own /metrics counts its local prefix-cache hits beside them
