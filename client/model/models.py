@@ -23,6 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvsplice.client.model.fingerprinting import model_fingerprint
+from kvsplice.client.model.model_config import DEFAULT_CACHE_DIR as DEFAULT_CACHE_DIR
+from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.client.model.packaged_models import (
     PACKAGED_MODELS,
     SMOLLM2_MODEL,
@@ -30,44 +32,10 @@ from kvsplice.client.model.packaged_models import (
     assemble_gguf,
 )
 from kvsplice.common.file_digest import file_hexdigest
-from kvsplice.common.layout import KV_DTYPES, KVLayout
+from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
-
-SMOLLM2 = SMOLLM2_MODEL.name
-DEFAULT_CACHE_DIR = Path("~/.cache/kvsplice/models")
-# Both keep exact-splice logits within 1e-4 of dense in fp32 (measured on
-# SmolLM2: max |Δ| 3.6e-5 eager, 3.2e-5 sdpa); SDPA is the default because it
-# is the faster dense baseline, so reuse speedups are not flattered.
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which model to load and how: `source` is a `PACKAGED_MODELS` name or a local HF directory."""
-
-    source: str = SMOLLM2
-    cache_dir: Path = DEFAULT_CACHE_DIR
-    dtype: str = "float32"
-    device: str = "cpu"
-    attn_implementation: str = "sdpa"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
-        if self.source not in PACKAGED_MODELS and not Path(self.source).expanduser().is_dir():
-            raise ValueError(
-                f"source {self.source!r} is neither one of {sorted(PACKAGED_MODELS)} "
-                "nor a directory"
-            )
-        if self.dtype not in KV_DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {KV_DTYPES}")
-        if not self.device:
-            raise ValueError("device must be non-empty")
-        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
-            raise ValueError(
-                f"attn_implementation {self.attn_implementation!r} not in {ATTN_IMPLEMENTATIONS}"
-            )
 
 
 @dataclass(frozen=True)

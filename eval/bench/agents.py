@@ -1,7 +1,8 @@
 """`kvsplice bench agents`: a workload through the agent pipeline in each mode variant, measured.
 
-Owns `BenchAgentsConfig`, `BenchResult`, `make_workload` and `run_bench_agents`
-(load or take a model, open the store, run the modes, aggregate, write files).
+Owns `BenchResult`, `make_workload` and `run_bench_agents`
+(load or take a model, open the store, run the modes, aggregate, write files) of a
+`BenchAgentsConfig` (`agents_config`).
 The protocol is `mode_runner`'s; the files are `report`'s and `plots`'.
 """
 
@@ -15,12 +16,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from kvsplice.agents.layouts import DEFAULT_LAYOUT
 from kvsplice.agents.render import Tokenizer
-from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
-from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
-from kvsplice.client.modes.admission import AdmissionPolicy
-from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
+from kvsplice.client.model.models import LoadedModel, load_model
+from kvsplice.eval.bench.agents_config import WORKLOADS as WORKLOADS
+from kvsplice.eval.bench.agents_config import BenchAgentsConfig
+from kvsplice.eval.bench.mode_runner import ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.machine_load import warn_if_busy
@@ -38,73 +38,6 @@ from kvsplice.eval.workloads.synthetic import SyntheticConfig, SyntheticWorkload
 from kvsplice.eval.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
-
-WORKLOADS = ("synthetic", "humaneval", "math", "mc", "gsm8k", "mmlu")
-
-
-@dataclass(frozen=True)
-class BenchAgentsConfig:
-    """One benchmark run. `prefix_len`/`input_len`/`response_len` shape the synthetic
-    workload only (its responses are exactly `response_len` tokens); the task
-    workloads cap each agent at `max_new_tokens`. `store_target` None runs an
-    embedded memory-only store of `store_memory_mib`. `data_path` replaces the shipped sample for math/mc (a
-    GSM8K/MMLU-format JSONL); gsm8k/mmlu are the real test sets, a subset drawn by
-    `seed` (which also draws the synthetic text). `modes` are variant specs (`mode_variants`), kept as
-    their labels, dense first. `admission`: the base parameters of every variant
-    (None: the defaults); `policy_path`: the file it was loaded from, recorded only.
-    See `ModeRunConfig` for `quant` and `reference`.
-    """
-
-    workload: str = "synthetic"
-    num_agents: int = 3
-    modes: tuple[str, ...] = ("dense", "exact", "naive")
-    samples: int = 3
-    graph: str = "fully_connected"
-    layout: str = DEFAULT_LAYOUT
-    max_new_tokens: int = 64
-    prefix_len: int = 512
-    input_len: int = 256
-    response_len: int = 128
-    out_dir: Path = Path("results/bench_agents")
-    store_target: str | None = None
-    store_token: str | None = None
-    store_memory_mib: int = 2048
-    quant: str = "none"
-    reference: str = "full"
-    warmup: bool = True
-    data_path: Path | None = None
-    seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
-    admission: AdmissionPolicy | None = None
-    policy_path: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload {self.workload!r} not in {WORKLOADS}")
-        if not MIN_AGENTS <= self.num_agents <= MAX_AGENTS:
-            raise ValueError(f"num_agents {self.num_agents} outside [{MIN_AGENTS}, {MAX_AGENTS}]")
-        if self.store_memory_mib < 1:
-            raise ValueError(f"store_memory_mib {self.store_memory_mib} must be >= 1")
-        if self.samples < 1:
-            raise ValueError(f"samples {self.samples} must be >= 1")
-        if self.data_path is not None and self.workload not in ("math", "mc"):
-            raise ValueError(f"data_path is for the math and mc workloads, not {self.workload!r}")
-        if self.policy_path is not None and self.admission is None:
-            raise ValueError(f"policy_path {self.policy_path} names no loaded admission policy")
-        object.__setattr__(self, "out_dir", Path(self.out_dir))
-        if self.policy_path is not None:
-            object.__setattr__(self, "policy_path", Path(self.policy_path))
-        SyntheticConfig(self.prefix_len, self.input_len, self.response_len, self.seed)
-        # validates modes, graph, quant, reference; modes become labels, dense first
-        object.__setattr__(self, "modes", self.mode_run_config("check").modes)
-
-    def mode_run_config(self, run_id: str) -> ModeRunConfig:
-        return ModeRunConfig(
-            modes=self.modes, num_agents=self.num_agents, graph=self.graph, layout=self.layout,
-            max_new_tokens=self.max_new_tokens, quant=self.quant, reference=self.reference,
-            warmup=self.warmup, namespace=f"bench-{self.workload}-{run_id}",
-            store_token=self.store_token, admission=self.admission,
-        )  # fmt: skip
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`kvsplice demo`: five agents on a few HumanEval problems in each mode, with a store beside them.
 
-Owns `DemoConfig`, `DemoResult`, `run_agents_demo` and `render_demo`. It runs
+Owns `DemoResult`, `run_agents_demo` and `render_demo` (its `DemoConfig`: `demo_config`). It runs
 the same protocol as `bench agents` (see `mode_runner`) with an embedded store
 on LMDB under `out_dir` and its admin API, and reduces the records to one row
 per agent: dense TTFT, each mode's TTFT, speedup, reuse, agreement, match.
@@ -20,12 +20,13 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
-from kvsplice.client.modes.admission import AdmissionPolicy, load_policy
+from kvsplice.client.model.models import LoadedModel, load_model
+from kvsplice.client.modes.admission import load_policy
 from kvsplice.common.reuse_report import SERVED, token_hit_rate
 from kvsplice.common.units import human_bytes
+from kvsplice.eval.bench.demo_config import DemoConfig
 from kvsplice.eval.bench.demo_judge import DemoJudge, judge_table, routes_table, run_demo_judge
-from kvsplice.eval.bench.mode_runner import ModeRunConfig, ProgressFn, run_modes
+from kvsplice.eval.bench.mode_runner import ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import StoreSession, namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.machine_load import warn_if_busy
@@ -47,49 +48,6 @@ logger = logging.getLogger(__name__)
 
 DEMO_JSON = "demo.json"
 STORE_DIR = "store-lmdb"
-NUM_AGENTS = 5
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """The demo's knobs; `max_new_tokens` per agent keeps it within minutes on a CPU.
-
-    `layout` defaults to `transcript`, the layout that makes `exact` pay;
-    `persona-first` reproduces KVComm's prompts (and the demo before layouts).
-    `judge`: end with a judge over each problem's answers (dense, naive and `gated`
-    vs the dense judge) and show the risk gate's routes. `policy_path`: the admission
-    policy `gated` runs (None: the one shipped for the model, else the safe default).
-    """
-
-    store_target: str | None = None
-    store_token: str | None = None
-    num_problems: int = 3
-    modes: tuple[str, ...] = (DENSE, "exact", "naive", "gated")
-    out_dir: Path = Path("results/demo")
-    max_new_tokens: int = 32
-    graph: str = "fully_connected"
-    layout: str = "transcript"
-    quant: str = "none"
-    keep_store: bool = False
-    warmup: bool = True
-    model: ModelConfig = field(default_factory=ModelConfig)
-    judge: bool = True
-    policy_path: Path | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_problems <= 164:
-            raise ValueError(f"num_problems {self.num_problems} outside [1, 164] (HumanEval)")
-        object.__setattr__(self, "out_dir", Path(self.out_dir))
-        self.mode_run_config("check")
-
-    def mode_run_config(
-        self, run_id: str, admission: AdmissionPolicy | None = None
-    ) -> ModeRunConfig:
-        return ModeRunConfig(
-            modes=self.modes, num_agents=NUM_AGENTS, graph=self.graph, layout=self.layout,
-            max_new_tokens=self.max_new_tokens, quant=self.quant, warmup=self.warmup,
-            namespace=f"demo-{run_id}", store_token=self.store_token, admission=admission,
-        )  # fmt: skip
 
 
 @dataclass(frozen=True)

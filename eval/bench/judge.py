@@ -1,6 +1,6 @@
 """`kvsplice bench judge`: judge examples in each mode and measure JCR against dense.
 
-Owns `BenchJudgeConfig`, `BenchJudgeResult`, `default_judge_modes` and `run_bench_judge`
+Owns `BenchJudgeResult` and `run_bench_judge` of a `BenchJudgeConfig` (`judge_config`)
 (load or take a model, pick the examples, open the store, run, summarize, write
 files). The protocol is `judge_runner`'s; figures `jcr`'s; files `judge_report`'s.
 """
@@ -14,11 +14,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvsplice.agents.judge_prompts import TASKS
-from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model
-from kvsplice.client.modes.admission import AdmissionPolicy
-from kvsplice.client.modes.registry import MODES
-from kvsplice.eval.bench.judge_runner import JudgeRun, JudgeRunConfig, run_judges
+from kvsplice.client.model.models import LoadedModel, load_model
+from kvsplice.eval.bench.judge_config import BenchJudgeConfig
+from kvsplice.eval.bench.judge_runner import JudgeRun, run_judges
 from kvsplice.eval.bench.mode_runner import ProgressFn
 from kvsplice.eval.bench.store_session import open_store
 from kvsplice.eval.measure.environment import environment_info
@@ -28,65 +26,6 @@ from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.workloads.judge_examples import JudgeExample, load_judge_data, task_examples
 
 logger = logging.getLogger(__name__)
-
-
-def default_judge_modes() -> tuple[str, ...]:
-    """Every registered mode (the risk gate's "gated" among them when this build has it)."""
-    return tuple(MODES)
-
-
-@dataclass(frozen=True)
-class BenchJudgeConfig:
-    """One judge bench. `task` None: gsm8k, or with `data_path` every task in the file
-    (a task given with `data_path` keeps only its examples). `examples`: how many
-    (the first ones). See `JudgeRunConfig` for the run's fields. `diagnostics`:
-    attention from the decision position per layer, dense vs each mode.
-    """
-
-    task: str | None = None
-    regime: str = "progressive"
-    num_candidates: int = 4
-    shuffle: bool = True
-    layout: str = "transcript"
-    modes: tuple[str, ...] = field(default_factory=default_judge_modes)
-    seed: int = 0
-    examples: int = 8
-    max_new_tokens: int = 48
-    judge_max_new_tokens: int = 6
-    data_path: Path | None = None
-    out_dir: Path = Path("results/bench_judge")
-    json_path: Path | None = None
-    store_target: str | None = None
-    store_token: str | None = None
-    store_memory_mib: int = 2048
-    diagnostics: bool = True
-    warmup: bool = True
-    model: ModelConfig = field(default_factory=ModelConfig)
-    admission: AdmissionPolicy | None = None
-    policy_path: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.task is not None and self.task not in TASKS:
-            raise ValueError(f"task {self.task!r} not in {TASKS}")
-        if self.examples < 1:
-            raise ValueError(f"examples {self.examples} must be >= 1")
-        if self.store_memory_mib < 1:
-            raise ValueError(f"store_memory_mib {self.store_memory_mib} must be >= 1")
-        object.__setattr__(self, "out_dir", Path(self.out_dir))
-        for name in ("json_path", "data_path", "policy_path"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, Path(value))
-        object.__setattr__(self, "modes", self.run_config("check").modes)
-
-    def run_config(self, run_id: str) -> JudgeRunConfig:
-        return JudgeRunConfig(
-            modes=self.modes, regime=self.regime, num_candidates=self.num_candidates,
-            shuffle=self.shuffle, seed=self.seed, layout=self.layout,
-            max_new_tokens=self.max_new_tokens,
-            judge_max_new_tokens=self.judge_max_new_tokens, warmup=self.warmup,
-            namespace=f"judge-{run_id}", store_token=self.store_token, admission=self.admission,
-        )  # fmt: skip
 
 
 @dataclass

@@ -29,6 +29,7 @@ from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
+from kvsplice.eval.bench.store_config import StoreBenchConfig
 from kvsplice.eval.bench.store_paths import PathRow, bench_read_paths
 from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
@@ -65,44 +66,6 @@ _LOOKUP_PAYLOAD_NBYTES = 64
 _LOOKUP_RECORD_BUDGET_NBYTES = 16 << 10  # per lookup segment: meta, payload, LMDB pages
 _NUM_WARMUP_QUERIES = 10
 _NUM_CHANNEL_WARMUPS = 2
-
-
-@dataclass(frozen=True)
-class StoreBenchConfig:
-    """What to measure. `tmp_dir` holds the LMDB environments (None: the system temp dir).
-
-    `path_sizes_mib`: segment sizes read through each read path (`bench_store_paths`;
-    empty: none). `lmdb_sync` True is the LMDB tier's durable default (fsync on every commit). Lookup
-    stores of more than `max_grpc_populated_segments` are preloaded in-process into LMDB
-    and indexed by the server's start-up rebuild instead of put one by one through gRPC.
-    """
-
-    sizes_mib: tuple[int, ...] = (1, 8, 32)
-    repeats: int = 5
-    lookup_counts: tuple[int, ...] = (10_000, 100_000)
-    tmp_dir: str | None = None
-    include_grpc_lookups: bool = True
-    num_queries: int = 1000
-    max_grpc_populated_segments: int = 10_000
-    lmdb_sync: bool = True
-    seed: int = 0
-    path_sizes_mib: tuple[int, ...] = (8, 32, 128)
-
-    def __post_init__(self) -> None:
-        if not self.sizes_mib or min(self.sizes_mib) < 1:
-            raise ValueError(f"sizes_mib {self.sizes_mib} must be non-empty and >= 1")
-        if self.path_sizes_mib and min(self.path_sizes_mib) < 1:
-            raise ValueError(f"path_sizes_mib {self.path_sizes_mib} must all be >= 1")
-        if self.repeats < 1:
-            raise ValueError(f"repeats {self.repeats} must be >= 1")
-        if any(count < 1 for count in self.lookup_counts):
-            raise ValueError(f"lookup_counts {self.lookup_counts} must all be >= 1")
-        if self.num_queries < 1:
-            raise ValueError(f"num_queries {self.num_queries} must be >= 1")
-        if self.max_grpc_populated_segments < 0:
-            raise ValueError(
-                f"max_grpc_populated_segments {self.max_grpc_populated_segments} must be >= 0"
-            )
 
 
 @dataclass(frozen=True)

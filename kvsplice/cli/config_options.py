@@ -1,8 +1,8 @@
 """Typer options derived from the `flag`s of config fields (`common.config_flags`).
 
-Each option's name, KVSPLICE_* variable, type, bounds, default and help come from the field
-it sets, so a command's flags are written once, beside the fields. Building the config back
-from the parsed values is `common.config_flags.build_config`.
+Each option's name, KVSPLICE_* variable (where the command reads any), type, bounds, default and
+help come from the field it sets, so a command's flags are written once, beside the fields.
+Building the config back from the parsed values is `common.config_flags.build_config`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,13 @@ from kvsplice.common.config_flags import FlagField, flag_fields
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def config_parameters(config: type) -> list[inspect.Parameter]:
-    """One keyword parameter, annotated with its `typer.Option`, per flag of `config`."""
-    return [_parameter(f) for f in flag_fields(config)]
+def config_parameters(
+    config: type, envvar_prefix: str | None = "KVSPLICE_"
+) -> list[inspect.Parameter]:
+    """One keyword parameter, annotated with its `typer.Option`, per flag of `config`; each
+    reads the variable `envvar_prefix` + its name too (None: none, as a benchmark's flags,
+    which the environment must not change unseen)."""
+    return [_parameter(f, envvar_prefix) for f in flag_fields(config)]
 
 
 def with_parameters(parameters: Sequence[inspect.Parameter]) -> Callable[[F], F]:
@@ -35,22 +39,22 @@ def with_parameters(parameters: Sequence[inspect.Parameter]) -> Callable[[F], F]
     return decorate
 
 
-def _parameter(field: FlagField) -> inspect.Parameter:
+def _parameter(field: FlagField, envvar_prefix: str | None) -> inspect.Parameter:
     flag = field.flag
     kind = _option_type(field)
     default = field.default
     if flag.path and default is not None:
         default = Path(default)
-    elif flag.choices:
+    elif flag.choices and default is not None:
         default = kind(default)
     name = field.name.replace("_", "-")
+    path_checks = {"file_okay": flag.file_okay, "dir_okay": flag.dir_okay}
     option = typer.Option(
         f"--{name}/--no-{name}" if kind is bool else f"--{name}",
-        envvar=f"KVSPLICE_{field.name.upper()}",
+        envvar=None if envvar_prefix is None else f"{envvar_prefix}{field.name.upper()}",
         help=flag.help,
-        min=flag.min,
-        max=flag.max,
-        **({"exists": True, "dir_okay": flag.dir_okay} if flag.exists else {}),
+        **({"callback": _csv_callback(field)} if flag.csv else {"min": flag.min, "max": flag.max}),
+        **({"exists": True, **path_checks, "writable": flag.writable} if flag.exists else {}),
         **({"case_sensitive": False} if flag.choices else {}),
     )
     annotation = Annotated[kind | None if default is None else kind, option]  # type: ignore[valid-type]
@@ -59,7 +63,21 @@ def _parameter(field: FlagField) -> inspect.Parameter:
     )
 
 
+def _csv_callback(field: FlagField) -> Callable[[str | None], tuple[Any, ...] | None]:
+    """The values of a comma-separated flag (its help shows the text, its command the tuple)."""
+
+    def split(text: str | None) -> tuple[Any, ...] | None:
+        try:
+            return None if text is None else field.split_csv(text)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from error
+
+    return split
+
+
 def _option_type(field: FlagField) -> Any:
+    if field.flag.csv:
+        return str
     if field.flag.choices:
         return StrEnum(  # type: ignore[call-overload]
             field.name.title().replace("_", ""), {c: c for c in field.flag.choices}

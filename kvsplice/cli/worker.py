@@ -2,13 +2,17 @@
 
 All but `bench store` need the `worker` extra (torch, transformers); each checks that first
 and says which extra to install in one line. Imports are lazy: `--help` never loads torch.
+A bench command's own flags are its config's fields (`kvsplice.cli.config_options`, from the
+torch-free `eval.bench.*_config` modules) and read no KVSPLICE_* variable: the environment
+must not change a benchmark unseen. The flags every worker command shares (store, model,
+threads, log level) are written once, below, and keep their variables.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+import inspect
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -25,59 +29,17 @@ from kvsplice.cli.common import (
     ThreadsOpt,
     console,
     fail,
-    int_tuple,
     require_worker,
     setup_logging,
 )
+from kvsplice.cli.config_options import config_parameters, with_parameters
+from kvsplice.common.config_flags import build_config
+from kvsplice.eval.bench.agents_config import BenchAgentsConfig
+from kvsplice.eval.bench.core_config import CoreBenchConfig
+from kvsplice.eval.bench.demo_config import DemoConfig
+from kvsplice.eval.bench.store_config import StoreBenchConfig
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (ratios measured in one run).")
-
-
-# The library's own tuples (eval.bench.agents.WORKLOADS, eval.bench.mode_runner.GRAPHS,
-# kvmath.quant.QUANT_SCHEMES) import torch; tests check these stay equal to them.
-class Workload(StrEnum):
-    synthetic = "synthetic"
-    humaneval = "humaneval"
-    math = "math"
-    mc = "mc"
-    gsm8k = "gsm8k"
-    mmlu = "mmlu"
-
-
-WORKLOAD_HELP = (
-    "Task set. humaneval: the real HumanEval problems (in file order), graded by running their "
-    "tests; gsm8k / mmlu: the real test sets (`make eval-data`), a subset drawn by --seed; "
-    "math / mc: the small shipped samples (or --data); synthetic: fixed-shape random text."
-)
-
-
-class Graph(StrEnum):
-    fully_connected = "fully_connected"
-    chain = "chain"
-
-
-class Quant(StrEnum):
-    none = "none"
-    fp16 = "fp16"
-    int8 = "int8"
-
-
-class Layout(StrEnum):
-    """Prompt layouts (kvsplice.agents.layouts.LAYOUTS)."""
-
-    persona_first = "persona-first"
-    shared_first = "shared-first"
-    transcript = "transcript"
-
-
-LAYOUT_HELP = (
-    "Where personas, the shared context and answers go: persona-first (KVComm's: each agent's "
-    "own system prompt first), shared-first (a common preamble, the question and earlier "
-    "answers first, each role's instruction last) or transcript (one growing group "
-    "conversation: an agent prefills only its own turn). Fidelity is measured against dense "
-    "prefill of the same layout."
-)
-
 
 StoreOpt = Annotated[
     str | None,
@@ -87,13 +49,32 @@ StoreOpt = Annotated[
         help="host:port of a running sidecar; default: embedded.",
     ),
 ]
-MODES_HELP = (
-    "Comma-separated mode variants; dense is the baseline. A variant is a mode, optionally "
-    "with parameters after ':' joined by '+': blend:r=0.43, halo:h=4+eps=0.05, "
-    "anchor:gamma=0.5+tau=0.1+metric=key+r=0.15, multicut:cut=16. Each mode's parameters "
-    "(names, ranges, defaults) are its `Params` in kvsplice.client.modes; a parameter the "
-    "mode does not take is refused with that list."
-)
+SHARED_OPTIONS = {  # name: (default, option)
+    "store": (None, StoreOpt),
+    "auth_token": (None, AuthTokenOpt),
+    "model": ("smollm2", ModelOpt),
+    "model_cache": (DEFAULT_MODEL_CACHE, ModelCacheOpt),
+    "dtype": (Dtype.auto, DtypeOpt),
+    "threads": (None, ThreadsOpt),
+    "log_level": (LogLevel.warning, LogLevelOpt),
+}
+MODEL_OPTIONS = ("model", "model_cache", "dtype")
+WORKER_OPTIONS = ("auth_token", *MODEL_OPTIONS, "threads", "log_level")
+
+
+def bench_parameters(
+    config: type, before: tuple[str, ...] = (), after: tuple[str, ...] = WORKER_OPTIONS
+) -> list[inspect.Parameter]:
+    """`config`'s flags (no variables) between the shared options `before` and `after`."""
+
+    def shared(name: str) -> inspect.Parameter:
+        default, option = SHARED_OPTIONS[name]
+        return inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option
+        )
+
+    own = config_parameters(config, envvar_prefix=None)
+    return [*map(shared, before), *own, *map(shared, after)]
 
 
 def check_model(model: str) -> None:
@@ -136,7 +117,37 @@ def apply_threads(threads: int | None) -> int:
     return count
 
 
-C = TypeVar("C")  # a bench config (BenchAgentsConfig, BenchJudgeConfig): imports torch
+C = TypeVar("C")  # a bench config
+
+
+def bench_config(config: type[C], values: dict[str, Any], **overrides: Any) -> C:
+    """`config` of the flags' `values` and `overrides`; invalid settings fail in one line."""
+    try:
+        return build_config(config, values, **overrides)
+    except ValueError as error:
+        invalid(error)
+
+
+def invalid(error: ValueError) -> NoReturn:
+    fail(f"invalid settings: {error}", 2)
+
+
+def shared_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The fields the shared flags set: the store, its token and the model."""
+    return {
+        "store_target": values["store"],
+        "store_token": values["auth_token"] or None,
+        "model": model_config(values["model"], values["model_cache"], values["dtype"]),
+    }
+
+
+def write_json(path: str | Path | None, document: Any) -> None:
+    """`document` as JSON at `path` (its folder created), unless `path` is None."""
+    import json
+
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(document, indent=2))
 
 
 def load_for_bench(config: C, policy: Path | None, command: str) -> tuple[Any, C]:
@@ -173,60 +184,20 @@ def _progress_bar():
     return bar, on_event
 
 
-def demo(
-    store: StoreOpt = None,
-    problems: Annotated[int, typer.Option(min=1, max=164, help="HumanEval problems.")] = 3,
-    modes: Annotated[
-        str | None,
-        typer.Option(help=MODES_HELP + " Default: dense, exact, what --policy admits, then naive."),
-    ] = None,
-    layout: Annotated[Layout, typer.Option(help=LAYOUT_HELP)] = Layout.transcript,
-    policy: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="Admission policy JSON (kvsplice calibrate): its admitted modes join the "
-            "default --modes, and 'gated' (the policy with the judge risk gate above it, in the "
-            "pipeline and in the closing judge stage) runs it. Default: the policy shipped "
-            "for the model (SmolLM2-135M), else only exact and dense.",
-        ),
-    ] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent generates.")] = 32,
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Where demo.json and the TTFT chart go (created).")
-    ] = Path("results/demo"),
-    auth_token: AuthTokenOpt = None,
-    model: ModelOpt = "smollm2",
-    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
-    dtype: DtypeOpt = Dtype.auto,
-    threads: ThreadsOpt = None,
-    log_level: LogLevelOpt = LogLevel.warning,
-) -> None:
+@with_parameters(bench_parameters(DemoConfig, before=("store",)))
+def demo(**values: Any) -> None:
     """The 5-agent HumanEval pipeline in each mode against the store, then a judge over each
     problem's answers with the risk gate at work; prints TTFT, fidelity, JCR and the gate's routes."""
     require_worker("demo")
     from kvsplice.client.model.models import load_model
-    from kvsplice.eval.bench.agents_demo import DemoConfig, demo_modes, render_demo, run_agents_demo
+    from kvsplice.eval.bench.agents_demo import demo_modes, render_demo, run_agents_demo
 
-    setup_logging(log_level)
-    model_settings = model_config(model, model_cache, dtype)
-    apply_threads(threads)
-    loaded = load_model(model_settings) if policy is not None and modes is None else None
-    try:
-        config = DemoConfig(
-            store_target=store,
-            store_token=auth_token or None,
-            num_problems=problems,
-            modes=tuple(modes.split(",")) if modes else demo_modes(policy, loaded),
-            layout=layout.value,
-            max_new_tokens=max_new_tokens,
-            out_dir=out_dir,
-            model=model_settings,
-            policy_path=policy,
-        )
-    except ValueError as error:
-        fail(f"invalid settings: {error}", 2)
+    setup_logging(values["log_level"])
+    shared = shared_fields(values)
+    apply_threads(values["threads"])
+    policy, modes = values["policy"], values["modes"]
+    loaded = load_model(shared["model"]) if policy is not None and modes is None else None
+    config = bench_config(DemoConfig, values, modes=modes or demo_modes(policy, loaded), **shared)
     out = console()
     out.print("[bold]kvsplice demo[/]: loading the model (the first run converts the GGUF once)")
     bar, on_event = _progress_bar()
@@ -237,84 +208,26 @@ def demo(
 
 
 @bench_app.command("agents")
-def bench_agents(
-    workload: Annotated[Workload, typer.Option(help=WORKLOAD_HELP)] = Workload.synthetic,
-    agents: Annotated[int, typer.Option("--agents", min=2, max=5, help="Agents per graph.")] = 5,
-    modes: Annotated[str, typer.Option(help=MODES_HELP)] = "dense,exact,naive",
-    policy: Annotated[
-        Path | None,
-        typer.Option(
-            "--policy",
-            exists=True,
-            dir_okay=False,
-            help="Admission policy JSON (kvsplice calibrate) for this model: the base "
-            "parameters of every variant (default: built-in defaults). Nothing is gated on it.",
-        ),
-    ] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Tasks per variant.")] = 3,
-    seed: Annotated[
-        int, typer.Option(help="Draws the gsm8k/mmlu subset and the synthetic text.")
-    ] = 0,
-    graph: Annotated[Graph, typer.Option(help="Agent graph.")] = Graph.fully_connected,
-    layout: Annotated[
-        str,
-        typer.Option(
-            help=LAYOUT_HELP + " Several, comma-separated, run one after another on the same "
-            "problems and write layouts.md / layouts.json beside their results."
-        ),
-    ] = "persona-first",
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent generates.")] = 64,
-    prefix_len: Annotated[int, typer.Option(min=1, help="synthetic: system prompt tokens")] = 512,
-    input_len: Annotated[int, typer.Option(min=1, help="synthetic: user input tokens")] = 256,
-    response_len: Annotated[int, typer.Option(min=1, help="synthetic: tokens per response")] = 128,
-    quant: Annotated[Quant, typer.Option(help="Payload encoding in the store.")] = Quant.none,
-    data: Annotated[
-        Path | None,
-        typer.Option(exists=True, dir_okay=False, help="GSM8K/MMLU-format JSONL for math/mc."),
-    ] = None,
-    out: Annotated[
-        Path, typer.Option("--out", help="Where results.json, .md and plots go.")
-    ] = Path("results/bench_agents"),
-    store: StoreOpt = None,
-    store_memory_mib: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Embedded store's memory (every variant's namespace shares it; when full, "
-            "the least recently used segments and anchors go, and the run names each mode "
-            "that lost any: its reuse is then understated). Every mode of the README's "
-            "synthetic run stores ~3.4 GiB (11 modes); give it 8192.",
-        ),
-    ] = 2048,
-    auth_token: AuthTokenOpt = None,
-    model: ModelOpt = "smollm2",
-    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
-    dtype: DtypeOpt = Dtype.auto,
-    threads: ThreadsOpt = None,
-    log_level: LogLevelOpt = LogLevel.warning,
-) -> None:
+@with_parameters(bench_parameters(BenchAgentsConfig, after=("store", *WORKER_OPTIONS)))
+def bench_agents(**values: Any) -> None:
     """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
     require_worker("bench agents")
     from kvsplice.agents.layouts import check_layout
-    from kvsplice.eval.bench.agents import BenchAgentsConfig, run_bench_agents, run_bench_layouts
+    from kvsplice.eval.bench.agents import run_bench_agents, run_bench_layouts
     from kvsplice.eval.report.results import render_bench_agents
 
-    setup_logging(log_level)
-    apply_threads(threads)
-    layouts = tuple(dict.fromkeys(layout.split(",")))
+    setup_logging(values["log_level"])
+    apply_threads(values["threads"])
+    layouts = tuple(dict.fromkeys(values["layout"].split(",")))
     try:  # bad modes and layouts fail before the model loads
         for name in layouts:
             check_layout(name)
-        config = BenchAgentsConfig(
-            workload=workload.value, num_agents=agents, modes=tuple(modes.split(",")), samples=samples,
-            graph=graph.value, layout=layouts[0], max_new_tokens=max_new_tokens, prefix_len=prefix_len, input_len=input_len,
-            response_len=response_len, out_dir=out, store_target=store, store_token=auth_token or None,
-            quant=quant.value, data_path=data, model=model_config(model, model_cache, dtype), seed=seed,
-            store_memory_mib=store_memory_mib,
-        )  # fmt: skip
     except ValueError as error:
-        fail(f"invalid settings: {error}", 2)
-    loaded, config = load_for_bench(config, policy, "bench agents")
+        invalid(error)
+    config = bench_config(
+        BenchAgentsConfig, values, layout=layouts[0], policy_path=None, **shared_fields(values)
+    )
+    loaded, config = load_for_bench(config, values["policy"], "bench agents")
     out_console = console()
     bar, on_event = _progress_bar()
     with bar:
@@ -408,7 +321,7 @@ def calibrate(
         )
         judge_examples(config)  # a malformed --judge-data fails here, before the model loads
     except ValueError as error:
-        fail(f"invalid settings: {error}", 2)
+        invalid(error)
     out_console = console()
     result = run_calibration(config, progress=lambda message: out_console.log(message))
     out_console.print(render_calibration(result))
@@ -422,86 +335,35 @@ def calibrate(
 
 
 @bench_app.command("core")
-def bench_core(
-    model: ModelOpt = "smollm2",
-    model_cache: ModelCacheOpt = DEFAULT_MODEL_CACHE,
-    dtype: DtypeOpt = Dtype.auto,
-    lengths: Annotated[str, typer.Option(help="Comma-separated prompt lengths.")] = "256,1024,2048",
-    threads: Annotated[str, typer.Option(help="Comma-separated torch thread counts.")] = "1,2",
-    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per length.")] = 5,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the rows as JSON.")
-    ] = None,
-    log_level: LogLevelOpt = LogLevel.warning,
-) -> None:
+@with_parameters(bench_parameters(CoreBenchConfig, before=MODEL_OPTIONS, after=("log_level",)))
+def bench_core(**values: Any) -> None:
     """ReuseEngine's reuse call (and its fused splice into the cache) vs dense prefill vs memcpy."""
-    import json
-
     require_worker("bench core")
-    check_model(model)
-    prompt_lengths = int_tuple(lengths, "--lengths")
-    thread_counts = int_tuple(threads, "--threads")
+    model = model_config(values["model"], values["model_cache"], values["dtype"])
+    config = bench_config(CoreBenchConfig, values, model=model)
     from kvsplice.client.model.models import load_model
     from kvsplice.eval.bench.core import core_bench_to_json, render_core_bench, run_core_bench
 
-    setup_logging(log_level)
-    loaded = load_model(model_config(model, model_cache, dtype))
+    setup_logging(values["log_level"])
+    loaded = load_model(config.model)
     rows = run_core_bench(
-        loaded, lengths=prompt_lengths, repeats=repeats, thread_counts=thread_counts
+        loaded, lengths=config.lengths, repeats=config.repeats, thread_counts=config.thread_counts
     )
     console().print(render_core_bench(rows))
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(core_bench_to_json(rows), indent=2))
+    write_json(config.json_path, core_bench_to_json(rows))
 
 
 @bench_app.command("store")
-def bench_store(
-    sizes_mib: Annotated[
-        str, typer.Option(help="Comma-separated segment sizes in MiB.")
-    ] = "1,8,32",
-    path_sizes_mib: Annotated[
-        str, typer.Option(help="Sizes in MiB read same-host and over gRPC ('' : none).")
-    ] = "8,32,128",
-    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per size.")] = 5,
-    lookup_counts: Annotated[
-        str, typer.Option(help="Comma-separated index sizes.")
-    ] = "10000,100000",
-    grpc_lookups: Annotated[bool, typer.Option(help="Also time lookups through gRPC.")] = True,
-    tmp_dir: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True, file_okay=False, writable=True, help="Where the benchmark's LMDB lives."
-        ),
-    ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the result as JSON.")
-    ] = None,
-    log_level: LogLevelOpt = LogLevel.warning,
-) -> None:
+@with_parameters(bench_parameters(StoreBenchConfig, after=("log_level",)))
+def bench_store(**values: Any) -> None:
     """Get MB/s same-host vs gRPC, put/get per tier, all beside numpy.copyto; lookup p50/p99."""
-    import json
-
-    config_args = dict(
-        sizes_mib=int_tuple(sizes_mib, "--sizes-mib"),
-        path_sizes_mib=int_tuple(path_sizes_mib, "--path-sizes-mib") if path_sizes_mib else (),
-        repeats=repeats,
-        lookup_counts=int_tuple(lookup_counts, "--lookup-counts"),
-        tmp_dir=str(tmp_dir) if tmp_dir else None,
-        include_grpc_lookups=grpc_lookups,
-    )
-    from kvsplice.eval.bench.store import StoreBenchConfig, run_store_bench
+    config = bench_config(StoreBenchConfig, values)
+    from kvsplice.eval.bench.store import run_store_bench
     from kvsplice.eval.report.store_render import render_store_bench, store_bench_to_json
 
-    setup_logging(log_level)
-    try:
-        config = StoreBenchConfig(**config_args)
-    except ValueError as error:
-        fail(f"invalid settings: {error}", 2)
+    setup_logging(values["log_level"])
     result = run_store_bench(config)
     out_console = console()
     for renderable in render_store_bench(result):
         out_console.print(renderable)
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(store_bench_to_json(result), indent=2))
+    write_json(config.json_path, store_bench_to_json(result))

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from test_bench_flag_names import options
 from test_cli_errors import one_error_line, run_cli
 
 from kvsplice.agents.judge import JUDGE_LAYOUTS, REGIMES
 from kvsplice.agents.judge_prompts import TASKS
-from kvsplice.cli.judge import JudgeLayout, Regime, Task
 
 
 def test_the_choices_are_the_library_choices() -> None:
-    assert tuple(Task) == TASKS
-    assert tuple(Regime) == REGIMES
-    assert tuple(JudgeLayout) == JUDGE_LAYOUTS
+    choices = {
+        p.opts[0]: tuple(choice.value for choice in p.type_descriptor.annotation)
+        for p in options(("bench", "judge"))
+        if p.opts[0] in ("--task", "--regime", "--layout")
+    }
+    assert choices == {"--task": TASKS, "--regime": REGIMES, "--layout": JUDGE_LAYOUTS}
 
 
 def test_help_names_the_issue_flags(capsys: pytest.CaptureFixture[str]) -> None:
