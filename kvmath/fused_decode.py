@@ -20,7 +20,7 @@ import torch
 
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.payload import KVSource, StoredKV
-from kvsplice.kvmath.quant import StoredTensor
+from kvsplice.kvmath.quant import StoredTensor, dequantize, dtype_name
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -291,6 +291,14 @@ def _on(
         return _host_view(stored.data), _host_view(stored.scale)
     staging = staging or PinnedStaging()
     return staging.to_device(stored.data, device), staging.to_device(stored.scale, device)
+
+
+def stored_tensors(stored: StoredKV, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V `[L, H_kv, T, D]` of a verified payload in `dtype`, to be read (never written):
+    views of its bytes (read-only ones too) when it holds `dtype`, else dequantized once."""
+    if stored.keys.kind == dtype_name(dtype):
+        return _host_view(stored.keys), _host_view(stored.values)
+    return dequantize(stored.keys, dtype), dequantize(stored.values, dtype)
 
 
 def _host_view(array: np.ndarray | StoredTensor) -> torch.Tensor:

@@ -3,9 +3,12 @@
 Each configuration starts its engines once (two processes, agents alternating so
 each agent's predecessor ran on the other engine; `local-apc` one engine with
 vLLM's own prefix cache, the ceiling), runs the pipeline live (each agent's
-prompt holds the earlier answers as generated) and records each agent's TTFT,
-the prompt tokens loaded from outside the engine, whether the outputs equal
-`recompute`'s, and the bytes stored per token. Threads are pinned alike.
+prompt holds the earlier answers as generated) `repeats` times and records each
+agent's TTFT (median and spread), the prompt tokens loaded from outside the
+engine, whether the outputs equal `recompute`'s, and the bytes stored per token.
+Connector configurations run with vLLM's prefix cache on (as deployed) and off;
+kvsplice and LMCache store decode-written K/V alike (both or neither) in chunks of
+the same length. Threads are pinned alike; the load average is recorded per run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
 from kvsplice.eval.workloads.token_transcript import (
     PIPELINE_ROLES,
@@ -32,47 +37,19 @@ from kvsplice.eval.workloads.token_transcript import (
 
 logger = logging.getLogger(__name__)
 
-CONFIGS = (
-    "recompute", "example-connector", "lmcache", "kvsplice", "kvsplice-grpc",
-    "kvsplice-restarted", "local-apc",
-)  # fmt: skip
 NAMESPACE = "bench-vllm"
 SETTLE_S = 1.0  # after each call, for every configuration: background stores finish
-LMCACHE_CHUNK = 128
-
-
-@dataclass(frozen=True)
-class VllmBenchConfig:
-    model_dir: str
-    out_json: Path
-    work_dir: Path
-    configs: tuple[str, ...] = CONFIGS
-    answer_tokens: int = 128
-    problem_index: int = 129  # HumanEval's longest problem: agent 5's prompt > 1,500 tokens
-    threads: str = "0-1"
-    # float32 by default: in bfloat16 a prompt prefilled in two parts (loaded prefix +
-    # computed rest) rounds differently from one pass, so greedy outputs can part after
-    # ~100 tokens for every KV-sharing setup alike (vLLM's own prefix cache included).
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        unknown = set(self.configs) - set(CONFIGS)
-        if unknown or not self.configs:
-            raise ValueError(f"configs {sorted(unknown)} not in {CONFIGS}")
-        if self.configs[0] != "recompute":
-            raise ValueError(
-                "configs must start with 'recompute' (output_match compares against it)"
-            )
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype {self.dtype!r} not float32, bfloat16 or float16")
-        if not 16 <= self.answer_tokens <= 1024:
-            raise ValueError(f"answer_tokens {self.answer_tokens} not in [16, 1024]")
 
 
 @dataclass
 class ConfigResult:
     name: str
-    agent_ttft_s: list[float] = field(default_factory=list)
+    prefix_caching: bool = False
+    agent_ttft_s: list[float] = field(default_factory=list)  # per agent, median over repeats
+    agent_ttft_min_s: list[float] = field(default_factory=list)
+    agent_ttft_max_s: list[float] = field(default_factory=list)
+    agent_ttft_runs_s: list[list[float]] = field(default_factory=list)  # per repeat, per agent
+    load_avg_runs: list[float] = field(default_factory=list)  # 1-minute load after each repeat
     output_match: float = 0.0
     agent_output_match: list[bool] = field(default_factory=list)
     external_hit_tokens: int = 0
@@ -80,7 +57,16 @@ class ConfigResult:
     agent_cached_tokens: list[int] = field(default_factory=list)
     agent_prompt_tokens: list[int] = field(default_factory=list)
     load_avg_1m: float = 0.0
-    outputs: list[tuple[int, ...]] = field(default_factory=list)
+    outputs: list[tuple[int, ...]] = field(default_factory=list)  # every repeat's agents, in order
+
+    @property
+    def label(self) -> str:
+        connector = self.name not in ("recompute", "local-apc")
+        return (
+            f"{self.name} (apc {'on' if self.prefix_caching else 'off'})"
+            if connector
+            else self.name
+        )
 
 
 @dataclass
@@ -96,16 +82,31 @@ def run_bench(config: VllmBenchConfig, task_text: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-    transcript = TokenTranscript(tokenizer, f"{SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
+    transcripts = [
+        TokenTranscript(tokenizer, f"Run {r + 1}. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
+        for r in range(config.repeats)
+    ]  # NOTE: one per repeat: a repeat never hits what an earlier one stored
     results: list[ConfigResult] = []
     report: dict[str, Any] = {}
-    for name in config.configs:
-        logger.info("configuration %s: starting its engines", name)
-        with _setup(name, config) as setup:
-            results.append(_run_pipeline(name, setup, transcript, task_text, config))
-        logger.info("configuration %s: agent TTFTs %s", name, results[-1].agent_ttft_s)
+    for name, apc in config.runs():
+        result = ConfigResult(name, apc)
+        logger.info("configuration %s: starting its engines", result.label)
+        with _setup(name, apc, config) as setup:
+            for transcript in transcripts:
+                _run_pipeline(result, setup, transcript, task_text, config)
+        _summarize(result)
+        results.append(result)
+        logger.info("configuration %s: agent TTFTs %s", result.label, result.agent_ttft_s)
         report = _write(config, results)  # after each configuration: a cut-short run keeps its rows
     return report
+
+
+def _summarize(result: ConfigResult) -> None:
+    per_agent = list(zip(*result.agent_ttft_runs_s, strict=True))
+    result.agent_ttft_s = [statistics.median(ts) for ts in per_agent]
+    result.agent_ttft_min_s = [min(ts) for ts in per_agent]
+    result.agent_ttft_max_s = [max(ts) for ts in per_agent]
+    result.load_avg_1m = max(result.load_avg_runs)
 
 
 def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, Any]:
@@ -116,16 +117,19 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
         ]
         result.output_match = sum(result.agent_output_match) / len(reference.outputs)
     report = _report(config, results)
+    assert config.out_json is not None  # checked by the config
     config.out_json.parent.mkdir(parents=True, exist_ok=True)
     config.out_json.write_text(json.dumps(report, indent=2))
     return report
 
 
 def _run_pipeline(
-    name: str, setup: _Setup, transcript: TokenTranscript, task: str, config: VllmBenchConfig
-) -> ConfigResult:
-    result = ConfigResult(name)
+    result: ConfigResult, setup: _Setup, transcript: TokenTranscript, task: str,
+    config: VllmBenchConfig,
+) -> None:  # fmt: skip
+    """One run of the pipeline, appended to `result`."""
     prompt: list[int] = []
+    ttfts, cached, prompts = [], [], []
     answer: tuple[int, ...] = ()
     for i, (_, instruction) in enumerate(PIPELINE_ROLES):
         prompt = (
@@ -137,28 +141,30 @@ def _run_pipeline(
             prompt, max_tokens=config.answer_tokens, min_tokens=config.answer_tokens
         )
         answer = done.token_ids
-        result.agent_ttft_s.append(done.ttft_s)
-        result.agent_cached_tokens.append(done.num_cached_tokens)
-        result.agent_prompt_tokens.append(len(prompt))
+        ttfts.append(done.ttft_s)
+        cached.append(done.num_cached_tokens)
+        prompts.append(len(prompt))
         result.outputs.append(answer)
         time.sleep(SETTLE_S)
         setup.after_call()
-    result.external_hit_tokens = sum(result.agent_cached_tokens) if name != "local-apc" else 0
+    result.agent_ttft_runs_s.append(ttfts)
+    result.agent_cached_tokens, result.agent_prompt_tokens = cached, prompts  # the last run's
+    # NOTE: with prefix caching on, vLLM counts its own hits in cached tokens too
+    result.external_hit_tokens = sum(cached) if result.name != "local-apc" else 0
     result.stored_bytes_per_token = setup.bytes_per_token()
-    result.load_avg_1m = os.getloadavg()[0]
-    return result
+    result.load_avg_runs.append(os.getloadavg()[0])
 
 
 @contextmanager
-def _setup(name: str, config: VllmBenchConfig) -> Iterator[_Setup]:
+def _setup(name: str, apc: bool, config: VllmBenchConfig) -> Iterator[_Setup]:
     logs = config.work_dir / "logs"
-    data = config.work_dir / name
+    data = config.work_dir / f"{name}-apc-{'on' if apc else 'off'}"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     env = {"VLLM_CPU_OMP_THREADS_BIND": config.threads}
     stops: list[Callable[[], None]] = []
     try:
-        setup = _services(name, config, data, logs, env, stops)
+        setup = _services(name, apc, config, data, logs, env, stops)
         with ThreadPoolExecutor(len(setup.engines)) as pool:
             list(pool.map(lambda engine: engine.wait_ready(), setup.engines))
         for engine in setup.engines:  # warm-up: shares no prefix with the pipeline
@@ -170,14 +176,13 @@ def _setup(name: str, config: VllmBenchConfig) -> Iterator[_Setup]:
 
 
 def _services(
-    name: str, config: VllmBenchConfig, data: Path, logs: Path, env: dict[str, str],
-    stops: list[Callable[[], None]],
+    name: str, apc: bool, config: VllmBenchConfig, data: Path, logs: Path,
+    env: dict[str, str], stops: list[Callable[[], None]],
 ) -> _Setup:  # fmt: skip
-    """Start what configuration `name` needs; every stop goes into `stops` first."""
+    """Start what configuration `name` needs (vLLM's prefix cache on when `apc`); every
+    stop goes into `stops` first."""
 
-    def engines(
-        *transfer: dict[str, Any] | None, apc: bool = False, extra: tuple[str, ...] = ()
-    ) -> list[Engine]:
+    def engines(*transfer: dict[str, Any] | None, extra: tuple[str, ...] = ()) -> list[Engine]:
         started = []
         for i, kv in enumerate(transfer):
             spec = EngineSpec(
@@ -198,29 +203,38 @@ def _services(
     if name == "recompute":
         return _Setup(engines(None, None))
     if name == "local-apc":
-        return _Setup(engines(None, apc=True))
+        return _Setup(engines(None))
     if name == "example-connector":
         kv = _transfer("ExampleConnector", None, {"shared_storage_path": str(data)})
         stored = lambda: _dir_bytes_per_token(data)  # noqa: E731
         return _Setup(engines(kv, kv), bytes_per_token=stored)
     if name == "lmcache":
-        server = LmcacheServer(free_port(), free_port(), logs, env).start()
+        server = LmcacheServer(
+            free_port(), free_port(), logs, env, chunk_size=config.chunk_tokens
+        ).start()
         stops.append(server.stop)
         kv = _transfer(
             "LMCacheMPConnector", "lmcache.integration.vllm.lmcache_mp_connector",
-            {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": server.port},
+            {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": server.port,
+             "lmcache.mp.save_decode_cache": config.save_decode},
         )  # fmt: skip
         hybrid_off = ("--disable-hybrid-kv-cache-manager",)
-        return _Setup(engines(kv, kv, extra=hybrid_off), bytes_per_token=server.bytes_per_token)
+        return _Setup(
+            engines(kv, kv, extra=hybrid_off),
+            bytes_per_token=lambda: server.bytes_per_token(config.chunk_tokens),
+        )
     sidecar = Sidecar(data, free_port(), free_port(), logs).start()
     stops.append(sidecar.stop)
-    extra = {"target": sidecar.target, "namespace": NAMESPACE}
+    extra = {
+        "target": sidecar.target, "namespace": NAMESPACE, "chunk_tokens": config.chunk_tokens,
+        "save_decode": config.save_decode,
+    }  # fmt: skip
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
     kv = _transfer("KvspliceConnector", "kvsplice.integrations.vllm", extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
-                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar))  # fmt: skip
+                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, config))  # fmt: skip
 
 
 def _transfer(connector: str, module: str | None, extra: dict[str, Any]) -> dict[str, Any]:
@@ -250,10 +264,10 @@ def _wait_until_stored(sidecar: Sidecar, settle_s: float = 0.5, timeout_s: float
         time.sleep(0.1)
 
 
-def _sidecar_bytes_per_token(sidecar: Sidecar) -> float | None:
+def _sidecar_bytes_per_token(sidecar: Sidecar, config: VllmBenchConfig) -> float | None:
     stats = sidecar.namespace_stats(NAMESPACE)
     segments = int(stats.get("num_segments", 0))
-    return stats["stored_bytes"] / (segments * LMCACHE_CHUNK) if segments else None
+    return stats["stored_bytes"] / (segments * config.chunk_tokens) if segments else None
 
 
 def _dir_bytes_per_token(path: Path) -> float | None:
@@ -280,6 +294,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
     for r in results:
         row = asdict(r)
         row.pop("outputs")
+        row["label"] = r.label
         rows.append(row)
     return {
         "configs": rows,
@@ -288,34 +303,52 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "humaneval_problem": config.problem_index,
         "threads_bind": config.threads,
         "dtype": config.dtype,
-        "block_size": LMCACHE_CHUNK,
+        "chunk_tokens": config.chunk_tokens,
+        "repeats": config.repeats,
+        "decode_kv_stored": config.save_decode,
+        "lmcache": {
+            "transfer": "engine-driven through shared memory (server --shm-name)",
+            "chunk_size": config.chunk_tokens,
+            "save_decode_cache": config.save_decode,
+            "hybrid_kv_cache_manager": "disabled (its connector requires it)",
+        },
         "load_avg": list(os.getloadavg()),
         "num_cpus": os.cpu_count(),
     }
 
 
 def print_report(report: dict[str, Any], console: Any) -> None:
-    """The per-agent TTFT table and agent 5's ratios against recompute and local-apc."""
+    """The per-agent TTFT table (medians over repeats, agent 5's spread) and agent 5's
+    ratios against recompute, local-apc and LMCache with prefix caching set alike."""
     from kvsplice.eval.report.tables import figures_table
 
-    rows = {row["name"]: row for row in report["configs"]}
-    base = rows["recompute"]["agent_ttft_s"][-1]
-    apc = rows["local-apc"]["agent_ttft_s"][-1] if "local-apc" in rows else None
-    columns = ("config", "a1", "a2", "a3", "a4", "a5", "vs rec", "vs apc", "hit tok",
-               "match", "B/tok")  # fmt: skip
-    title = "bench vllm: TTFT per agent (s); agent 5 vs recompute / vs local-apc"
+    rows = report["configs"]
+    agent5 = {(r["name"], r["prefix_caching"]): r["agent_ttft_s"][-1] for r in rows}
+    base = agent5[("recompute", False)]
+    apc = agent5.get(("local-apc", True))
+    columns = ("config", "a1", "a2", "a3", "a4", "a5", "a5 min-max", "vs rec", "vs apc",
+               "vs lmc", "hit tok", "match", "B/tok")  # fmt: skip
+    title = (
+        f"bench vllm: TTFT per agent (s, median of {report['repeats']}); agent 5 vs "
+        "recompute / local-apc / LMCache (same prefix caching)"
+    )
     table = figures_table(columns, ("config",), title=title)
-    for name, row in rows.items():
-        ttft = row["agent_ttft_s"]
+    for row in rows:
+        ttft, a5 = row["agent_ttft_s"], row["agent_ttft_s"][-1]
         bpt = row["stored_bytes_per_token"]
+        lmc = agent5.get(("lmcache", row["prefix_caching"]))
         table.add_row(
-            name, *(f"{t:.3f}" for t in ttft), f"{base / ttft[-1]:.2f}x",
-            "" if apc is None else f"{ttft[-1] / apc:.2f}x", str(row["external_hit_tokens"]),
+            row["label"], *(f"{t:.3f}" for t in ttft),
+            f"{row['agent_ttft_min_s'][-1]:.3f}-{row['agent_ttft_max_s'][-1]:.3f}",
+            f"{base / a5:.2f}x", "" if apc is None else f"{a5 / apc:.2f}x",
+            "" if lmc is None else f"{a5 / lmc:.2f}x", str(row["external_hit_tokens"]),
             f"{row['output_match']:.2f}", "" if bpt is None else f"{bpt:.0f}",
         )  # fmt: skip
     console.print(table)
-    prompts = rows["recompute"]["agent_prompt_tokens"]
+    prompts = rows[0]["agent_prompt_tokens"]
     console.print(
-        f"prompt tokens per agent {prompts}; load average {report['load_avg']}; "
-        f"threads pinned to {report['threads_bind']}; dtype {report.get('dtype', 'bfloat16')}"
+        f"prompt tokens per agent {prompts}; load average {report['load_avg']}; threads "
+        f"pinned to {report['threads_bind']}; dtype {report['dtype']}; chunks of "
+        f"{report['chunk_tokens']} tokens; decode-written K/V stored: "
+        f"{'yes' if report['decode_kv_stored'] else 'no'} (kvsplice and LMCache alike)"
     )

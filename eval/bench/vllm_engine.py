@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +44,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def parse_counters(text: str, split_by: str | None = None) -> dict[str, float]:
+    """The `vllm:*_total` samples of a Prometheus text page, summed as `Engine.counters` says."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:") or "_total" not in line.split(" ")[0]:
+            continue
+        name = line.split("{")[0].split(" ")[0]
+        if split_by is not None and f'{split_by}="' in line:
+            name += "[" + line.split(f'{split_by}="', 1)[1].split('"', 1)[0] + "]"
+        totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def wait_all_ready(engines: list[Engine], timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait for engines started together (they load at the same time)."""
+    if engines:
+        with ThreadPoolExecutor(len(engines)) as pool:
+            list(pool.map(lambda engine: engine.wait_ready(timeout_s), engines))
 
 
 class EngineError(RuntimeError):
@@ -204,15 +225,10 @@ class Engine(Child):
             time.sleep(0.2)
         raise EngineError(f"{self.name}: its prefix cache could not be reset")
 
-    def counters(self) -> dict[str, float]:
-        """vLLM's Prometheus counters (`log_stats`), summed over labels: name -> value."""
-        text = self._http.get(f"{self.url}/metrics", timeout=30.0).text
-        totals: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("vllm:") and "_total" in line.split(" ")[0]:
-                name = line.split("{")[0].split(" ")[0]
-                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return totals
+    def counters(self, split_by: str | None = None) -> dict[str, float]:
+        """vLLM's Prometheus counters (`log_stats`), summed over labels: name -> value; with
+        `split_by`, a counter carrying that label is kept per value: `name[value]` -> value."""
+        return parse_counters(self._http.get(f"{self.url}/metrics", timeout=30.0).text, split_by)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         self._http.close()
@@ -306,15 +322,19 @@ class LmcacheServer(Child):
     everything in memory.
     """
 
-    def __init__(self, port: int, http_port: int, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, port: int, http_port: int, log_dir: Path, env: dict[str, str], chunk_size: int = 256
+    ) -> None:
         lmcache = str(Path(sys.executable).parent / "lmcache")
         command = [
             lmcache, "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1",
-            "--eviction-policy", "LRU", "--chunk-size", "128", "--supported-transfer-mode", "auto",
-            "--http-port", str(http_port), "--disable-metrics", "--shm-name", f"kvsplice-{port}",
+            "--eviction-policy", "LRU", "--chunk-size", str(chunk_size),
+            "--supported-transfer-mode", "auto", "--http-port", str(http_port),
+            "--disable-metrics", "--shm-name", f"kvsplice-{port}",
         ]  # fmt: skip
         super().__init__(f"lmcache-{port}", command, {**DEFAULT_ENV, **env}, log_dir)
         self.port = port
+        self.chunk_size = chunk_size
         self.status_url = f"http://127.0.0.1:{http_port}/status"
 
     def start(self, timeout_s: float = 300.0) -> LmcacheServer:
@@ -332,12 +352,14 @@ class LmcacheServer(Child):
             time.sleep(0.5)
         raise EngineError(f"{self.name} not ready after {timeout_s:.0f} s (log {self.log_path})")
 
-    def bytes_per_token(self) -> float | None:
-        """Bytes its memory tier holds per stored token (its objects are 128-token chunks)."""
+    def bytes_per_token(self, chunk_tokens: int | None = None) -> float | None:
+        """Bytes its memory tier holds per stored token (its objects are `chunk_size`-token
+        chunks unless `chunk_tokens` says otherwise)."""
         status = httpx.get(self.status_url, timeout=10.0).json()
         l1 = status["storage_manager"]["l1_managers"]["_default"]
         count = int(l1["total_object_count"])
-        return l1["memory_used_bytes"] / (count * 128) if count else None
+        tokens = count * (chunk_tokens or self.chunk_size)
+        return l1["memory_used_bytes"] / tokens if count else None
 
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -49,6 +50,12 @@ class BlockLayout(Protocol):
     def gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def tokens(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def tokens_into(
+        self, blocks: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor
+    ) -> None: ...
 
     def scatter(
         self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -97,17 +104,60 @@ class CpuBlockLayout:
     def gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = cache.index_select(0, block_ids).reshape(len(block_ids), -1)  # [n, block elems]
+        return self.tokens(cache.index_select(0, block_ids))
+
+    def tokens(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V `[H_kv, n * bs, D]` of blocks copied out of a cache (`[n, H_kv, bs, 2D]`)."""
+        strided = self._strided_views(blocks)
+        if strided is not None:
+            return self._tokens(strided[0]), self._tokens(strided[1])
+        flat = blocks.reshape(len(blocks), -1)  # [n, block elems]
         return self._tokens(flat[:, self.k_offsets]), self._tokens(flat[:, self.v_offsets])
+
+    def tokens_into(self, blocks: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor) -> None:
+        """`tokens` written into k_out, v_out `[H_kv, n * bs, D]` (contiguous): one pass
+        where the placement is affine."""
+        strided = self._strided_views(blocks)
+        if strided is None:
+            k, v = self.tokens(blocks)
+            k_out.copy_(k)
+            v_out.copy_(v)
+            return
+        n = len(blocks)
+        k_out.view(self.num_kv_heads, n, self.block_size, -1).copy_(strided[0].transpose(0, 1))
+        v_out.view(self.num_kv_heads, n, self.block_size, -1).copy_(strided[1].transpose(0, 1))
 
     def scatter(
         self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
+        """Write k, v `[H_kv, n * bs, D]` (any strides) into blocks `block_ids` of `cache`."""
         n = len(block_ids)
+        strided = self._strided_views(cache)
+        if strided is not None:  # one pass, straight from the source
+            strided[0].index_copy_(0, block_ids, self._blocks(k, n))
+            strided[1].index_copy_(0, block_ids, self._blocks(v, n))
+            return
         flat = torch.empty((n, cache[0].numel()), dtype=cache.dtype)
         flat[:, self.k_offsets] = self._blocks(k, n)
         flat[:, self.v_offsets] = self._blocks(v, n)
         cache.index_copy_(0, block_ids, flat.view(n, *cache.shape[1:]))
+
+    @cached_property
+    def _affine_offsets(self) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return _affine(self.k_offsets), _affine(self.v_offsets)
+
+    def _strided_views(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V of contiguous `blocks` as `[n, H_kv, bs, D]` views, where the kernel's
+        placement is affine in (head, token, dim) (every ISA measured so far); else None."""
+        k_affine, v_affine = self._affine_offsets
+        if k_affine is None or v_affine is None or not blocks.is_contiguous():
+            return None
+        size = (len(blocks), self.num_kv_heads, self.block_size, self.head_dim)
+        block_elems = blocks[0].numel() if len(blocks) else 0
+        return tuple(  # type: ignore[return-value]
+            blocks.as_strided(size, (block_elems, *strides), blocks.storage_offset() + base)
+            for base, *strides in (k_affine, v_affine)
+        )
 
     def _tokens(self, per_block: torch.Tensor) -> torch.Tensor:
         # [n, H, bs, D] -> [H, n * bs, D]
@@ -137,9 +187,19 @@ class FlashBlockLayout:
     def gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks = cache.index_select(0, block_ids.to(cache.device))  # [n, H, bs, 2D]
+        return self.tokens(cache.index_select(0, block_ids.to(cache.device)))
+
+    def tokens(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V `[H_kv, n * bs, D]` of blocks copied out of a cache (`[n, H_kv, bs, 2D]`)."""
         k, v = blocks.split(self.head_dim, dim=-1)  # each [n, H, bs, D]
         return self._tokens(k), self._tokens(v)
+
+    def tokens_into(self, blocks: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor) -> None:
+        """`tokens` written into k_out, v_out `[H_kv, n * bs, D]` (contiguous), one pass."""
+        n = len(blocks)
+        k, v = blocks.split(self.head_dim, dim=-1)  # each [n, H, bs, D]
+        k_out.view(self.num_kv_heads, n, self.block_size, -1).copy_(k.transpose(0, 1))
+        v_out.view(self.num_kv_heads, n, self.block_size, -1).copy_(v.transpose(0, 1))
 
     def scatter(
         self, cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -179,6 +239,22 @@ def layout_for(
         _, heads, kernel_block_size, twice_dim = cache.shape
         return FlashBlockLayout(int(kernel_block_size), int(heads), int(twice_dim) // 2)
     raise UnsupportedLayout(f"unknown layout kind {kind!r} (expected {CPU!r} or {FLASH!r})")
+
+
+def _affine(offsets: torch.Tensor) -> tuple[int, ...] | None:
+    """(base, head stride, token stride, dim stride) when `offsets[h, t, d]` (`[H, bs, D]`)
+    is `base + h * sh + t * st + d * sd` for every slot; None for any other placement."""
+    base = int(offsets[0, 0, 0])
+    steps = [
+        int(offsets[tuple(int(i == axis) for i in range(3))]) - base if offsets.shape[axis] > 1
+        else 0
+        for axis in range(3)
+    ]  # fmt: skip
+    grid = torch.meshgrid(*(torch.arange(n) for n in offsets.shape), indexing="ij")
+    predicted = torch.full_like(offsets, base)
+    for coordinate, step in zip(grid, steps, strict=True):
+        predicted += coordinate * step
+    return (base, *steps) if torch.equal(predicted, offsets) else None
 
 
 def _coordinates(heads: int, block_size: int, dim: int) -> list[torch.Tensor]:

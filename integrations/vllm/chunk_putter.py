@@ -1,7 +1,8 @@
 """The background putter: encodes gathered chunks and puts them into the sidecar.
 
-The forward pass only copies a chunk's blocks out and enqueues them; encoding,
-checksumming and the put run on this thread. A full queue drops the chunk (counted,
+The forward pass only copies a chunk's blocks out (one copy, in the cache's layout) and
+enqueues them; reordering them to token-major K/V, encoding, checksumming and the put
+run on this thread. A full queue drops the chunk (counted,
 logged once a while): a dropped save is a future miss, never a stall. Every chunk's
 outcome (stored, or not) goes to `on_outcome`, so the scheduler counts a chunk as
 stored only once the sidecar acknowledged it.
@@ -16,7 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from kvsplice.common.segment import chained_meta
+from kvsplice.integrations.vllm.block_layout import BlockLayout
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import SaveSpec
@@ -29,8 +33,22 @@ WARN_INTERVAL_S = 30.0
 
 @dataclass(frozen=True)
 class GatheredChunk:
+    """A chunk's blocks as copied out of the engine's cache in its step: one copy per layer,
+    in the cache's own layout; reordered to token-major K/V on the putter's thread."""
+
     spec: SaveSpec
-    kv: SegmentKV  # keys/values [L, H_kv, T, D] on the CPU, copies of the engine's blocks
+    blocks: tuple[torch.Tensor, ...]  # per layer [n, H_kv, N, 2D] on the CPU
+    layout: BlockLayout
+
+    def kv(self) -> SegmentKV:
+        """keys/values [L, H_kv, T, D]."""
+        first = self.blocks[0]
+        shape = (len(self.blocks), self.layout.num_kv_heads, len(first) * self.layout.block_size,
+                 self.layout.head_dim)  # fmt: skip
+        keys, values = torch.empty(shape, dtype=first.dtype), torch.empty(shape, dtype=first.dtype)
+        for layer, blocks in enumerate(self.blocks):
+            self.layout.tokens_into(blocks, keys[layer], values[layer])
+        return SegmentKV(keys, values, start_position=self.spec.start)
 
 
 @dataclass
@@ -109,11 +127,12 @@ class ChunkPutter:
 
     def _put(self, chunk: GatheredChunk) -> bool:
         spec = chunk.spec
+        kv = chunk.kv()
         meta = chained_meta(
             spec.namespace, spec.root, spec.parent_key, spec.token_ids, spec.start,
-            chunk.kv.num_layers, created_at_s=time.time(), kind="prompt", exact=True,
+            kv.num_layers, created_at_s=time.time(), kind="prompt", exact=True,
         )  # fmt: skip
-        payload = encode_payload(chunk.kv, model_fingerprint=spec.root, quant=self.quant)
+        payload = encode_payload(kv, model_fingerprint=spec.root, quant=self.quant)
         if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
             self.counters.num_put += 1
             return True

@@ -2,9 +2,10 @@
 
 Wiring only: the scheduler half (`scheduler_side`) and the worker half
 (`worker_side`) do the work; this class maps vLLM's hooks onto them. Lookups run off
-the scheduler loop; loads are synchronous (done in `start_load_kv`, before the
-forward pass reads a block); saves copy blocks out after the step and put them from
-a background thread; the worker's news (acknowledged puts, load faults) reaches the
+the scheduler loop; loads run beside the engine's steps (`load_kv_async`: the request
+waits, others keep running; `get_finished` says when), or with `load_async` off before
+the forward pass; saves copy blocks out after the step and put them from a background
+thread; the worker's news (acknowledged puts, load faults) reaches the
 scheduler through vLLM's worker metadata. No hook lets a sidecar fault escape into
 vLLM: each is a miss or a recompute, counted and logged once per kind.
 """
@@ -97,10 +98,12 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._disabled: str | None = None
         self._disabled_reported = False
         self._load_errors: set[int] = set()
+        self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
                 save_decode=self.config.save_decode_for(kv_dtype),
+                load_async=self.config.load_async,
                 lookup_wait_s=self.config.lookup_wait_ms / 1000,
                 lookup_timeout_s=self.config.lookup_deadline_ms / 1000,
                 faults=self.faults,
@@ -136,6 +139,10 @@ class KvspliceConnector(KVConnectorBase_V1):
         for spec in meta.loads:
             if self.worker is None:
                 self._load_errors.update(spec.block_ids)
+                if spec.is_async:
+                    self._finished_loads.add(spec.request_id)
+            elif spec.is_async:
+                self.worker.async_loads.submit(spec)
             else:
                 self._load_errors.update(self.worker.load(spec))  # never raises
         if self.worker is not None:
@@ -162,6 +169,17 @@ class KvspliceConnector(KVConnectorBase_V1):
         for spec in meta.saves:
             self.worker.save(spec, meta.num_faults_seen)  # never raises
 
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(nothing sent, requests whose async loads ended); their blocks that could not be
+        written go out in this same step's `get_block_ids_with_load_errors` (vLLM asks it
+        right after), so a request never resumes over unwritten blocks."""
+        finished, self._finished_loads = self._finished_loads, set()
+        if self.worker is not None:
+            done, failed = self.worker.async_loads.take_finished()
+            finished |= done
+            self._load_errors |= failed
+        return None, finished or None
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
@@ -178,6 +196,7 @@ class KvspliceConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         if self.worker is not None:
+            self.worker.async_loads.close()
             self.worker.putter.close()
         if self.scheduler is not None:
             self.scheduler.lookups.close()
@@ -190,7 +209,8 @@ class KvspliceConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         assert self.scheduler is not None
         try:
-            return self.scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+            num_tokens = self.scheduler.num_new_matched_tokens(request, num_computed_tokens)
+            return num_tokens, bool(num_tokens) and self.scheduler.load_async
         except Exception as error:  # a bug must not stop the scheduler: no external hit
             self.faults.record("lookup failed", repr(error))
             return 0, False

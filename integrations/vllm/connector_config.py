@@ -3,7 +3,7 @@
 Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
 `token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `save_decode`,
 `lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
-`token_env`, `token_file`, `tls_cert`, `tls_key`. Knows nothing of vLLM's objects.
+`token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`. Knows nothing of vLLM's objects.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ from kvsplice.common.segment import validate_namespace
 # Only lossless payloads by default: KV that enters an engine's prefix cache must be
 # what the engine would have computed. int8 halves the bytes and is an approximation.
 QUANTS = ("none", "int8")
+# NOTE: LMCache's default too. One chunk is one stored segment and one read: at 16-token
+# CUDA blocks, one block per chunk meant 2,048 reads for a 32k-token hit.
+DEFAULT_CHUNK_TOKENS = 256
 
 
 @dataclass(frozen=True)
 class ConnectorConfig:
     """Where the sidecar is and how to use it.
 
-    `chunk_tokens` (None: the engine's block size) cuts the key chain; it must be a
-    multiple of the block size so chunk edges fall on block edges. `namespace` is
+    `chunk_tokens` (None: 256 tokens, rounded up to whole blocks) cuts the key chain; it
+    must be a multiple of the block size so chunk edges fall on block edges. A prompt's
+    tail shorter than a chunk is not stored. `namespace` is
     the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
     `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`);
     None (the default) means: only where the engine keeps K/V in float32
@@ -40,6 +44,9 @@ class ConnectorConfig:
     The tenant's token: `token` (it then shows in vLLM's logged config), or better
     `token_env` (the name of an environment variable) or `token_file` (a path).
     `tls_cert` and `tls_key` present a client certificate (a sidecar with mTLS).
+    `load_async` (default on): a request whose prefix is loaded waits while the load runs
+    beside the engine's steps (vLLM's `load_kv_async`), so it never stalls the running
+    requests' forward; off, loads run in the step, before the forward pass.
     """
 
     target: str
@@ -58,6 +65,7 @@ class ConnectorConfig:
     token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    load_async: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target:
@@ -120,7 +128,7 @@ class ConnectorConfig:
         ):  # fmt: skip
             if values.get(name) is not None:
                 values[name] = int(values[name])
-        for name in ("same_host_reads", "save_decode"):
+        for name in ("same_host_reads", "save_decode", "load_async"):
             if name in values:
                 values[name] = _as_bool(values[name])
         return cls(**values)
@@ -136,8 +144,9 @@ class ConnectorConfig:
         return kv_dtype == "float32" if self.save_decode is None else self.save_decode
 
     def chunk_tokens_for(self, block_size: int) -> int:
-        """The chunk length for an engine with `block_size`-token blocks."""
-        chunk = self.chunk_tokens or block_size
+        """The chunk length for an engine with `block_size`-token blocks: `chunk_tokens`, by
+        default `DEFAULT_CHUNK_TOKENS` rounded up to whole blocks."""
+        chunk = self.chunk_tokens or -(-DEFAULT_CHUNK_TOKENS // block_size) * block_size
         if chunk % block_size:
             raise ValueError(
                 f"chunk_tokens {chunk} is not a multiple of the block size {block_size}"

@@ -75,6 +75,7 @@ class SchedulerSide:
         chunk_tokens: int,
         save_decode: bool = False,
         *,
+        load_async: bool = False,
         lookup_wait_s: float = 0.02,
         lookup_timeout_s: float = 2.0,
         breaker: Breaker | None = None,
@@ -85,6 +86,8 @@ class SchedulerSide:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.chunk_tokens = chunk_tokens
+        self.load_async = load_async
+        self._async_loads: list[LoadSpec] = []  # promised this step, sent in its metadata
         self.faults = faults or FaultLog()
         self.lookups = Lookups(
             self._lookup, wait_s=lookup_wait_s, timeout_s=lookup_timeout_s,
@@ -181,18 +184,23 @@ class SchedulerSide:
         except Exception as error:
             self.faults.record("building a load failed", error)
             pieces = ()
-        tracked.pending_load = LoadSpec(
+        load = LoadSpec(
             request_id=request.request_id, namespace=tracked.namespace,
             root=tracked.root or "", start=start, end=end,
             block_ids=tuple(block_ids[first:last]),
             token_ids=tuple(tracked.request.all_token_ids[:end]), pieces=pieces,
+            is_async=self.load_async,
         )  # fmt: skip
+        if self.load_async:  # NOTE: the request is not scheduled until its load ends
+            self._async_loads.append(load)
+        else:
+            tracked.pending_load = load
         self.num_hit_tokens += num_external_tokens
 
     def build_step(
         self, scheduler_output: Any
     ) -> tuple[list[LoadSpec], list[SaveSpec], list[RequestStart]]:
-        loads: list[LoadSpec] = []
+        loads, self._async_loads = self._async_loads, []
         starts: list[RequestStart] = []
         computed: list[tuple[_Tracked, int]] = []
         for new in scheduler_output.scheduled_new_reqs:

@@ -25,7 +25,8 @@ class LoadSpec:
 
     `block_ids` are the request's blocks covering `[start, end)`, in order;
     `token_ids` are the request's tokens `[0, end)` (each piece's tokens are checked
-    against them before a single value is written).
+    against them before a single value is written). `is_async`: the request waits
+    (vLLM's `load_kv_async`) while the load runs beside the engine's steps.
     """
 
     request_id: str
@@ -36,6 +37,7 @@ class LoadSpec:
     block_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     pieces: tuple[StoredPiece, ...]
+    is_async: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import torch
 from kvsplice.common.errors import KvspliceError
 from kvsplice.common.keys import continues
 from kvsplice.common.reuse_report import ReusedRun
+from kvsplice.integrations.vllm.async_loads import AsyncLoads
 from kvsplice.integrations.vllm.block_layout import BlockLayout, UnsupportedLayout
 from kvsplice.integrations.vllm.chunk_putter import ChunkPutter, GatheredChunk
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
@@ -34,8 +35,8 @@ from kvsplice.integrations.vllm.transfer_specs import (
     StoredPiece,
     WorkerNews,
 )
-from kvsplice.kvmath.payload import decode_payload
-from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.kvmath.fused_decode import stored_tensors
+from kvsplice.kvmath.payload import decode_stored
 
 logger = logging.getLogger(__name__)
 
@@ -77,31 +78,57 @@ class WorkerSide:
         self.num_withheld_saves = 0
         self._loaded_runs: dict[str, list[ReusedRun]] = {}  # request id -> this step's load
         self._news = WorkerNews()
+        # NOTE: guards news, faults and taints: async loads fail on the loader thread
         self._news_lock = threading.Lock()
         self._num_faults = 0
         self._tainted: dict[int, int] = {}  # block id -> the fault (count) that tainted it
+        self.async_loads = AsyncLoads(self.load)
 
     def load(self, spec: LoadSpec) -> set[int]:
         """Write tokens `[spec.start, spec.end)`; returns the block ids that could not be loaded.
 
-        Blocks before the first bad piece are written; the rest are reported failed.
+        Each piece is written as soon as it is verified, straight from the payload's bytes
+        (in place on the sidecar's host) into the blocks: no decoded copy, no concatenation.
+        Blocks before the first bad piece stay written; the rest are reported failed.
         """
+        written = [0]  # blocks of spec.block_ids written so far
         try:
-            k, v, fault = self._fetch_range(spec)
-        except Exception as error:  # a bug or an unexpected status: recompute it all
-            k, v, fault = None, None, LoadFault(spec.start, f"fetch failed: {error!r}")
-        num_good = k.shape[2] // self.block_size if k is not None else 0
+            fault = self._write_pieces(spec, written)
+        except LoadFault as error:
+            fault = error
+        except Exception as error:  # a bug or an unexpected status: recompute the rest
+            position = spec.start + written[0] * self.block_size
+            fault = LoadFault(position, f"loading failed: {error!r}")
+        num_good = written[0]
         if num_good:
-            n = num_good * self.block_size
-            try:
-                self._scatter(spec.block_ids[:num_good], k[:, :, :n], v[:, :, :n])  # type: ignore[index]
-                self.num_loaded_tokens += n
-                self._loaded_runs[spec.request_id] = self._runs(spec, spec.start + n)
-            except Exception as error:
-                num_good, fault = 0, LoadFault(spec.start, f"writing blocks failed: {error!r}")
+            self.num_loaded_tokens += num_good * self.block_size
+            self._loaded_runs[spec.request_id] = self._runs(
+                spec, spec.start + num_good * self.block_size
+            )
         if fault is None:
             return set()
         return self._failed(spec, num_good, fault)
+
+    def _write_pieces(self, spec: LoadSpec, written: list[int]) -> LoadFault | None:
+        """Fetch, verify and write each piece in turn, counting written blocks in `written[0]`.
+
+        Raises LoadFault at the first piece that cannot be used."""
+        position = spec.start
+        for piece in spec.pieces:
+            keys, values = self._fetch_piece(spec, piece)  # each [L, H_kv, T, D]
+            lo = position - piece.start
+            hi = min(spec.end, piece.start + piece.num_tokens) - piece.start
+            first = written[0]
+            num_blocks = (hi - lo) // self.block_size  # pieces and spec are block-aligned
+            self._scatter(
+                spec.block_ids[first : first + num_blocks],
+                keys[:, :, lo:hi], values[:, :, lo:hi],
+            )  # fmt: skip
+            written[0] = first + num_blocks
+            position = piece.start + hi
+        if position != spec.end:
+            return LoadFault(position, f"the stored run ends at {position}, {spec.end} promised")
+        return None
 
     def _failed(self, spec: LoadSpec, num_good: int, fault: LoadFault) -> set[int]:
         """Report the blocks from the first bad one on, taint them, tell the scheduler."""
@@ -110,12 +137,12 @@ class WorkerSide:
         if fault.corrupt_segment_id is not None:
             self._delete(spec.namespace, fault.corrupt_segment_id)
         failed = set(spec.block_ids[num_good:])
-        self._num_faults += 1
-        for block_id in failed:
-            self._tainted[block_id] = self._num_faults
         position = spec.start + num_good * self.block_size
         news = LoadFaultNews(spec.request_id, spec.namespace, position, fault.corrupt_segment_id)
         with self._news_lock:
+            self._num_faults += 1
+            for block_id in failed:
+                self._tainted[block_id] = self._num_faults
             self._news.faults.append(news)
         return failed
 
@@ -139,9 +166,9 @@ class WorkerSide:
 
     def take_news(self, num_faults_seen: int) -> WorkerNews:
         """What happened since the last call; forgets taints the scheduler has heard of."""
-        if self._tainted:
-            self._tainted = {b: f for b, f in self._tainted.items() if f > num_faults_seen}
         with self._news_lock:
+            if self._tainted:
+                self._tainted = {b: f for b, f in self._tainted.items() if f > num_faults_seen}
             news, self._news = self._news, WorkerNews()
         return news
 
@@ -162,57 +189,34 @@ class WorkerSide:
         return runs
 
     def save(self, spec: SaveSpec, num_faults_seen: int) -> None:
-        """Copy the chunk's blocks out now (this step's K/V) and queue the put.
+        """Copy the chunk's blocks out now (this step's K/V, one copy) and queue the put.
 
         NOTE: a chunk computed over a block that failed to load (its own request's, or a
         block it shares through vLLM's prefix cache) is withheld: it was planned before
         the scheduler heard of the fault, and its K/V attended to unwritten blocks.
         """
-        if self._tainted and any(
-            self._tainted.get(b, 0) > num_faults_seen for b in spec.context_block_ids
-        ):
+        if self._tainted and self._computed_over_a_fault(spec, num_faults_seen):
             self.num_withheld_saves += 1
             self._put_outcome(spec, False)
             return
         try:
             block_ids = self._kernel_blocks(spec.block_ids)
-            keys, values = [], []
-            for cache in self.caches:
-                k, v = self.layout.gather(cache, block_ids)
-                keys.append(k.cpu())
-                values.append(v.cpu())
-            kv = SegmentKV(torch.stack(keys), torch.stack(values), start_position=spec.start)
+            blocks = tuple(
+                cache.index_select(0, block_ids.to(cache.device)).cpu() for cache in self.caches
+            )
         except Exception as error:
             self.faults.record("copying a chunk out failed", error)
             self._put_outcome(spec, False)
             return
-        self.putter.submit(GatheredChunk(spec, kv))
+        self.putter.submit(GatheredChunk(spec, blocks, self.layout))
 
-    def _fetch_range(
-        self, spec: LoadSpec
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, LoadFault | None]:
-        """K/V `[L, H_kv, n, D]` of the first n promised tokens, and the fault that ended
-        the run early (None when all `end - start` tokens were fetched)."""
-        dtype = self.caches[0].dtype
-        parts_k, parts_v, position, fault = [], [], spec.start, None
-        for piece in spec.pieces:
-            try:
-                kv = self._fetch_piece(spec, piece, dtype)
-            except LoadFault as error:
-                fault = error
-                break
-            lo = position - piece.start
-            hi = min(spec.end, piece.start + piece.num_tokens) - piece.start
-            parts_k.append(kv.keys[:, :, lo:hi])
-            parts_v.append(kv.values[:, :, lo:hi])
-            position = piece.start + hi
-        if fault is None and position != spec.end:
-            fault = LoadFault(position, f"the stored run ends at {position}, {spec.end} promised")
-        if not parts_k:
-            return None, None, fault
-        return torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), fault
+    def _computed_over_a_fault(self, spec: SaveSpec, num_faults_seen: int) -> bool:
+        with self._news_lock:
+            return any(self._tainted.get(b, 0) > num_faults_seen for b in spec.context_block_ids)
 
-    def _fetch_piece(self, spec: LoadSpec, piece: StoredPiece, dtype: torch.dtype) -> SegmentKV:
+    def _fetch_piece(self, spec: LoadSpec, piece: StoredPiece) -> tuple[torch.Tensor, torch.Tensor]:
+        """The piece's K and V `[L, H_kv, T, D]` once it proved the promised chain link:
+        views of the payload when it holds the cache's dtype, else decoded once."""
         store = self.clients.for_namespace(spec.namespace)
         corrupt_before = store.counters.num_corrupt_payloads
         try:
@@ -235,7 +239,7 @@ class WorkerSide:
                 piece.segment_id,
             )
         try:
-            kv = decode_payload(payload, expect_fingerprint=spec.root, dtype=dtype)
+            stored = decode_stored(payload, expect_fingerprint=spec.root)
         except KvspliceError as error:
             raise LoadFault(
                 piece.start, f"segment {piece.segment_id}: {error}", piece.segment_id
@@ -246,13 +250,13 @@ class WorkerSide:
             piece.num_tokens,
             self.layout.head_dim,
         )
-        if tuple(kv.keys.shape) != expected or kv.layer_start != 0:
+        if stored.kv_shape != expected or stored.layer_start != 0:
             raise LoadFault(
                 piece.start,
-                f"segment {piece.segment_id} holds {tuple(kv.keys.shape)}, expected {expected}",
+                f"segment {piece.segment_id} holds {stored.kv_shape}, expected {expected}",
                 piece.segment_id,
             )
-        return kv
+        return stored_tensors(stored, self.caches[0].dtype)
 
     def _scatter(self, block_ids: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
         kernel_ids = self._kernel_blocks(block_ids)

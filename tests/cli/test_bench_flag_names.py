@@ -39,6 +39,11 @@ FLAGS = {
         "--sizes-mib", "--path-sizes-mib", "--repeats", "--lookup-counts", "--grpc-lookups",
         "--no-grpc-lookups", "--tmp-dir", "--json", "--log-level",
     ],
+    ("bench", "vllm"): [
+        "--json", "--configs", "--answer-tokens", "--problem", "--threads", "--dtype", "--repeats",
+        "--prefix-caching", "--save-decode", "--no-save-decode", "--chunk-tokens", "--work-dir",
+        "--model", "--model-cache", "--log-level",
+    ],
 }  # fmt: skip
 SHARED_VARIABLES = {
     "--store": "KVSPLICE_STORE", "--auth-token": "KVSPLICE_AUTH_TOKEN",
@@ -62,8 +67,11 @@ def test_the_flag_names_stay_the_contract(path: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("path", list(FLAGS), ids=" ".join)
 def test_only_the_shared_flags_read_variables(path: tuple[str, ...]) -> None:
-    threads = "KVSPLICE_THREADS" if path != ("bench", "core") else None  # core's: a list
+    # bench core's --threads is a list, bench vllm's the engines' CPU binding: their own
+    threads = "KVSPLICE_THREADS" if path not in (("bench", "core"), ("bench", "vllm")) else None
     expected = SHARED_VARIABLES | {"--threads": threads}
+    if path == ("bench", "vllm"):  # its --dtype is the engines' own (float32 by default)
+        expected["--dtype"] = None
     for option in options(path):
         assert option.envvar == expected.get(option.opts[0]), option.opts[0]
 
@@ -73,7 +81,7 @@ def test_the_cli_and_the_bench_help_import_no_torch() -> None:
         "import sys\n"
         "from kvsplice.cli import main\n"
         "for argv in (['demo', '-h'], ['bench', 'agents', '-h'], ['bench', 'judge', '-h'],\n"
-        "             ['bench', 'core', '-h'], ['bench', 'store', '-h']):\n"
+        "             ['bench', 'core', '-h'], ['bench', 'store', '-h'], ['bench', 'vllm', '-h']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"

@@ -36,7 +36,9 @@ def test_bad_keys_are_a_value_error_naming_them(extra: dict, message: str) -> No
 
 
 def test_chunks_fall_on_block_edges() -> None:
-    assert ConnectorConfig("h:1").chunk_tokens_for(128) == 128
+    default = ConnectorConfig("h:1")  # 256 tokens, rounded up to whole blocks
+    assert [default.chunk_tokens_for(b) for b in (16, 128, 96, 512)] == [256, 256, 288, 512]
+    assert ConnectorConfig("h:1", chunk_tokens=128).chunk_tokens_for(128) == 128
     assert ConnectorConfig("h:1", chunk_tokens=256).chunk_tokens_for(128) == 256
     with pytest.raises(ValueError, match="multiple of the block size"):
         ConnectorConfig("h:1", chunk_tokens=200).chunk_tokens_for(128)

@@ -97,12 +97,15 @@ class Step:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
-def make_side(stored: list[int], save_decode: bool = True) -> tuple[SchedulerSide, FakeStore]:
+def make_side(
+    stored: list[int], save_decode: bool = True, load_async: bool = False
+) -> tuple[SchedulerSide, FakeStore]:
     store = FakeStore(stored)
     clients = FakeClients(store)
     side = SchedulerSide(
         clients,  # type: ignore[arg-type]
-        FINGERPRINT, BLOCK, BLOCK, save_decode=save_decode, lookup_wait_s=10.0,
+        FINGERPRINT, BLOCK, BLOCK, save_decode=save_decode, load_async=load_async,
+        lookup_wait_s=10.0,
     )  # fmt: skip
     return side, store
 
@@ -139,6 +142,21 @@ def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> N
     assert [(p.start, p.parent_key) for p in load.pieces] == [(0, links[0].parent_key),
         (4, links[1].parent_key), (8, links[2].parent_key)]  # fmt: skip
     assert side.build_step(Step())[0] == []  # a load is handed over once
+
+
+def test_an_async_load_goes_out_in_the_step_that_promised_it_before_the_request_runs() -> None:
+    prompt = list(range(10, 23))
+    side, _ = make_side(prompt, load_async=True)
+    request = FakeRequest("r", prompt)
+    assert side.num_new_matched_tokens(request, 0) == 12
+    side.after_alloc(request, [7, 3, 9, 1], 12)
+    (load,), saves, starts = side.build_step(Step())  # vLLM holds the request back
+    assert (load.is_async, load.block_ids, saves, starts) == (True, (7, 3, 9), [], [])
+    # once loaded it is scheduled like any new request: no second load, its start reported
+    loads, _, starts = side.build_step(
+        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
+    )
+    assert loads == [] and [s.request_id for s in starts] == ["r"]
 
 
 def test_saves_each_new_full_chunk_once_never_stored_ones_nor_draft_tokens() -> None:

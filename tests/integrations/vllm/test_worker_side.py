@@ -6,6 +6,8 @@ the engine's; the engine tests run vLLM's own. The fake sidecar keeps what was p
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +124,45 @@ def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
     assert reader.load(load_spec((5, 9, 4), 3)) == set()
     for mine, theirs in zip(reader.caches, writer.caches, strict=True):
         assert torch.equal(mine[[5, 9, 4]], theirs[[0, 1, 2]])
+
+
+def test_a_layout_that_is_not_affine_loads_and_saves_bit_exact_too() -> None:
+    # a fixed shuffle of each block's slots: no strided view can express it
+    shuffled = torch.randperm(2 * HEADS * BLOCK * DIM, generator=torch.Generator().manual_seed(3))
+    k = shuffled[: HEADS * BLOCK * DIM].view(HEADS, BLOCK, DIM)
+    v = shuffled[HEADS * BLOCK * DIM :].view(HEADS, BLOCK, DIM)
+    layout = CpuBlockLayout(BLOCK, HEADS, DIM, k, v)
+    assert layout._affine_offsets == (None, None)
+    store = FakeStore()
+    writer, reader = make_worker(store, seed=1), make_worker(store, seed=None)
+    for worker in (writer, reader):
+        worker.layout = layout
+    for i in range(3):
+        writer.save(save_spec("w", i, (0, 1, 2)), 0)
+    assert writer.putter.flush() and len(writer.take_news(0).acked) == 3
+    assert reader.load(load_spec((5, 9, 4), 3)) == set()
+    for mine, theirs in zip(reader.caches, writer.caches, strict=True):
+        assert torch.equal(mine[[5, 9, 4]], theirs[[0, 1, 2]])
+
+
+def test_async_loads_report_each_request_once_with_the_blocks_they_could_not_write() -> None:
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None)
+    store.gone.add(chunk_links(FINGERPRINT, TOKENS, BLOCK)[2].key.hex())
+    reader.async_loads.submit(replace(load_spec((5, 9, 4), 2), request_id="ok"))
+    reader.async_loads.submit(replace(load_spec((6, 8, 10), 3), request_id="short"))
+    finished: set[str] = set()
+    failed: set[int] = set()
+    deadline = time.monotonic() + 10
+    while len(finished) < 2 and time.monotonic() < deadline:
+        done, bad = reader.async_loads.take_finished()
+        finished |= done
+        failed |= bad
+        time.sleep(0.01)
+    assert finished == {"ok", "short"} and failed == {10}
+    assert reader.async_loads.take_finished() == (set(), set())  # reported once
+    assert [f.request_id for f in reader.take_news(0).faults] == ["short"]
 
 
 def test_a_load_fault_withholds_every_save_computed_over_it_until_the_scheduler_knows() -> None:

@@ -1,0 +1,100 @@
+"""`VllmBenchConfig`, the flags of `kvsplice bench vllm` beside its fields. Imports neither torch
+nor vLLM: the CLI derives `--help` from it; running it is `vllm_bench`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsplice.common.config_flags import flag
+
+CONFIGS = (
+    "recompute", "example-connector", "lmcache", "kvsplice", "kvsplice-grpc",
+    "kvsplice-restarted", "local-apc",
+)  # fmt: skip
+DTYPES = ("float32", "bfloat16", "float16")
+PREFIX_CACHING = {"on": True, "off": False}
+
+
+@dataclass(frozen=True)
+class VllmBenchConfig:
+    """The 5-agent pipeline through `configs` (each with vLLM's prefix cache per
+    `prefix_caching` where a connector runs), `repeats` times; `model_dir` is vLLM's --model."""
+
+    out_json: Path | None = flag(  # noqa: RUF009 (`flag` makes a field, as `field` does)
+        None, "Write the results JSON here (required).", name="json", path=True
+    )
+    configs: tuple[str, ...] = flag(
+        CONFIGS,
+        "Comma-separated configurations: recompute, example-connector, lmcache, kvsplice, "
+        "kvsplice-grpc, kvsplice-restarted, local-apc. recompute comes first.",
+        csv=True,
+    )
+    answer_tokens: int = flag(128, "Tokens each agent generates (min = max).", min=16, max=1024)
+    problem_index: int = flag(
+        129, "HumanEval problem index (129: the longest).", name="problem", min=0, max=163
+    )
+    threads: str = flag("0-1", "CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
+    # float32 by default: in bfloat16 a prompt prefilled in two parts (loaded prefix +
+    # computed rest) rounds differently from one pass, so greedy outputs can part after
+    # ~100 tokens for every KV-sharing setup alike (vLLM's own prefix cache included).
+    dtype: str = flag(
+        "float32",
+        "Engine dtype. In bfloat16 a prefix loaded from anywhere (vLLM's own prefix cache "
+        "too) rounds unlike one-pass prefill, so greedy outputs can part late in an answer.",
+        choices=DTYPES,
+    )
+    repeats: int = flag(3, "Pipeline runs per configuration (median, spread).", min=1, max=20)
+    prefix_caching: tuple[str, ...] = flag(
+        ("on", "off"),
+        "vLLM's prefix cache for the connector configurations: on, off or on,off (recompute "
+        "always runs without it, local-apc with it).",
+        csv=True,
+    )
+    save_decode: bool = flag(
+        True, "kvsplice and LMCache both store decode-written K/V (--no-save-decode: neither)."
+    )
+    chunk_tokens: int = flag(
+        256, "Tokens per stored chunk, kvsplice's and LMCache's alike.", min=16
+    )
+    work_dir: Path = flag(  # noqa: RUF009
+        Path("results/bench-vllm"), "Sidecar data, connector storage and engine logs.", path=True
+    )
+    model_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.out_json is None:
+            raise ValueError("--json is required: where the results go")
+        for name in ("out_json", "work_dir"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+        unknown = set(self.configs) - set(CONFIGS)
+        if unknown or not self.configs:
+            raise ValueError(f"configs {sorted(unknown)} not in {CONFIGS}")
+        if self.configs[0] != "recompute":
+            raise ValueError(
+                "configs must start with 'recompute' (output_match compares against it)"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not float32, bfloat16 or float16")
+        if not 16 <= self.answer_tokens <= 1024:
+            raise ValueError(f"answer_tokens {self.answer_tokens} not in [16, 1024]")
+        if not 1 <= self.repeats <= 20:
+            raise ValueError(f"repeats {self.repeats} not in [1, 20]")
+        apc = self.prefix_caching
+        if not apc or set(apc) - set(PREFIX_CACHING) or len(set(apc)) != len(apc):
+            raise ValueError(f"prefix_caching {apc}: on, off or on,off")
+        if self.chunk_tokens < 16 or self.chunk_tokens % 16:
+            raise ValueError(f"chunk_tokens {self.chunk_tokens} is not a positive multiple of 16")
+
+    def runs(self) -> list[tuple[str, bool]]:
+        """(configuration, prefix caching) in run order: recompute first, off; local-apc on;
+        each connector configuration once per `prefix_caching` setting."""
+        connector = tuple(PREFIX_CACHING[a] for a in self.prefix_caching)
+        return [
+            (name, apc)
+            for name in self.configs
+            for apc in (
+                (False,) if name == "recompute" else (True,) if name == "local-apc" else connector
+            )
+        ]
