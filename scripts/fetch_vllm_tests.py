@@ -1,14 +1,16 @@
-"""Fetch vLLM 0.32.0's own tests from its source distribution on the package index.
+"""Fetch vLLM 0.32.0's own tests (or its benchmark scripts) from its source distribution.
 
-The wheel ships no tests; the sdist (44 MB) does. It is downloaded once into a cache
+The wheel ships neither; the sdist (44 MB) does. It is downloaded once into a cache
 directory (`KVSPLICE_CACHE`, else ~/.cache/kvsplice), checked against the sha256 the
-index lists, and only its `tests/` folder is unpacked: what the tests import beyond
-`tests/` is in the installed wheel. Prints the path of the unpacked `tests/`. Knows
-nothing of what the tests do.
+index lists, and only the folders asked for are unpacked (`tests/` by default;
+`benchmarks/` for `bench serve`'s multi-turn client): what they import beyond them is
+in the installed wheel. `fetch_vllm_tests.py [FOLDER...]` prints the path of each
+unpacked folder. Knows nothing of what the tests or benchmarks do.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -27,6 +29,7 @@ SDIST_URL = (
 SDIST_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
 ROOT_NAME = f"vllm-{VERSION}"
 DOWNLOAD_TIMEOUT_S = 120
+FOLDERS = ("tests", "benchmarks")
 
 
 def cache_dir_from_env(environ: dict[str, str] | None = None) -> Path:
@@ -36,17 +39,30 @@ def cache_dir_from_env(environ: dict[str, str] | None = None) -> Path:
     return Path(base).expanduser() / f"{ROOT_NAME}-sdist"
 
 
-def fetch_tests(cache_dir: Path, url: str = SDIST_URL, sha256: str = SDIST_SHA256) -> Path:
-    """The unpacked sdist root (holding `tests/`), downloading and unpacking it when missing.
+def fetch_tests(
+    cache_dir: Path,
+    url: str = SDIST_URL,
+    sha256: str = SDIST_SHA256,
+    folders: tuple[str, ...] = ("tests",),
+) -> Path:
+    """The unpacked sdist root (holding `folders`), downloading and unpacking what is missing.
 
     Raises ValueError, keeping nothing, when the download's sha256 is not `sha256`.
     """
+    unknown = sorted(set(folders) - set(FOLDERS))
+    if unknown or not folders:
+        raise ValueError(f"folders {unknown} not in {FOLDERS}")
     root = cache_dir / ROOT_NAME
     stamp = root / ".sha256"
-    if stamp.is_file() and stamp.read_text().strip() == sha256:
+    current = stamp.is_file() and stamp.read_text().strip() == sha256
+    missing = [f for f in folders if not (current and (root / f).is_dir())]
+    if not missing:
         return root
     archive = _verified_archive(cache_dir, url, sha256)
-    _unpack_tests(archive, root)
+    if not current:  # another sdist's folders, or a partial unpack: start afresh
+        shutil.rmtree(root, ignore_errors=True)
+    for folder in missing:
+        _unpack_folder(archive, root, folder)
     stamp.write_text(sha256 + "\n")
     return root
 
@@ -79,22 +95,31 @@ def _verified_archive(cache_dir: Path, url: str, sha256: str) -> Path:
     return archive
 
 
-def _unpack_tests(archive: Path, root: Path) -> None:
-    """Unpack `vllm-0.32.0/tests/` into `root`, replacing what was there only once complete."""
-    prefix = f"{ROOT_NAME}/tests/"
+def _unpack_folder(archive: Path, root: Path, folder: str) -> None:
+    """Unpack `vllm-0.32.0/<folder>/` into `root`, replacing what was there only once complete."""
+    prefix = f"{ROOT_NAME}/{folder}/"
+    root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="unpack-", dir=root.parent))
     try:
         with tarfile.open(archive) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
             tar.extractall(staging, members=members, filter="data")
-        shutil.rmtree(root, ignore_errors=True)
-        (staging / ROOT_NAME).replace(root)
+        shutil.rmtree(root / folder, ignore_errors=True)
+        (staging / ROOT_NAME / folder).replace(root / folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def main() -> int:
-    print(fetch_tests(cache_dir_from_env()) / "tests")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # No `choices`: Python 3.11's argparse refuses an empty `nargs="*"` list with them.
+    parser.add_argument("folders", nargs="*", help=f"any of {FOLDERS} (default: tests)")
+    folders = tuple(parser.parse_args(argv).folders) or ("tests",)
+    if not set(folders) <= set(FOLDERS):
+        parser.error(f"folders {folders}: each must be one of {FOLDERS}")
+    root = fetch_tests(cache_dir_from_env(), folders=folders)
+    for folder in folders:
+        print(root / folder)
     return 0
 
 

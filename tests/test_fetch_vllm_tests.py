@@ -69,3 +69,24 @@ def test_refuses_a_download_whose_sha256_differs(
     with pytest.raises(ValueError, match="sha256"):
         fetch.fetch_tests(cache, url=sdist.as_uri(), sha256="0" * 64)
     assert sorted(p.name for p in cache.iterdir()) == []
+
+
+def test_unpacks_the_benchmarks_beside_the_tests_without_downloading_again(
+    tmp_path: Path, fetch: ModuleType
+) -> None:
+    files = {"tests/a.py": b"A = 1\n", "benchmarks/multi_turn/b.py": b"B = 2\n"}
+    sdist = make_sdist(tmp_path / "served.tar.gz", fetch.ROOT_NAME, files)
+    cache = tmp_path / "cache"
+    sha256 = fetch.sha256_of(sdist)
+    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    (root / "tests/kept.txt").write_text("unpacked once")
+    sdist.unlink()  # the cached archive serves the second folder
+    assert fetch.fetch_tests(cache, sdist.as_uri(), sha256, ("benchmarks", "tests")) == root
+    assert (root / "benchmarks/multi_turn/b.py").read_bytes() == b"B = 2\n"
+    assert (root / "tests/kept.txt").is_file()
+    assert sorted(p.name for p in root.iterdir()) == [".sha256", "benchmarks", "tests"]
+
+
+def test_refuses_a_folder_it_does_not_know(tmp_path: Path, fetch: ModuleType) -> None:
+    with pytest.raises(ValueError, match="vllm"):
+        fetch.fetch_tests(tmp_path, folders=("vllm",))

@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 import typer
 import typer.main
 
+from kvsplice.cli import bench_serve as bench_serve  # registers `bench serve`
 from kvsplice.cli import inspect, serve, tenants, worker
 from kvsplice.cli import judge as judge  # registers `bench judge` on worker.bench_app
 from kvsplice.cli import vllm as vllm_cli  # registers `bench vllm` on worker.bench_app
