@@ -26,6 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsplice.eval.bench.kv_transfer import (
+    LMCACHE_ENGINE_ARGS,
+    kvsplice_transfer,
+    lmcache_transfer,
+    transfer_config,
+)
 from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
 from kvsplice.eval.workloads.token_transcript import (
@@ -205,7 +211,7 @@ def _services(
     if name == "local-apc":
         return _Setup(engines(None))
     if name == "example-connector":
-        kv = _transfer("ExampleConnector", None, {"shared_storage_path": str(data)})
+        kv = transfer_config("ExampleConnector", None, {"shared_storage_path": str(data)})
         stored = lambda: _dir_bytes_per_token(data)  # noqa: E731
         return _Setup(engines(kv, kv), bytes_per_token=stored)
     if name == "lmcache":
@@ -213,38 +219,23 @@ def _services(
             free_port(), free_port(), logs, env, chunk_size=config.chunk_tokens
         ).start()
         stops.append(server.stop)
-        kv = _transfer(
-            "LMCacheMPConnector", "lmcache.integration.vllm.lmcache_mp_connector",
-            {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": server.port,
-             "lmcache.mp.save_decode_cache": config.save_decode},
-        )  # fmt: skip
-        hybrid_off = ("--disable-hybrid-kv-cache-manager",)
+        kv = lmcache_transfer(server.port, save_decode=config.save_decode)
         return _Setup(
-            engines(kv, kv, extra=hybrid_off),
+            engines(kv, kv, extra=LMCACHE_ENGINE_ARGS),
             bytes_per_token=lambda: server.bytes_per_token(config.chunk_tokens),
         )
     sidecar = Sidecar(data, free_port(), free_port(), logs).start()
     stops.append(sidecar.stop)
-    extra = {
-        "target": sidecar.target, "namespace": NAMESPACE, "chunk_tokens": config.chunk_tokens,
-        "save_decode": config.save_decode,
+    extra: dict[str, Any] = {
+        "chunk_tokens": config.chunk_tokens, "save_decode": config.save_decode,
+        "load_async": config.load_async,
     }  # fmt: skip
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
-    kv = _transfer("KvspliceConnector", "kvsplice.integrations.vllm", extra)
+    kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
                   bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, config))  # fmt: skip
-
-
-def _transfer(connector: str, module: str | None, extra: dict[str, Any]) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "kv_connector": connector, "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra,
-    }  # fmt: skip
-    if module is not None:
-        config["kv_connector_module_path"] = module
-    return config
 
 
 def _settle_then(sidecar: Sidecar, then: Callable[[], object]) -> None:
@@ -306,10 +297,12 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "chunk_tokens": config.chunk_tokens,
         "repeats": config.repeats,
         "decode_kv_stored": config.save_decode,
+        "kvsplice_load_async": config.load_async,
         "lmcache": {
             "transfer": "engine-driven through shared memory (server --shm-name)",
             "chunk_size": config.chunk_tokens,
             "save_decode_cache": config.save_decode,
+            "eager_prefetch": True,
             "hybrid_kv_cache_manager": "disabled (its connector requires it)",
         },
         "load_avg": list(os.getloadavg()),

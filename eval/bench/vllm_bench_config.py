@@ -58,6 +58,11 @@ class VllmBenchConfig:
     chunk_tokens: int = flag(
         256, "Tokens per stored chunk, kvsplice's and LMCache's alike.", min=16
     )
+    load_async: str = flag(
+        "auto",
+        "kvsplice's load_async: auto (beside the steps while other requests run), always, never.",
+        choices=("auto", "always", "never"),
+    )
     work_dir: Path = flag(  # noqa: RUF009
         Path("results/bench-vllm"), "Sidecar data, connector storage and engine logs.", path=True
     )

@@ -2,9 +2,9 @@
 
 Wiring only: the scheduler half (`scheduler_side`) and the worker half
 (`worker_side`) do the work; this class maps vLLM's hooks onto them. Lookups run off
-the scheduler loop; loads run beside the engine's steps (`load_kv_async`: the request
-waits, others keep running; `get_finished` says when), or with `load_async` off before
-the forward pass; saves copy blocks out after the step and put them from a background
+the scheduler loop; a load runs beside the engine's steps while other requests run
+(`load_kv_async`: the request waits, the others keep running; `get_finished` says when),
+else in the step before the forward pass (`load_async`); saves copy blocks out after the step and put them from a background
 thread; the worker's news (acknowledged puts, load faults) reaches the
 scheduler through vLLM's worker metadata. No hook lets a sidecar fault escape into
 vLLM: each is a miss or a recompute, counted and logged once per kind.
@@ -210,7 +210,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         assert self.scheduler is not None
         try:
             num_tokens = self.scheduler.num_new_matched_tokens(request, num_computed_tokens)
-            return num_tokens, bool(num_tokens) and self.scheduler.load_async
+            return num_tokens, bool(num_tokens) and self.scheduler.is_async_load(request)
         except Exception as error:  # a bug must not stop the scheduler: no external hit
             self.faults.record("lookup failed", repr(error))
             return 0, False

@@ -63,6 +63,7 @@ class _Tracked:
     block_ids: list[int] = field(default_factory=list)
     held_keys: frozenset[bytes] = frozenset()
     pending_load: LoadSpec | None = None
+    load_async: bool = False  # its promised load goes beside the steps (vLLM's load_kv_async)
     num_local_tokens: int = 0  # computed or cached in the engine when the load was promised
 
 
@@ -75,7 +76,7 @@ class SchedulerSide:
         chunk_tokens: int,
         save_decode: bool = False,
         *,
-        load_async: bool = False,
+        load_async: str = "never",
         lookup_wait_s: float = 0.02,
         lookup_timeout_s: float = 2.0,
         breaker: Breaker | None = None,
@@ -86,8 +87,9 @@ class SchedulerSide:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.chunk_tokens = chunk_tokens
-        self.load_async = load_async
+        self.load_async = load_async  # "auto", "always" or "never" (ConnectorConfig's)
         self._async_loads: list[LoadSpec] = []  # promised this step, sent in its metadata
+        self._running: set[str] = set()  # scheduled in the last step, not finished
         self.faults = faults or FaultLog()
         self.lookups = Lookups(
             self._lookup, wait_s=lookup_wait_s, timeout_s=lookup_timeout_s,
@@ -124,7 +126,21 @@ class SchedulerSide:
             self._answered(tracked, self._without_bad(lookup), query.num_tokens)
         assert tracked.lookup is not None
         aligned = min(tracked.lookup.num_matched_tokens, cap) // self.block_size * self.block_size
-        return max(0, aligned - num_computed_tokens)
+        num_tokens = max(0, aligned - num_computed_tokens)
+        tracked.load_async = num_tokens > 0 and self._loads_async(request.request_id)
+        return num_tokens
+
+    def is_async_load(self, request: Any) -> bool:
+        """Whether the load `num_new_matched_tokens` just promised goes beside the steps."""
+        tracked = self._tracked.get(request.request_id)
+        return tracked is not None and tracked.load_async
+
+    def _loads_async(self, request_id: str) -> bool:
+        """Whether a load goes beside the steps: always, never, or ("auto") only while other
+        requests run (an idle engine would only wait for the background load)."""
+        if self.load_async == "auto":
+            return bool(self._running - {request_id})
+        return self.load_async == "always"
 
     def _lookup(self, query: LookupQuery, token_ids: Sequence[int]) -> PrefixLookup:
         """One `LookupPrefix` (on a lookup thread); a degraded call is a fault, not a miss."""
@@ -189,9 +205,9 @@ class SchedulerSide:
             root=tracked.root or "", start=start, end=end,
             block_ids=tuple(block_ids[first:last]),
             token_ids=tuple(tracked.request.all_token_ids[:end]), pieces=pieces,
-            is_async=self.load_async,
+            is_async=tracked.load_async,
         )  # fmt: skip
-        if self.load_async:  # NOTE: the request is not scheduled until its load ends
+        if tracked.load_async:  # NOTE: the request is not scheduled until its load ends
             self._async_loads.append(load)
         else:
             tracked.pending_load = load
@@ -229,10 +245,12 @@ class SchedulerSide:
             self._take_load(tracked, loads)
             scheduled = scheduler_output.num_scheduled_tokens[req_id]
             computed.append((tracked, cached.num_computed_tokens[i] + scheduled))
+        self._running = {tracked.request.request_id for tracked, _ in computed}
         return loads, self._all_saves(computed, scheduler_output), starts
 
     def finished(self, request: Any) -> None:
         self._tracked.pop(request.request_id, None)
+        self._running.discard(request.request_id)
         self.lookups.forget(request.request_id)
 
     # ---- what the workers report ---------------------------------------------------------

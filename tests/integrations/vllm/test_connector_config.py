@@ -62,3 +62,12 @@ def test_a_cache_salt_gives_its_own_namespace() -> None:
     assert salted_namespace("team-a", "s1") == salted_namespace("team-a", "s1")
     long = salted_namespace("n" * 128, "s1")  # still a valid namespace
     assert len(long) <= 128
+
+
+def test_load_async_is_auto_by_default_and_takes_a_boolean_for_always_or_never() -> None:
+    assert ConnectorConfig("h:1").load_async == "auto"
+    for value, expected in ((True, "always"), (False, "never"), ("never", "never")):
+        extra = {"target": "h:1", "load_async": value}
+        assert ConnectorConfig.from_extra_config(extra).load_async == expected
+    with pytest.raises(ValueError, match="load_async"):
+        ConnectorConfig("h:1", load_async="sometimes")

@@ -98,7 +98,7 @@ class Step:
 
 
 def make_side(
-    stored: list[int], save_decode: bool = True, load_async: bool = False
+    stored: list[int], save_decode: bool = True, load_async: str = "never"
 ) -> tuple[SchedulerSide, FakeStore]:
     store = FakeStore(stored)
     clients = FakeClients(store)
@@ -146,9 +146,10 @@ def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> N
 
 def test_an_async_load_goes_out_in_the_step_that_promised_it_before_the_request_runs() -> None:
     prompt = list(range(10, 23))
-    side, _ = make_side(prompt, load_async=True)
+    side, _ = make_side(prompt, load_async="always")
     request = FakeRequest("r", prompt)
     assert side.num_new_matched_tokens(request, 0) == 12
+    assert side.is_async_load(request)
     side.after_alloc(request, [7, 3, 9, 1], 12)
     (load,), saves, starts = side.build_step(Step())  # vLLM holds the request back
     assert (load.is_async, load.block_ids, saves, starts) == (True, (7, 3, 9), [], [])
@@ -157,6 +158,23 @@ def test_an_async_load_goes_out_in_the_step_that_promised_it_before_the_request_
         Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
     )
     assert loads == [] and [s.request_id for s in starts] == ["r"]
+
+
+def test_auto_loads_in_the_step_when_idle_and_beside_the_steps_while_others_run() -> None:
+    prompt = list(range(10, 23))
+    side, _ = make_side(prompt, load_async="auto")
+    first = FakeRequest("first", prompt)
+    assert side.num_new_matched_tokens(first, 0) == 12 and not side.is_async_load(first)
+    side.after_alloc(first, [7, 3, 9, 1], 12)
+    (load,), _, _ = side.build_step(
+        Step([NewReq("first", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"first": 1})
+    )
+    assert not load.is_async  # nothing else ran: loaded in the step
+    second = FakeRequest("second", prompt)  # arrives while "first" decodes
+    assert side.num_new_matched_tokens(second, 0) == 12 and side.is_async_load(second)
+    side.finished(first)
+    third = FakeRequest("third", prompt)
+    assert side.num_new_matched_tokens(third, 0) == 12 and not side.is_async_load(third)
 
 
 def test_saves_each_new_full_chunk_once_never_stored_ones_nor_draft_tokens() -> None:

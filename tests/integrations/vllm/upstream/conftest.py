@@ -94,7 +94,7 @@ def _create_vllm_config(original: Any, model_dir: str, extra: dict[str, str]) ->
         kwargs["model"] = model_dir  # facebook/opt-125m is not here; kvsplice hashes the files
         # NOTE: vLLM's tests script hits of any whole number of blocks, loaded in the step
         # (sync): kvsplice agrees with a script only with chunks of one block and sync loads.
-        ours = {**extra, "chunk_tokens": kwargs.get("block_size", 16), "load_async": False}
+        ours = {**extra, "chunk_tokens": kwargs.get("block_size", 16), "load_async": "never"}
         if kwargs.get("kv_connector", "NixlConnector") == "NixlConnector":
             kwargs.update(CONNECTOR, kv_connector_extra_config=ours)
         else:
