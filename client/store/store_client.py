@@ -319,8 +319,10 @@ class StoreClient:
         if self._same_host is _UNASKED:
             request = wire.data_plane_request(self.namespace)
             try:
+                # NOTE: asked on the way to a get, so under the get's deadline: on a loaded
+                # host the lookup deadline (0.5 s) sent first reads over gRPC for no reason.
                 response = self._stub.DescribeDataPlane(
-                    request, timeout=self.config.lookup_timeout_s, metadata=self._metadata
+                    request, timeout=self.config.get_timeout_s, metadata=self._metadata
                 )
             except grpc.RpcError as rpc_error:
                 if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
