@@ -25,3 +25,14 @@ def host_id() -> str:
         return f"boot:{boot}/{os.readlink(_PID_NAMESPACE)}"
     except OSError:
         return "name:" + socket.gethostname()
+
+
+def is_running(pid: int) -> bool:
+    """Whether process `pid` exists in this PID namespace (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True

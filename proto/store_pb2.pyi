@@ -57,12 +57,22 @@ class SegmentHeader(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ...) -> None: ...
 
 class PutSegmentRequest(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunk", "staged")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     header: SegmentHeader
     chunk: bytes
-    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+    staged: StagedPayload
+    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., staged: _Optional[_Union[StagedPayload, _Mapping]] = ...) -> None: ...
+
+class StagedPayload(_message.Message):
+    __slots__ = ("name", "offset")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PutSegmentResponse(_message.Message):
     __slots__ = ("context_key",)
@@ -332,18 +342,20 @@ class DescribeDataPlaneRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class DescribeDataPlaneResponse(_message.Message):
-    __slots__ = ("host_id", "lmdb_path", "lmdb_device", "lmdb_inode", "server_pid")
+    __slots__ = ("host_id", "lmdb_path", "lmdb_device", "lmdb_inode", "server_pid", "staging_dir")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     LMDB_PATH_FIELD_NUMBER: _ClassVar[int]
     LMDB_DEVICE_FIELD_NUMBER: _ClassVar[int]
     LMDB_INODE_FIELD_NUMBER: _ClassVar[int]
     SERVER_PID_FIELD_NUMBER: _ClassVar[int]
+    STAGING_DIR_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     lmdb_path: str
     lmdb_device: int
     lmdb_inode: int
     server_pid: int
-    def __init__(self, host_id: _Optional[str] = ..., lmdb_path: _Optional[str] = ..., lmdb_device: _Optional[int] = ..., lmdb_inode: _Optional[int] = ..., server_pid: _Optional[int] = ...) -> None: ...
+    staging_dir: str
+    def __init__(self, host_id: _Optional[str] = ..., lmdb_path: _Optional[str] = ..., lmdb_device: _Optional[int] = ..., lmdb_inode: _Optional[int] = ..., server_pid: _Optional[int] = ..., staging_dir: _Optional[str] = ...) -> None: ...
 
 class SegmentReads(_message.Message):
     __slots__ = ("context_key", "served", "num_reads")

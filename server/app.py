@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from kvsplice.common.errors import ServeRefused
+from kvsplice.common.staging import sweep_stale
 from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server import shared_follower
@@ -130,8 +131,12 @@ class StoreServer:
         return shared_follower.status_out(status)
 
     async def _sweep_expired(self) -> None:
-        """Reclaim expired segments now and then (reads also drop them lazily)."""
+        """Reclaim expired segments now and then (reads also drop them lazily), and the
+        staging files of clients that died without removing theirs."""
         while True:
+            num_files = await asyncio.to_thread(sweep_stale, self.config.staging_dir)
+            if num_files:
+                logger.info("removed %d staging files of exited clients", num_files)
             await asyncio.sleep(self.config.sweep_interval_s)
             try:
                 num_removed = self.store.sweep_expired()
@@ -234,7 +239,7 @@ def build(config: ServerConfig) -> StoreServer:
             anchors,
             metrics,
             config.chunk_nbytes,
-            describe_data_plane(config.store),
+            describe_data_plane(config.store, config.staging_dir),
             authenticator,
             uploads,
         )

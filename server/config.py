@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field
 
 from kvsplice.common.config_flags import MIB, flag
 from kvsplice.common.segment import MAX_SEGMENT_TOKENS
+from kvsplice.common.staging import DEFAULT_STAGING_DIR
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.index.exact_index import ExactIndexConfig
 from kvsplice.index.similarity_config import SimilarityConfig
@@ -149,6 +150,11 @@ class ServerConfig:
         "Write the sidecar's pid here once it listens (removed on a clean exit), for "
         "`kill -HUP` and service managers; refused if it holds a running process's pid.",
         path=True,
+    )
+    staging_dir: str | None = flag(
+        DEFAULT_STAGING_DIR,
+        "Folder (memory: /dev/shm) where clients on this host hand over a put's payload "
+        "in a file instead of streaming it; '' streams only. Off by itself where missing.",
     )
     sweep_interval_s: float = 60.0
     catch_up_timeout_s: float = 30.0

@@ -25,6 +25,8 @@ from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
+# (name, offset, nbytes) -> the staged payload's bytes (`common.staging.read_staged`)
+StagedReader = Callable[[str, int, int], bytes]
 PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
 _SEGMENT_REF_FIELDS = tuple(pb.SegmentRef.DESCRIPTOR.fields_by_name)
 
@@ -68,8 +70,10 @@ async def receive_segment(
     requests: AsyncIterable[PutPart],
     check_header: HeaderCheck,
     idle_timeout_s: float | None = None,
+    read_staged: StagedReader | None = None,
 ) -> tuple[SegmentMeta, memoryview]:
-    """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes.
+    """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes,
+    or one `StagedPayload` naming a file `read_staged` reads them from (same host).
 
     `check_header` validates the header before any payload byte is buffered, so
     an oversize or malformed put is refused without reading its payload. Chunks are
@@ -88,6 +92,15 @@ async def receive_segment(
             continue
         if meta is None:
             raise InvalidRequest("PutSegment stream sent payload bytes before its header")
+        if isinstance(part, pb.StagedPayload):
+            if chunks or read_staged is None:
+                raise InvalidRequest("a staged payload must be a put's only payload part")
+            staged = await asyncio.to_thread(
+                read_staged, part.name, part.offset, meta.payload_nbytes
+            )
+            chunks.append(staged)
+            num_received += len(staged)
+            continue
         num_received += len(part)
         if num_received > meta.payload_nbytes:
             raise CorruptPayload(
@@ -103,13 +116,17 @@ async def receive_segment(
     return meta, memoryview(b"".join(chunks))
 
 
-def _put_part(request: PutPart) -> pb.SegmentHeader | bytes | memoryview:
-    """What a PutSegment message carries: its header, or its chunk's bytes."""
+def _put_part(
+    request: PutPart,
+) -> pb.SegmentHeader | pb.StagedPayload | bytes | memoryview:
+    """What a PutSegment message carries: its header, its chunk's bytes, or where they are."""
     if isinstance(request, memoryview):
         return request
     part = request.WhichOneof("part")
     if part is None:
         raise InvalidRequest("PutSegment message holds neither header nor chunk")
+    if part == "staged":
+        return request.staged
     return request.header if part == "header" else request.chunk  # each read copies: read once
 
 

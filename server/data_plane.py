@@ -1,12 +1,14 @@
 """What the sidecar tells clients about reading its segments in place on its own host.
 
-Owns the description only (host, LMDB directory and data file, pid); the reading is
+Owns the description only (host, LMDB directory and data file, pid, the staging folder
+for staged puts: `common.staging`); the reading is
 `storage.lmdb_reader`'s and the choice of path the client's. Without an LMDB tier, or
 with a shared tier behind it, there is nothing final to read in place: clients stay on gRPC.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -15,6 +17,8 @@ from kvsplice.proto import store_pb2 as pb
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.lmdb_reader import data_file_id
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DataPlane:
@@ -22,8 +26,15 @@ class DataPlane:
     lmdb_path: str  # "" when the store has no LMDB tier
     lmdb_file_id: tuple[int, int]
     server_pid: int
+    staging_dir: str = ""  # "" when staged puts are off
 
-    def to_response(self) -> pb.DescribeDataPlaneResponse:
+    def to_response(self, *, in_place_reads: bool) -> pb.DescribeDataPlaneResponse:
+        """What a caller is told: staged puts for every writer on this host; where the
+        LMDB file is only with `in_place_reads` (it holds every tenant's bytes)."""
+        if not in_place_reads:
+            return pb.DescribeDataPlaneResponse(
+                host_id=self.host_id, server_pid=self.server_pid, staging_dir=self.staging_dir
+            )
         device, inode = self.lmdb_file_id
         return pb.DescribeDataPlaneResponse(
             host_id=self.host_id,
@@ -31,14 +42,27 @@ class DataPlane:
             lmdb_device=device,
             lmdb_inode=inode,
             server_pid=self.server_pid,
+            staging_dir=self.staging_dir,
         )
 
 
-def describe_data_plane(store: StoreConfig) -> DataPlane:
-    """The data plane of a store built from `store` (call after its tiers are open)."""
+def describe_data_plane(store: StoreConfig, staging_dir: str | None = None) -> DataPlane:
+    """The data plane of a store built from `store` (call after its tiers are open), with
+    staged puts in `staging_dir` where this process can use it."""
+    staging = _usable_staging_dir(staging_dir)
     # NOTE: with a shared tier the LMDB holds only what this sidecar wrote or read: a
     # miss there is no miss of the store, so clients read over gRPC (which falls through).
     if store.lmdb is None or store.redis is not None:
-        return DataPlane(host_id(), "", (0, 0), os.getpid())
+        return DataPlane(host_id(), "", (0, 0), os.getpid(), staging)
     path = os.path.abspath(store.lmdb.path)
-    return DataPlane(host_id(), path, data_file_id(path), os.getpid())
+    return DataPlane(host_id(), path, data_file_id(path), os.getpid(), staging)
+
+
+def _usable_staging_dir(staging_dir: str | None) -> str:
+    if not staging_dir:
+        return ""
+    path = os.path.abspath(staging_dir)
+    if not (os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK)):
+        logger.warning("staging folder %s is not readable here: puts are streamed", path)
+        return ""
+    return path

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from kvsplice.common.errors import ServeRefused
+from kvsplice.common.host import is_running
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def check_pid_file(path: Path) -> None:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ServeRefused(f"pid file {path}: directory {directory} is not writable")
     pid = read_pid(path)
-    if pid is not None and pid != os.getpid() and _is_running(pid):
+    if pid is not None and pid != os.getpid() and is_running(pid):
         raise ServeRefused(
             f"pid file {path} holds pid {pid}, a running process (another sidecar?): "
             "stop it, or remove the file if that pid is not a kvsplice sidecar"
@@ -59,13 +60,3 @@ def remove_pid_file(path: Path) -> None:
             path.unlink()
     except (OSError, ServeRefused) as error:  # exiting anyway: say so, do not mask the exit
         logger.warning("pid file %s not removed: %s", path, error)
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True

@@ -10,6 +10,7 @@ NOT_FOUND, which clients read as a miss. Payload reads and writes run on worker 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ import grpc
 from google.protobuf.descriptor import MethodDescriptor
 from grpc import aio
 
+from kvsplice.common import staging
 from kvsplice.common.errors import NotFound, StreamStalled
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
@@ -69,6 +71,8 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._chunk_nbytes = chunk_nbytes
         self._auth = authenticator or Authenticator()
         self._uploads = uploads or UploadBudget()
+        staging_dir = "" if data_plane is None else data_plane.staging_dir
+        self._read_staged = functools.partial(staging.read_staged, staging_dir)
 
     def _allow(self, context: aio.ServicerContext, namespace: str, write: bool = False) -> str:
         """`namespace`, checked, if the caller's tenant may use it (PERMISSION_DENIED if not)."""
@@ -86,7 +90,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
                 return slot.reserve(self._segments.check_header(meta))
 
             meta, payload = await convert.receive_segment(
-                request_iterator, admit, self._uploads.idle_timeout_s
+                request_iterator, admit, self._uploads.idle_timeout_s, self._read_staged
             )
             stored = await _offloaded(meta.payload_nbytes, self._segments.write, meta, payload)
         self._segments.index(stored)
@@ -225,9 +229,9 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         tenant = self._auth.authenticate(bearer_of(context.invocation_metadata()))
         # NOTE: the LMDB file holds every tenant's bytes and in-place reads skip these
         # checks, so only an admin credential (or no auth at all) is told where it is.
-        if self._data_plane is None or not tenant.is_admin:
+        if self._data_plane is None:
             return pb.DescribeDataPlaneResponse()
-        return self._data_plane.to_response()
+        return self._data_plane.to_response(in_place_reads=tenant.is_admin)
 
 
 async def _offloaded(nbytes: int | None, function: Callable[..., T], *args: Any) -> T:

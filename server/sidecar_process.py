@@ -11,6 +11,8 @@ import multiprocessing
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
+from kvsplice.common.staging import DEFAULT_STAGING_DIR
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
@@ -27,6 +29,7 @@ class SidecarSpec:
     max_payload_nbytes: int | None = None  # None: the service's default
     sweep_interval_s: float = 60.0  # how often expired segments are removed
     admin: bool = False  # serve the admin API on a free loopback port (`admin_url`)
+    staging_dir: str | None = DEFAULT_STAGING_DIR  # staged puts (`common.staging`); None: off
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -91,6 +94,7 @@ def _serve(spec: SidecarSpec, conn: Connection) -> None:
         grace_period_s=1.0,
         chunk_nbytes=spec.chunk_nbytes,
         sweep_interval_s=spec.sweep_interval_s,
+        staging_dir=spec.staging_dir,
         admin_port=0 if spec.admin else None,
     )
     try:

@@ -21,6 +21,7 @@ import grpc.experimental
 from cachetools import LRUCache
 
 from kvsplice.client.store import store_wire as wire
+from kvsplice.client.store.put_staging import MIN_STAGED_NBYTES, PutStaging
 from kvsplice.client.store.same_host import SameHostPath
 from kvsplice.client.store.store_channel import open_channel
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
@@ -34,6 +35,7 @@ from kvsplice.client.store.store_faults import (
 from kvsplice.client.store.store_types import (
     AnchorEntry,
     ClientCounters,
+    DataPlaneInfo,
     PrefixLookup,
     SimilarCandidate,
 )
@@ -169,6 +171,8 @@ class StoreClient:
         self._same_host: SameHostPath | object | None = (
             _UNASKED if self.config.same_host_reads else None
         )
+        self._staging: PutStaging | object | None = _UNASKED if self.config.staged_puts else None
+        self._owns_staging = False  # a namespace client uses its owner's file if it had one
         self._served_lock = threading.Lock()
         self._served: LRUCache[bytes, Served] = LRUCache(maxsize=MAX_REMEMBERED_READS)
         self._reporter = ReuseReporter(self._send_report, self.config.report_interval_s)
@@ -182,6 +186,7 @@ class StoreClient:
         other.namespace = checked_namespace(namespace)
         other.counters = ClientCounters()
         other._same_host = _UNASKED if self.config.same_host_reads else None
+        other._owns_staging = False
         other._served_lock = threading.Lock()
         other._served = LRUCache(maxsize=MAX_REMEMBERED_READS)
         other._reporter = ReuseReporter(other._send_report, self.config.report_interval_s)
@@ -196,13 +201,13 @@ class StoreClient:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
             )
-        frames = wire.put_frames(
-            wire.with_payload_digest(meta, payload), payload, self.config.chunk_nbytes
-        )
+        meta = wire.with_payload_digest(meta, payload)
 
         def send(timeout_s: float) -> bool:
             try:
-                self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+                if not self._put_staged(meta, payload, timeout_s):
+                    frames = wire.put_frames(meta, payload, self.config.chunk_nbytes)
+                    self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
             except grpc.RpcError as error:
                 if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
                     raise
@@ -212,6 +217,43 @@ class StoreClient:
             return True
 
         return self._once("put_segment", send, self.config.put_timeout_s, False)
+
+    def _put_staged(self, meta: SegmentMeta, payload: bytes, timeout_s: float) -> bool:
+        """Put through the staging file when the sidecar is on this host; False: stream it
+        (too small, elsewhere, the file busy or full, or the sidecar cannot read it)."""
+        staging = self._put_staging() if len(payload) >= MIN_STAGED_NBYTES else None
+        if staging is None:
+            return False
+        with staging.staged(payload) as where:
+            if where is None:
+                return False
+            frames = wire.staged_put_frames(meta, *where)
+            try:
+                self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if error.code() is not grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+                    raise
+                # e.g. another user's sidecar, or another /dev/shm (a container)
+                logger.warning(
+                    "the sidecar cannot read this process's staged puts (%s): streaming them",
+                    error.details(),  # type: ignore[attr-defined]
+                )
+                self._staging = None
+                return False
+        self.counters.num_staged_puts += 1
+        return True
+
+    def _put_staging(self) -> PutStaging | None:
+        """The staging file, asking the sidecar once where it takes staged puts."""
+        if isinstance(self._staging, PutStaging) and not self._staging.usable:
+            self._staging = _UNASKED  # forked since it opened: a file of this process's own
+        if self._staging is _UNASKED:
+            answered, plane = self._describe_data_plane()
+            if not answered:
+                return None
+            self._staging = None if plane is None else PutStaging.open(plane)
+            self._owns_staging = self._staging is not None
+        return self._staging if isinstance(self._staging, PutStaging) else None
 
     def get_segment(
         self, segment_id_or_context_key: str | bytes, *, model_fingerprint: str | None = None
@@ -317,20 +359,27 @@ class StoreClient:
         if isinstance(self._same_host, SameHostPath) and not self._same_host.usable:
             self._same_host = _UNASKED  # forked since it opened: open it again
         if self._same_host is _UNASKED:
-            request = wire.data_plane_request(self.namespace)
-            try:
-                # NOTE: asked on the way to a get, so under the get's deadline: on a loaded
-                # host the lookup deadline (0.5 s) sent first reads over gRPC for no reason.
-                response = self._stub.DescribeDataPlane(
-                    request, timeout=self.config.get_timeout_s, metadata=self._metadata
-                )
-            except grpc.RpcError as rpc_error:
-                if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
-                    return None  # the get that follows reports it; ask again next time
-                self._same_host = None  # refused (an older sidecar, no permission): gRPC only
-                return None
-            self._same_host = SameHostPath.open(wire.data_plane_result(response), self.namespace)
+            answered, plane = self._describe_data_plane()
+            if not answered:
+                return None  # the get that follows reports it; ask again next time
+            self._same_host = None if plane is None else SameHostPath.open(plane, self.namespace)
         return self._same_host if isinstance(self._same_host, SameHostPath) else None
+
+    def _describe_data_plane(self) -> tuple[bool, DataPlaneInfo | None]:
+        """(answered, where the sidecar reads and takes staged puts): (False, None) while
+        it cannot be reached (ask again), (True, None) if it refused (an older sidecar)."""
+        request = wire.data_plane_request(self.namespace)
+        try:
+            # NOTE: asked on the way to a get or put, so under the get's deadline: on a
+            # loaded host the lookup deadline (0.5 s) sent first reads over gRPC needlessly.
+            response = self._stub.DescribeDataPlane(
+                request, timeout=self.config.get_timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as rpc_error:
+            if isinstance(error_from_rpc(rpc_error), StoreUnavailable):
+                return False, None
+            return True, None
+        return True, wire.data_plane_result(response)
 
     def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
         """Stored segments chaining from position 0 over `token_ids`; MISS when none or degraded."""
@@ -450,6 +499,9 @@ class StoreClient:
         if isinstance(self._same_host, SameHostPath):
             self._same_host.close()
         self._same_host = None
+        if isinstance(self._staging, PutStaging) and self._owns_staging:
+            self._staging.close()
+        self._staging = None
         if self._owns_channel:
             self._channel.close()
 

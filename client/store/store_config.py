@@ -24,9 +24,11 @@ class StoreClientConfig:
     `lookup_timeout_s` covers LookupPrefix/FindSimilar/Stats/anchors, the calls a
     worker makes on its hot path; past it the worker falls back to dense prefill.
     `same_host_reads` lets gets read segments in place when the sidecar runs on this
-    host (`client.same_host`); False forces every get over gRPC. `receive_pool_bytes`
-    bounds the receive buffers gets over gRPC reuse once callers let go of them
-    (`common.buffers.BufferPool`; 0: a fresh buffer per get). `report_interval_s`: how
+    host (`client.same_host`); False forces every get over gRPC. `staged_puts` hands
+    a put's payload to a sidecar on this host through a file in its staging folder
+    (`client.put_staging`) instead of streaming it; False streams every put.
+    `receive_pool_bytes` bounds the receive buffers gets over gRPC reuse once callers
+    let go of them (`common.buffers.BufferPool`; 0: a fresh buffer per get). `report_interval_s`: how
     often queued reuse reports (`StoreClient.report_reuse`) are sent, in one RPC each.
     """
 
@@ -42,6 +44,7 @@ class StoreClientConfig:
     reconnect_backoff_ms: int = 200
     max_reconnect_backoff_ms: int = 5000
     same_host_reads: bool = True
+    staged_puts: bool = True
     receive_pool_bytes: int = 256 * MIB
     report_interval_s: float = 1.0
 

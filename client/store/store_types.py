@@ -78,6 +78,7 @@ class ClientCounters:
     num_degraded_calls: int = 0  # store unreachable or past its deadline
     num_corrupt_payloads: int = 0  # checksum or length failed on get
     num_same_host_reads: int = 0  # gets served in place from the sidecar's host (no gRPC)
+    num_staged_puts: int = 0  # puts whose payload went through the staging file (no stream)
     num_reports_sent: int = 0  # reuse reports the sidecar took (`report_reuse`)
     num_reports_dropped: int = 0  # ... it refused (no write permission, bad report)
 
@@ -90,3 +91,4 @@ class DataPlaneInfo:
     lmdb_path: str
     lmdb_file_id: tuple[int, int]
     server_pid: int
+    staging_dir: str = ""  # where a put's payload may be staged (`common.staging`); "": nowhere

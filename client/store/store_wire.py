@@ -80,6 +80,14 @@ def put_frames(meta: SegmentMeta, payload: bytes, chunk_nbytes: int) -> Iterator
         yield encode_chunk(view[start : start + chunk_nbytes])
 
 
+def staged_put_frames(meta: SegmentMeta, name: str, offset: int) -> Iterator[bytes]:
+    """A PutSegment stream whose payload waits in staging file `name` at `offset`."""
+    yield pb.PutSegmentRequest(header=meta_to_header(meta)).SerializeToString()
+    yield pb.PutSegmentRequest(
+        staged=pb.StagedPayload(name=name, offset=offset)
+    ).SerializeToString()
+
+
 GetPart: TypeAlias = pb.GetSegmentResponse | memoryview
 
 
@@ -318,6 +326,7 @@ def data_plane_result(response: pb.DescribeDataPlaneResponse) -> DataPlaneInfo:
         lmdb_path=response.lmdb_path,
         lmdb_file_id=(response.lmdb_device, response.lmdb_inode),
         server_pid=response.server_pid,
+        staging_dir=response.staging_dir,
     )
 
 
