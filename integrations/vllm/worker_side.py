@@ -239,7 +239,8 @@ class WorkerSide:
                 piece.segment_id,
             )
         try:
-            stored = decode_stored(payload, expect_fingerprint=spec.root)
+            # NOTE: `get_segment` matched these bytes to the meta's checksum already
+            stored = decode_stored(payload, expect_fingerprint=spec.root, verified=True)
         except KvspliceError as error:
             raise LoadFault(
                 piece.start, f"segment {piece.segment_id}: {error}", piece.segment_id
