@@ -1,7 +1,7 @@
 """The connector's settings: `kv_connector_extra_config` read once into a frozen config.
 
 Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
-`token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `save_decode`,
+`token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `staged_puts`, `save_decode`,
 `lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
 `token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`. Knows nothing of vLLM's objects.
 """
@@ -61,6 +61,7 @@ class ConnectorConfig:
     chunk_tokens: int | None = None
     quant: str = "none"
     same_host_reads: bool = True
+    staged_puts: bool = True
     save_decode: bool | None = None
     lookup_timeout_ms: int = 500
     max_pending_saves: int = 256
@@ -135,7 +136,7 @@ class ConnectorConfig:
         ):  # fmt: skip
             if values.get(name) is not None:
                 values[name] = int(values[name])
-        for name in ("same_host_reads", "save_decode"):
+        for name in ("same_host_reads", "staged_puts", "save_decode"):
             if name in values:
                 values[name] = _as_bool(values[name])
         if isinstance(values.get("load_async"), bool):

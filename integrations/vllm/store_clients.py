@@ -25,6 +25,7 @@ class StoreClients:
         self._client_config = StoreClientConfig(
             lookup_timeout_s=config.lookup_timeout_ms / 1000,
             same_host_reads=config.same_host_reads,
+            staged_puts=config.staged_puts,
         )
         self._token = config.resolved_token()
         self._tls = None

@@ -10,12 +10,13 @@ from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_
 def test_the_contract_keys_are_read() -> None:
     config = ConnectorConfig.from_extra_config(
         {"target": "unix:/run/k.sock", "namespace": "team-a", "token": "t", "tls_ca": "/ca.pem",
-         "chunk_tokens": "256", "same_host_reads": "false"}
+         "chunk_tokens": "256", "same_host_reads": "false", "staged_puts": "no"}
     )  # fmt: skip
     assert (config.target, config.namespace, config.token, config.tls_ca) == (
         "unix:/run/k.sock", "team-a", "t", "/ca.pem",
     )  # fmt: skip
     assert config.chunk_tokens == 256 and config.same_host_reads is False
+    assert config.staged_puts is False
     assert config.quant == "none"  # lossless unless asked: only exact KV enters the engine
 
 
