@@ -190,6 +190,11 @@ class KeyChain:
         self.parent, self.position = link.key, link.end
         return link
 
+    def peek(self, token_ids: Sequence[int]) -> ChainLink:
+        """The link `extend(token_ids)` would add, the cursor left where it is."""
+        end = self.position + len(token_ids)
+        return ChainLink(self.position, end, self.parent, context_key(self.parent, token_ids))
+
     def follow(self, key: bytes, num_tokens: int) -> None:
         """Move past a stored segment of `num_tokens` named `key` (its parent is ours)."""
         self.parent, self.position = key, self.position + num_tokens

@@ -104,6 +104,7 @@ class KvspliceConnector(KVConnectorBase_V1):
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
                 save_decode=self.config.save_decode_for(kv_dtype),
                 load_async=self.config.load_async,
+                save_tails=self.config.save_tails,
                 lookup_wait_s=self.config.lookup_wait_ms / 1000,
                 lookup_timeout_s=self.config.lookup_deadline_ms / 1000,
                 faults=self.faults,

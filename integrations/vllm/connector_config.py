@@ -2,6 +2,7 @@
 
 Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
 `token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `staged_puts`, `save_decode`,
+`save_tails`,
 `lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
 `token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`. Knows nothing of vLLM's objects.
 """
@@ -35,7 +36,9 @@ class ConnectorConfig:
     the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
     `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`);
     None (the default) means: only where the engine keeps K/V in float32
-    (`save_decode_for`).
+    (`save_decode_for`). `save_tails` also stores each request's last half chunk (whole
+    blocks) once computed, so the next request of a transcript finds up to half a chunk
+    more (`SchedulerSide._tail`); the full chunk is stored when it fills.
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
     Lookups run off the scheduler loop: a new request waits for its lookup at most
@@ -63,6 +66,7 @@ class ConnectorConfig:
     same_host_reads: bool = True
     staged_puts: bool = True
     save_decode: bool | None = None
+    save_tails: bool = True
     lookup_timeout_ms: int = 500
     max_pending_saves: int = 256
     lookup_wait_ms: int = 20
@@ -136,7 +140,7 @@ class ConnectorConfig:
         ):  # fmt: skip
             if values.get(name) is not None:
                 values[name] = int(values[name])
-        for name in ("same_host_reads", "staged_puts", "save_decode"):
+        for name in ("same_host_reads", "staged_puts", "save_decode", "save_tails"):
             if name in values:
                 values[name] = _as_bool(values[name])
         if isinstance(values.get("load_async"), bool):

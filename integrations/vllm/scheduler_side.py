@@ -22,7 +22,7 @@ from typing import Any
 
 from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.errors import StoreUnavailable
-from kvsplice.common.keys import KeyChain
+from kvsplice.common.keys import ChainLink, KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.lookups import LookupQuery, Lookups
 from kvsplice.integrations.vllm.request_keys import request_root
@@ -63,6 +63,7 @@ class _Tracked:
     block_ids: list[int] = field(default_factory=list)
     held_keys: frozenset[bytes] = frozenset()
     pending_load: LoadSpec | None = None
+    tail_saved_at: int = -1  # the chain position whose half-chunk tail this request saved
     load_async: bool = False  # its promised load goes beside the steps (vLLM's load_kv_async)
     num_local_tokens: int = 0  # computed or cached in the engine when the load was promised
 
@@ -76,6 +77,7 @@ class SchedulerSide:
         chunk_tokens: int,
         save_decode: bool = False,
         *,
+        save_tails: bool = True,
         load_async: str = "never",
         lookup_wait_s: float = 0.02,
         lookup_timeout_s: float = 2.0,
@@ -87,6 +89,8 @@ class SchedulerSide:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.chunk_tokens = chunk_tokens
+        # a half chunk in whole blocks (0: chunks too small for a tail)
+        self.tail_tokens = chunk_tokens // 2 // block_size * block_size if save_tails else 0
         self.load_async = load_async  # "auto", "always" or "never" (ConnectorConfig's)
         self._async_loads: list[LoadSpec] = []  # promised this step, sent in its metadata
         self._running: set[str] = set()  # scheduled in the last step, not finished
@@ -288,6 +292,7 @@ class SchedulerSide:
             chain.extend(tokens[chain.position : chain.position + self.chunk_tokens])
         tracked.chain = chain
         tracked.held_keys = frozenset()
+        tracked.tail_saved_at = -1
 
     # ---- saves ---------------------------------------------------------------------------
 
@@ -334,13 +339,45 @@ class SchedulerSide:
             if link.key in tracked.held_keys or not self._claim(key, tracked.ack_seq):
                 continue
             table = tuple(tracked.block_ids) if table is None else table
-            saves.append(SaveSpec(
-                request_id=request_id, namespace=tracked.namespace, root=tracked.root,
-                start=start, token_ids=tuple(token_ids[start : link.end]),
-                parent_key=link.parent_key, key=link.key, block_size=self.block_size,
-                block_table=table,
-            ))  # fmt: skip
+            saves.append(self._save_spec(tracked, link, token_ids, table))
+        tail = self._tail(tracked, ready)
+        if tail is not None:
+            table = tuple(tracked.block_ids) if table is None else table
+            saves.append(self._save_spec(tracked, tail, token_ids, table))
         return saves
+
+    def _tail(self, tracked: _Tracked, ready: int) -> ChainLink | None:
+        """The half-chunk segment past the chain's last full chunk, once its blocks exist.
+
+        NOTE: chunks keep puts few and large, but a request's last partial chunk would
+        then never be stored: the next agent of a transcript (this one's prompt and
+        answer, then more) would recompute up to a chunk less than vLLM's own prefix
+        cache holds. One half-chunk tail per chunk (whole blocks) halves that, for at
+        most half a chunk more bytes; the full chunk is stored when it fills.
+        """
+        chain = tracked.chain
+        assert chain is not None
+        end = chain.position + self.tail_tokens
+        if not self.tail_tokens or end > ready or tracked.tail_saved_at == chain.position:
+            return None
+        tracked.tail_saved_at = chain.position
+        link = chain.peek(tracked.request.all_token_ids[chain.position : end])
+        if link.key in tracked.held_keys or not self._claim(
+            (tracked.namespace, link.key), tracked.ack_seq
+        ):
+            return None
+        return link
+
+    def _save_spec(
+        self, tracked: _Tracked, link: ChainLink, token_ids: Sequence[int], table: tuple[int, ...]
+    ) -> SaveSpec:
+        assert tracked.root is not None
+        return SaveSpec(
+            request_id=tracked.request.request_id, namespace=tracked.namespace,
+            root=tracked.root, start=link.start, token_ids=tuple(token_ids[link.start : link.end]),
+            parent_key=link.parent_key, key=link.key, block_size=self.block_size,
+            block_table=table,
+        )  # fmt: skip
 
     def _claim(self, key: tuple[str, bytes], lookup_ack_seq: int) -> bool:
         """Whether this request should put `key`: nobody is putting it now, and it was not

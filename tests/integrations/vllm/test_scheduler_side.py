@@ -21,7 +21,7 @@ from kvsplice.common.errors import (
     PermissionDenied,
     StoreUnavailable,
 )
-from kvsplice.common.keys import chunk_links
+from kvsplice.common.keys import KeyChain, chunk_links
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, SaveSpec, WorkerNews
@@ -413,3 +413,40 @@ def test_a_tls_failure_is_named_as_tls_not_as_an_outage() -> None:
     side = make_blocking_side(store, lookup_wait_s=5.0)
     assert side.num_new_matched_tokens(FakeRequest("r", list(range(10, 22))), 0) == 0
     assert any("TLS" in kind for kind in side.faults.counts)
+
+
+def test_a_half_chunk_tail_is_saved_once_its_blocks_exist_and_found_by_the_next_lookup() -> None:
+    """Chunks of 2 blocks: a request's last half chunk (1 block) is stored once computed,
+    once; the full chunk follows when it fills; `save_tails=False` stores full chunks only."""
+    chunk = 2 * BLOCK
+    store = FakeStore([])
+    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, chunk, save_decode=True,
+                         lookup_wait_s=10.0)  # type: ignore[arg-type]  # fmt: skip
+    request = FakeRequest("r", list(range(10, 23)))  # 13 tokens: 1 chunk, 1 block, 1 token
+    side.num_new_matched_tokens(request, 0)
+    step = Step([NewReq("r", ([0, 1, 2, 3],), 0)], num_scheduled_tokens={"r": 13})
+    saves = side.build_step(step)[1]
+    assert [(s.start, s.end, s.block_ids) for s in saves] == [(0, 8, (0, 1)), (8, 12, (2,))]
+    tail = saves[1]
+    chain = KeyChain(FINGERPRINT)
+    chain.extend(request.all_token_ids[:8])
+    assert (
+        tail.parent_key == saves[0].key
+        and tail.key == chain.extend(request.all_token_ids[8:12]).key
+    )
+    request.all_token_ids += [50, 51]  # decoding: the same tail is not saved again
+    cached = Cached(["r"], set(), [None], [13])
+    assert (
+        side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 1}))[1] == []
+    )
+    request.all_token_ids += [52, 53]
+    cached = Cached(["r"], set(), [None], [14])
+    saves = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 3}))[1]
+    assert [(s.start, s.end) for s in saves] == [(8, 16)]  # the full chunk; its tail is past 17
+
+    plain = SchedulerSide(FakeClients(FakeStore([])), FINGERPRINT, BLOCK, chunk, save_decode=True,
+                          save_tails=False, lookup_wait_s=10.0)  # type: ignore[arg-type]  # fmt: skip
+    other = FakeRequest("o", list(range(10, 23)))
+    plain.num_new_matched_tokens(other, 0)
+    step = Step([NewReq("o", ([0, 1, 2, 3],), 0)], num_scheduled_tokens={"o": 13})
+    assert [(s.start, s.end) for s in plain.build_step(step)[1]] == [(0, 8)]
