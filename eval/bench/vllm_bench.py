@@ -228,7 +228,7 @@ def _services(
     stops.append(sidecar.stop)
     extra: dict[str, Any] = {
         "chunk_tokens": config.chunk_tokens, "save_decode": config.save_decode,
-        "load_async": config.load_async,
+        "load_async": config.load_async, "save_tails": config.save_tails,
     }  # fmt: skip
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
@@ -298,11 +298,13 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "repeats": config.repeats,
         "decode_kv_stored": config.save_decode,
         "kvsplice_load_async": config.load_async,
+        "kvsplice_save_tails": config.save_tails,
         "lmcache": {
             "transfer": "engine-driven through shared memory (server --shm-name)",
             "chunk_size": config.chunk_tokens,
             "save_decode_cache": config.save_decode,
             "eager_prefetch": True,
+            "stores": "whole chunks only (its multi-process mode)",
             "hybrid_kv_cache_manager": "disabled (its connector requires it)",
         },
         "load_avg": list(os.getloadavg()),

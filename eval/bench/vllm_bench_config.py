@@ -58,6 +58,11 @@ class VllmBenchConfig:
     chunk_tokens: int = flag(
         256, "Tokens per stored chunk, kvsplice's and LMCache's alike.", min=16
     )
+    save_tails: bool = flag(
+        True,
+        "kvsplice also stores a request's last half chunk (--no-save-tails: whole chunks "
+        "only, as LMCache's multi-process mode stores them).",
+    )
     load_async: str = flag(
         "auto",
         "kvsplice's load_async: auto (beside the steps while other requests run), always, never.",
