@@ -235,7 +235,7 @@ def _services(
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
-                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, config))  # fmt: skip
+                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar))  # fmt: skip
 
 
 def _settle_then(sidecar: Sidecar, then: Callable[[], object]) -> None:
@@ -255,10 +255,11 @@ def _wait_until_stored(sidecar: Sidecar, settle_s: float = 0.5, timeout_s: float
         time.sleep(0.1)
 
 
-def _sidecar_bytes_per_token(sidecar: Sidecar, config: VllmBenchConfig) -> float | None:
-    stats = sidecar.namespace_stats(NAMESPACE)
-    segments = int(stats.get("num_segments", 0))
-    return stats["stored_bytes"] / (segments * config.chunk_tokens) if segments else None
+def _sidecar_bytes_per_token(sidecar: Sidecar) -> float | None:
+    """Payload bytes per stored token (chunks and half-chunk tails alike)."""
+    segments = sidecar.segments(NAMESPACE)
+    num_tokens = sum(s["num_tokens"] for s in segments)
+    return sum(s["payload_nbytes"] for s in segments) / num_tokens if num_tokens else None
 
 
 def _dir_bytes_per_token(path: Path) -> float | None:

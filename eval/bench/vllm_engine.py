@@ -311,6 +311,18 @@ class Sidecar(Child):
         rows = response.json()["namespaces"]
         return rows[0] if rows else {}
 
+    def segments(self, namespace: str) -> list[dict[str, Any]]:
+        """Every stored segment's summary in `namespace` (the admin API's pages)."""
+        found: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            response = self._get("/v1/segments", namespace=namespace, offset=offset, limit=1000)
+            response.raise_for_status()
+            page = response.json()
+            found += page["segments"]
+            offset = page["next_offset"]
+        return found
+
 
 class LmcacheServer(Child):
     """LMCache's multi-process cache server (0.5.6), the peer `bench vllm` measures.
