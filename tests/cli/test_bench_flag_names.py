@@ -41,7 +41,8 @@ FLAGS = {
     ],
     ("bench", "vllm"): [
         "--json", "--configs", "--answer-tokens", "--problem", "--threads", "--dtype", "--repeats",
-        "--prefix-caching", "--save-decode", "--no-save-decode", "--chunk-tokens", "--load-async",
+        "--prefix-caching", "--save-decode", "--no-save-decode", "--chunk-tokens", "--save-tails",
+        "--no-save-tails", "--load-async",
         "--work-dir",
         "--model", "--model-cache", "--log-level",
     ],
