@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvsplice.agents.graph import AgentGraph, AgentStep, AnswerRef, QuestionRef
 from kvsplice.agents.render import PlaceholderValue, RenderedPrompt, Tokenizer, render
@@ -40,6 +40,18 @@ class AgentCall(CallOutcome):
         return self.num_reused_tokens / self.num_prompt_tokens
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampled decoding for a pipeline's calls: softmax(logits / temperature), seeded."""
+
+    temperature: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature {self.temperature} must be > 0 (0 is greedy: None)")
+
+
 @dataclass
 class PipelineTrace:
     """All calls of one question, in execution order; the last call's text is the answer."""
@@ -62,19 +74,25 @@ def run_pipeline(
     ignore_stop: bool = False,
     max_new_tokens: int | None = None,
     on_call: Callable[[AgentCall], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> PipelineTrace:
-    """Run every step of `graph` on `question` with greedy decoding.
+    """Run every step of `graph` on `question`, greedy unless `sampling` is given.
 
     Each agent stops at its role's `max_new_tokens` (or `max_new_tokens`, when
     given, for all agents), at EOS or at its chat turn-end marker; with
     `ignore_stop` it generates exactly that many tokens. `on_call` sees each call
-    as it finishes (progress reporting).
+    as it finishes (progress reporting). `sampling`: every call samples at its
+    temperature, call i seeded with its seed + i (reproducible, and the agents'
+    draws independent).
     """
     tokenizer: Tokenizer = engine.loaded.tokenizer
     answers: dict[tuple[str, int], tuple[int, ...]] = {}
     calls: list[AgentCall] = []
-    for step in graph:
-        call = _run_step(step, question, answers, engine, tokenizer, ignore_stop, max_new_tokens)
+    for index, step in enumerate(graph):
+        drawn = None if sampling is None else replace(sampling, seed=sampling.seed + index)
+        call = _run_step(
+            step, question, answers, engine, tokenizer, ignore_stop, max_new_tokens, drawn
+        )
         answers[(step.agent_id, step.round)] = call.output_ids
         calls.append(call)
         if on_call is not None:
@@ -90,14 +108,17 @@ def _run_step(
     tokenizer: Tokenizer,
     ignore_stop: bool,
     max_new_tokens: int | None,
+    sampling: Sampling | None,
 ) -> AgentCall:
     started_at_s = time.perf_counter()
     values = {name: _resolve(ref, question, answers) for name, ref in step.fills.items()}
     prompt = render(step.role.template, values, tokenizer)
+    drawn = {} if sampling is None else {"temperature": sampling.temperature, "seed": sampling.seed}
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens or step.role.max_new_tokens,
         stop_token_ids=stop_token_ids(tokenizer, step.role.chat.turn_end),
         ignore_stop=ignore_stop,
+        **drawn,
     )
     outcome = engine.run(prompt, generation, started_at_s=started_at_s)
     return _agent_call(step, prompt, outcome, generation, tokenizer)

@@ -100,6 +100,12 @@ class BenchJudgeConfig:
         "candidates are whole functions graded by their tests; 48 otherwise).",
         cli_default=None, min=1,
     )  # fmt: skip
+    temperature: float = flag(
+        0.0,
+        "Sample the execution agents' candidates at this temperature (best-of-N: each draw "
+        "seeded by --seed, the example and the agent); 0 decodes greedily.",
+        min=0,
+    )  # fmt: skip
     diagnostics: bool = flag(True, "Attention diagnostics per layer (one more forward per call).")
     out_dir: Path = flag(  # noqa: RUF009
         Path("results/bench_judge"), "Where results.json, .md and plots go.", name="out", path=True
@@ -132,7 +138,7 @@ class BenchJudgeConfig:
         return JudgeRunConfig(
             modes=self.modes, regime=self.regime, num_candidates=self.num_candidates,
             shuffle=self.shuffle, seed=self.seed, layout=self.layout,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             judge_max_new_tokens=self.judge_max_new_tokens, warmup=self.warmup,
             namespace=f"judge-{run_id}", store_token=self.store_token, admission=self.admission,
         )  # fmt: skip

@@ -11,6 +11,8 @@ every mode's TTFT; modes interleaved per example. Figures are `jcr`'s.
 from __future__ import annotations
 
 import logging
+import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -24,7 +26,7 @@ from kvsplice.agents.judge import (
     check_num_candidates,
     judge_pipeline,
 )
-from kvsplice.agents.pipeline import run_pipeline, stop_token_ids
+from kvsplice.agents.pipeline import Sampling, run_pipeline, stop_token_ids
 from kvsplice.agents.render import RenderedPrompt, render, tokenize_text
 from kvsplice.client.execute.execution import ExecutionState, GenerationConfig
 from kvsplice.client.model.models import LoadedModel
@@ -53,6 +55,8 @@ class JudgeRunConfig:
     """How to judge. `modes`: variant specs (`mode_variants`) or "gated"; dense runs first.
 
     `max_new_tokens`: each execution agent's cap when candidates are generated;
+    `temperature`: > 0 samples them (best-of-N: each draw seeded by `seed`, the example
+    and the agent, so reruns judge the same sets), 0 decodes greedily;
     `judge_max_new_tokens`: the judge's free text (parsed for coverage). `shuffle`: a
     per-example permutation drawn from `seed` (else agent order). `layout`: the judge
     pipeline's (`agents.judge.JUDGE_LAYOUTS`; in a transcript the agents speak in display
@@ -67,6 +71,7 @@ class JudgeRunConfig:
     seed: int = 0
     layout: str = "persona-first"
     max_new_tokens: int = 64
+    temperature: float = 0.0
     judge_max_new_tokens: int = 6
     warmup: bool = True
     namespace: str = "kvsplice-judge"
@@ -86,6 +91,8 @@ class JudgeRunConfig:
         check_judge_layout(self.layout)
         if self.max_new_tokens < 1 or self.judge_max_new_tokens < 1:
             raise ValueError("max_new_tokens and judge_max_new_tokens must be >= 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature} must be finite and >= 0")
         for mode in self.modes:
             validate_namespace(self.namespace_of(mode, warmup=True))
 
@@ -180,14 +187,21 @@ def make_candidates(
     dense: ReuseEngine, example: JudgeExample, pipeline: JudgePipeline, config: JudgeRunConfig
 ) -> Candidates:
     """The given candidates tokenized, or the execution agents' answers, generated densely
-    (keyed by candidate agent id, "1".."n")."""
+    (keyed by candidate agent id, "1".."n"), sampled when `config.temperature` > 0."""
     tokenizer = dense.loaded.tokenizer
     if example.candidates is not None:
         texts = {str(i): t for i, t in enumerate(example.candidates, 1)}
         ids = {a: tokenize_text(tokenizer, t) for a, t in texts.items()}
     else:
         graph = pipeline.graph
-        trace = run_pipeline(graph, example.question, dense, max_new_tokens=config.max_new_tokens)
+        sampling = None
+        if config.temperature > 0:
+            seed = zlib.crc32(f"{config.seed}:{example.example_id}".encode())
+            sampling = Sampling(config.temperature, seed)
+        trace = run_pipeline(
+            graph, example.question, dense, max_new_tokens=config.max_new_tokens,
+            sampling=sampling,
+        )  # fmt: skip
         spoken = {
             pipeline.agent_of(c.agent_id): c.output_ids or tokenize_text(tokenizer, NO_ANSWER)
             for c in trace.calls

@@ -33,11 +33,13 @@ from kvsplice.integrations.vllm.engine_fingerprint import (
     effective_fingerprint,
     engine_fingerprint,
 )
+from kvsplice.integrations.vllm.reuse_policy import admits_spans
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
 from kvsplice.integrations.vllm.worker_side import WorkerSide
+from kvsplice.kvmath.rope import RopeSpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -100,6 +102,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
         if role == KVConnectorRole.SCHEDULER:
+            approximate = admits_spans(self.config.reuse_policy, self.fingerprint)
             self.scheduler = SchedulerSide(
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
                 save_decode=self.config.save_decode_for(kv_dtype),
@@ -107,7 +110,8 @@ class KvspliceConnector(KVConnectorBase_V1):
                 save_tails=self.config.save_tails,
                 lookup_wait_s=self.config.lookup_wait_ms / 1000,
                 lookup_timeout_s=self.config.lookup_deadline_ms / 1000,
-                faults=self.faults,
+                faults=self.faults, approximate=approximate,
+                hash_block_size=getattr(kv_cache_config, "hash_block_size", None),
             )  # fmt: skip
             _warn_if_failing_requests(transfer)
         logger.info(
@@ -129,6 +133,7 @@ class KvspliceConnector(KVConnectorBase_V1):
             self.worker = WorkerSide(
                 self.clients, self.fingerprint, self.block_size, kv_caches, layout,
                 self.config.quant, self.config.max_pending_saves, self.faults,
+                rope=lambda: RopeSpec.from_hf_config(self._vllm_config.model_config.hf_text_config),
             )  # fmt: skip
         except UnsupportedLayout as error:
             self._disabled = f"this worker cannot read its KV cache: {error}"
@@ -238,9 +243,10 @@ class KvspliceConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        params = None
         if self.scheduler is not None:
-            self.scheduler.finished(request)
-        return False, None
+            params = self.scheduler.finished(request)
+        return False, params
 
 
 def _log_like_vllm() -> None:

@@ -4,7 +4,8 @@ Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
 `token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `staged_puts`, `save_decode`,
 `save_tails`,
 `lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
-`token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`. Knows nothing of vLLM's objects.
+`token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`, `reuse_policy`. Knows nothing
+of vLLM's objects.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class ConnectorConfig:
     engine has nothing else to do (then waiting for a background load only adds steps;
     on CPU the loader thread also competes with the engine's spinning threads: agent 5 of
     `bench vllm` took 1.19 s async against 0.97 s in the step). true/false mean always/never.
+    `reuse_policy`: the admission policy JSON (`kvsplice calibrate`) that decides whether a
+    request asking for `{"kvsplice": {"reuse": "gated"}}` gets approximate runs: only
+    when it admits `naive` for this model (None: the policy shipped for the model, else
+    the safe default, which admits none: such requests then get exact reuse).
     """
 
     target: str
@@ -76,6 +81,7 @@ class ConnectorConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     load_async: str = "auto"
+    reuse_policy: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target:

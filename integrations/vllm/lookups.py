@@ -6,6 +6,8 @@ for it at most `wait_s` the first time it is asked (a healthy sidecar answers wi
 a millisecond or two, so most requests are scheduled in the step they arrive), and
 afterwards never blocks: `None` until the answer is there, a miss once `timeout_s`
 has passed. Every fault is a miss, counted by `FaultLog` and fed to the `Breaker`.
+An answer (`Found`) is the exact stored prefix and, for a request that opted into
+approximate reuse, the runs of stored segments that continue it (`span_cover`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.errors import InvalidRequest, PermissionDenied, StoreUnavailable
 from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.span_cover import ReusedSpan
 
 # Refusals of one request's lookup (a salt its token does not cover, an over-long
 # prompt): the sidecar itself is healthy, so they do not trip the breaker.
@@ -30,16 +33,28 @@ class LookupQuery:
     namespace: str
     root: str  # the fingerprint the request's chain hangs from (request_keys)
     num_tokens: int
+    approximate: bool = False  # also look for stored runs past the exact prefix
+
+
+@dataclass(frozen=True)
+class Found:
+    """The exact stored prefix, and runs computed elsewhere that continue it (approximate)."""
+
+    exact: PrefixLookup
+    spans: tuple[ReusedSpan, ...] = ()
+
+
+MISS = Found(PrefixLookup.MISS)
 
 
 @dataclass
 class _Pending:
     query: LookupQuery
-    future: Future[PrefixLookup]
+    future: Future[Found]
     started_s: float
 
 
-LookupFn = Callable[[LookupQuery, Sequence[int]], PrefixLookup]
+LookupFn = Callable[[LookupQuery, Sequence[int]], Found]
 
 
 class Lookups:
@@ -63,9 +78,7 @@ class Lookups:
         self.num_lookups = 0
         self.num_deferred = 0
 
-    def poll(
-        self, request_id: str, query: LookupQuery, token_ids: Sequence[int]
-    ) -> PrefixLookup | None:
+    def poll(self, request_id: str, query: LookupQuery, token_ids: Sequence[int]) -> Found | None:
         """The lookup's answer, MISS on any fault, or None: not answered yet, ask again.
 
         `token_ids` are the request's tokens (its first `query.num_tokens` are looked up).
@@ -74,7 +87,7 @@ class Lookups:
         wait_s = 0.0
         if pending is None or pending.query != query:
             if not self.breaker.allow():
-                return PrefixLookup.MISS
+                return MISS
             tokens = tuple(token_ids[: query.num_tokens])  # vLLM appends to its list
             future = self._pool.submit(self._guarded, query, tokens)
             pending = _Pending(query, future, time.monotonic())
@@ -90,7 +103,7 @@ class Lookups:
             del self._pending[request_id]
             self.faults.record("lookup timed out", f"no answer in {self.timeout_s:.1f} s")
             self.breaker.failed()
-            return PrefixLookup.MISS
+            return MISS
         del self._pending[request_id]
         return lookup
 
@@ -101,20 +114,20 @@ class Lookups:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _guarded(self, query: LookupQuery, token_ids: Sequence[int]) -> PrefixLookup:
+    def _guarded(self, query: LookupQuery, token_ids: Sequence[int]) -> Found:
         try:
             lookup = self._lookup(query, token_ids)
         except REQUEST_REFUSALS as error:
             self.faults.record(f"lookup refused ({type(error).__name__})", error)
-            return PrefixLookup.MISS
+            return MISS
         except StoreUnavailable as error:
             self.faults.record(unavailable_kind(error), error)
             self.breaker.failed()
-            return PrefixLookup.MISS
+            return MISS
         except Exception as error:  # any other status or bug: a miss, never the engine
             self.faults.record(f"lookup failed ({type(error).__name__})", error)
             self.breaker.failed()
-            return PrefixLookup.MISS
+            return MISS
         self.breaker.succeeded()
         return lookup
 

@@ -7,13 +7,18 @@ allocations into `LoadSpec`s, and every chunk of computed tokens the sidecar doe
 not hold into a `SaveSpec`. `absorb` takes the workers' news: acknowledged and
 failed puts (a chunk counts as stored only once acknowledged; a failed one is put
 again when next computed) and load faults (the request's chain rewinds to the
-fault). Only exact prefixes are ever promised. Knows vLLM's request and
+fault). Exact prefixes are promised to every request; a request that opted into
+approximate reuse (`reuse_request`) on an engine whose admission policy admits it also
+gets runs of stored segments computed elsewhere past its exact prefix (`span_cover`),
+fenced: nothing from its first approximate token on is saved, and vLLM's prefix cache
+never serves those blocks to another request (`_fence`). Knows vLLM's request and
 scheduler-output objects only through the few attributes it reads.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -24,9 +29,11 @@ from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import ChainLink, KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
-from kvsplice.integrations.vllm.lookups import LookupQuery, Lookups
+from kvsplice.integrations.vllm.lookups import Found, LookupQuery, Lookups
 from kvsplice.integrations.vllm.request_keys import request_root
+from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse, requested_reuse
 from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.span_cover import ReusedSpan, StoredTokens, cover, trimmed
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import (
     LoadSpec,
@@ -46,6 +53,12 @@ IN_FLIGHT_TTL_S = 120.0
 BAD_SEGMENT_TTL_S = 600.0
 # A request that waited this long since its lookup is looked up again before a load.
 LOOKUP_MAX_AGE_S = 10.0
+# Approximate lookups: windows of a chunk each, at most this many past the exact prefix,
+# and at most this many similar segments read per window.
+MAX_SPAN_WINDOWS = 8
+MAX_SPAN_CANDIDATES = 4
+# A run shorter than this is not loaded (its tokens are computed).
+MIN_SPAN_TOKENS = 16
 
 
 @dataclass
@@ -66,6 +79,12 @@ class _Tracked:
     tail_saved_at: int = -1  # the chain position whose half-chunk tail this request saved
     load_async: bool = False  # its promised load goes beside the steps (vLLM's load_kv_async)
     num_local_tokens: int = 0  # computed or cached in the engine when the load was promised
+    reuse: RequestedReuse = field(default_factory=RequestedReuse)
+    spans: tuple[ReusedSpan, ...] = ()  # approximate runs past the exact prefix (looked up)
+    promised_spans: tuple[ReusedSpan, ...] = ()  # those of the last promise
+    approximate_from: int | None = None  # first token whose K/V may be approximate
+    num_exact_tokens: int = 0  # loaded from exact chain links (the last load)
+    num_approximate_tokens: int = 0  # loaded from runs computed elsewhere (the last load)
 
 
 class SchedulerSide:
@@ -83,8 +102,13 @@ class SchedulerSide:
         lookup_timeout_s: float = 2.0,
         breaker: Breaker | None = None,
         faults: FaultLog | None = None,
+        approximate: bool = False,
+        hash_block_size: int | None = None,
     ) -> None:
         self.clients = clients
+        # whether the admission policy admits approximate runs for requests that opt in
+        self.approximate = approximate
+        self.hash_block_size = hash_block_size or block_size  # vLLM's prefix-cache hashes
         self.save_decode = save_decode
         self.fingerprint = fingerprint
         self.block_size = block_size
@@ -106,6 +130,7 @@ class SchedulerSide:
         self._bad_segments: dict[str, float] = {}
         self.disabled: str | None = None
         self.num_hit_tokens = 0
+        self.num_approximate_tokens = 0  # promised from runs computed elsewhere
         self.num_faults_seen = 0  # load faults absorbed: the worker withholds saves until then
 
     @property
@@ -123,16 +148,49 @@ class SchedulerSide:
         if self.disabled or tracked.root is None or cap <= num_computed_tokens:
             return 0  # nothing the sidecar could add: no lookup
         if tracked.lookup is None or _stale(tracked, len(request.all_token_ids)):
-            query = LookupQuery(tracked.namespace, tracked.root, len(request.all_token_ids))
-            lookup = self.lookups.poll(request.request_id, query, request.all_token_ids)
-            if lookup is None:
+            query = LookupQuery(
+                tracked.namespace, tracked.root, len(request.all_token_ids),
+                approximate=self._wants_spans(tracked),
+            )  # fmt: skip
+            found = self.lookups.poll(request.request_id, query, request.all_token_ids)
+            if found is None:
                 return None
-            self._answered(tracked, self._without_bad(lookup), query.num_tokens)
+            self._answered(tracked, self._without_bad(found.exact), query.num_tokens)
+            tracked.spans = self._spans_without_bad(found.spans)
         assert tracked.lookup is not None
         aligned = min(tracked.lookup.num_matched_tokens, cap) // self.block_size * self.block_size
-        num_tokens = max(0, aligned - num_computed_tokens)
+        end = max(aligned, num_computed_tokens)
+        tracked.promised_spans = ()
+        if tracked.spans and tracked.spans[0].start == tracked.lookup.num_matched_tokens:
+            approximate_end = min(tracked.spans[-1].end, cap) // self.block_size * self.block_size
+            if approximate_end > end:
+                tracked.promised_spans = trimmed(tracked.spans, end, approximate_end)
+                self._fence(tracked, end)
+                end = approximate_end
+        num_tokens = max(0, end - num_computed_tokens)
         tracked.load_async = num_tokens > 0 and self._loads_async(request.request_id)
         return num_tokens
+
+    def _wants_spans(self, tracked: _Tracked) -> bool:
+        return self.approximate and tracked.reuse.approximate and tracked.root is not None
+
+    def _fence(self, tracked: _Tracked, position: int) -> None:
+        """From `position` on the request's K/V may be approximate: never saved, and never
+        found in vLLM's prefix cache by another request.
+
+        NOTE: vLLM caches a request's blocks under `request.block_hashes` (chained: each
+        covers the whole prefix before it) right after this promise is allocated. The
+        hashes from `position` on are replaced by random ones, so no later request can
+        hash to them; the hashes vLLM appends later chain from these, so they are unique
+        too. Blocks before `position` keep their hashes: their K/V is exact.
+        """
+        first = position // self.hash_block_size
+        hashes = getattr(tracked.request, "block_hashes", None)
+        if hashes is not None:
+            for i in range(first, len(hashes)):
+                hashes[i] = os.urandom(32)
+        if tracked.approximate_from is None or position < tracked.approximate_from:
+            tracked.approximate_from = position
 
     def is_async_load(self, request: Any) -> bool:
         """Whether the load `num_new_matched_tokens` just promised goes beside the steps."""
@@ -146,14 +204,48 @@ class SchedulerSide:
             return bool(self._running - {request_id})
         return self.load_async == "always"
 
-    def _lookup(self, query: LookupQuery, token_ids: Sequence[int]) -> PrefixLookup:
-        """One `LookupPrefix` (on a lookup thread); a degraded call is a fault, not a miss."""
+    def _lookup(self, query: LookupQuery, token_ids: Sequence[int]) -> Found:
+        """One `LookupPrefix` (on a lookup thread); a degraded call is a fault, not a miss.
+        With `query.approximate`, the runs that continue the prefix too."""
         store = self.clients.for_namespace(query.namespace)
         degraded = store.counters.num_degraded_calls
         lookup = store.lookup_prefix(query.root, token_ids)
         if store.counters.num_degraded_calls != degraded:
             raise StoreUnavailable("the sidecar did not answer LookupPrefix in time")
-        return lookup
+        if not query.approximate:
+            return Found(lookup)
+        try:
+            spans = self._find_spans(query, token_ids, lookup.num_matched_tokens)
+        except Exception as error:  # the exact prefix stands
+            self.faults.record("looking up approximate runs failed", error)
+            spans = ()
+        return Found(lookup, spans)
+
+    def _find_spans(
+        self, query: LookupQuery, token_ids: Sequence[int], start: int
+    ) -> tuple[ReusedSpan, ...]:
+        """Stored runs of the tokens from `start` on, found by content: the sidecar's
+        similar segments (MinHash/LSH) of each chunk-long window, then `cover`."""
+        store = self.clients.for_namespace(query.namespace)
+        end = (len(token_ids) - 1) // self.block_size * self.block_size
+        candidates: dict[str, StoredTokens] = {}
+        windows = range(start, end, self.chunk_tokens)
+        for window in list(windows)[:MAX_SPAN_WINDOWS]:
+            similar = store.find_similar(
+                query.root, token_ids[window : window + self.chunk_tokens],
+                limit=MAX_SPAN_CANDIDATES,
+            )  # fmt: skip
+            for candidate in similar:
+                ref = candidate.segment
+                if ref.segment_id in candidates or ref.layer_start != 0:
+                    continue
+                found = store.get_segment(ref.segment_id, model_fingerprint=query.root)
+                if found is not None:
+                    meta = found[0]
+                    candidates[ref.segment_id] = StoredTokens(
+                        ref.segment_id, meta.start_position, tuple(meta.token_ids)
+                    )
+        return cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
 
     def _answered(self, tracked: _Tracked, lookup: PrefixLookup, num_tokens: int) -> None:
         """Keep the lookup; what it found counts as stored for requests that are not looked
@@ -171,6 +263,13 @@ class SchedulerSide:
             self._acked.move_to_end(key)
         while len(self._acked) > MAX_RECENT_KEYS:
             self._acked.popitem(last=False)
+
+    def _spans_without_bad(self, spans: tuple[ReusedSpan, ...]) -> tuple[ReusedSpan, ...]:
+        """`spans` cut before the first run from a segment a worker found corrupt."""
+        for i, span in enumerate(spans):
+            if span.segment_id in self._bad_segments:
+                return spans[:i]
+        return spans
 
     def _without_bad(self, lookup: PrefixLookup) -> PrefixLookup:
         """`lookup` cut before the first segment a worker found corrupt."""
@@ -199,18 +298,25 @@ class SchedulerSide:
         start = tracked.num_local_tokens
         end = start + num_external_tokens
         first, last = start // self.block_size, end // self.block_size
+        spans = trimmed(tracked.promised_spans, start, end)
+        exact_end = spans[0].start if spans else end
         try:
-            pieces = _pieces(tracked.lookup or PrefixLookup.MISS, tracked.root or "", start, end)
+            pieces = _pieces(
+                tracked.lookup or PrefixLookup.MISS, tracked.root or "", start, exact_end
+            )
         except Exception as error:
             self.faults.record("building a load failed", error)
-            pieces = ()
+            pieces, spans = (), ()
         load = LoadSpec(
             request_id=request.request_id, namespace=tracked.namespace,
             root=tracked.root or "", start=start, end=end,
             block_ids=tuple(block_ids[first:last]),
             token_ids=tuple(tracked.request.all_token_ids[:end]), pieces=pieces,
-            is_async=tracked.load_async,
+            is_async=tracked.load_async, spans=spans,
         )  # fmt: skip
+        tracked.num_exact_tokens = exact_end - start
+        tracked.num_approximate_tokens = end - exact_end
+        self.num_approximate_tokens += end - exact_end
         if tracked.load_async:  # NOTE: the request is not scheduled until its load ends
             self._async_loads.append(load)
         else:
@@ -252,10 +358,23 @@ class SchedulerSide:
         self._running = {tracked.request.request_id for tracked, _ in computed}
         return loads, self._all_saves(computed, scheduler_output), starts
 
-    def finished(self, request: Any) -> None:
-        self._tracked.pop(request.request_id, None)
+    def finished(self, request: Any) -> dict[str, Any] | None:
+        """Forget the request; for one that asked for a reuse mode, what it got (returned
+        to the client in the response's `kv_transfer_params`)."""
+        tracked = self._tracked.pop(request.request_id, None)
         self._running.discard(request.request_id)
         self.lookups.forget(request.request_id)
+        if tracked is None or not _asked(request):
+            return None
+        report: dict[str, Any] = {
+            "reuse": tracked.reuse.mode,
+            "admitted": self._wants_spans(tracked),
+            "exact_tokens": tracked.num_exact_tokens,
+            "approximate_tokens": tracked.num_approximate_tokens,
+        }
+        if tracked.reuse.problem:
+            report["problem"] = tracked.reuse.problem
+        return {KEY: report}
 
     # ---- what the workers report ---------------------------------------------------------
 
@@ -330,6 +449,8 @@ class SchedulerSide:
         )
         if not self.save_decode:
             ready = min(ready, tracked.request.num_prompt_tokens)
+        if tracked.approximate_from is not None:  # NOTE: computed over approximate K/V
+            ready = min(ready, tracked.approximate_from)
         saves: list[SaveSpec] = []
         table: tuple[int, ...] | None = None  # built once, shared by this step's saves
         while chain.position + self.chunk_tokens <= ready:
@@ -404,7 +525,10 @@ class SchedulerSide:
         namespace = salted_namespace(self.clients.config.namespace, request.cache_salt)
         root = request_root(self.fingerprint, request)
         chain = None if root is None else KeyChain(root)
-        tracked = _Tracked(request, namespace, root, chain)
+        reuse = requested_reuse(request)
+        if reuse.problem:
+            self.faults.record("a request's kv_transfer_params were ignored", reuse.problem)
+        tracked = _Tracked(request, namespace, root, chain, reuse=reuse)
         self._tracked[request.request_id] = tracked
         return tracked
 
@@ -412,6 +536,11 @@ class SchedulerSide:
         if tracked.pending_load is not None:
             loads.append(tracked.pending_load)
             tracked.pending_load = None
+
+
+def _asked(request: Any) -> bool:
+    params = getattr(request, "kv_transfer_params", None)
+    return isinstance(params, dict) and KEY in params
 
 
 def _stale(tracked: _Tracked, num_tokens: int) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvsplice.integrations.vllm.span_cover import ReusedSpan
+
 
 @dataclass(frozen=True)
 class StoredPiece:
@@ -26,7 +28,9 @@ class LoadSpec:
     `block_ids` are the request's blocks covering `[start, end)`, in order;
     `token_ids` are the request's tokens `[0, end)` (each piece's tokens are checked
     against them before a single value is written). `is_async`: the request waits
-    (vLLM's `load_kv_async`) while the load runs beside the engine's steps.
+    (vLLM's `load_kv_async`) while the load runs beside the engine's steps. `spans`
+    (approximate reuse, requests that opted in): runs of segments computed elsewhere,
+    from where `pieces` end to `end`, keys moved to their new positions.
     """
 
     request_id: str
@@ -38,6 +42,7 @@ class LoadSpec:
     token_ids: tuple[int, ...]
     pieces: tuple[StoredPiece, ...]
     is_async: bool = False
+    spans: tuple[ReusedSpan, ...] = ()
 
 
 @dataclass(frozen=True)

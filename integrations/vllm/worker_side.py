@@ -7,15 +7,18 @@ the request's blocks from the first bad one on as failed (vLLM recomputes them),
 taints them so no chunk computed over them is saved until the scheduler has heard
 of the fault, and deletes a piece that failed verification. `save` copies a chunk's
 blocks out and hands them to the background putter. What became of both goes back
-to the scheduler as `WorkerNews`.
+to the scheduler as `WorkerNews`. A load's approximate runs (`LoadSpec.spans`) are
+checked token by token against the request, their keys moved to the new positions
+(`RopeSpec.shift_layers`, exact RoPE Δ) and written after its exact pieces.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -26,6 +29,7 @@ from kvsplice.integrations.vllm.async_loads import AsyncLoads
 from kvsplice.integrations.vllm.block_layout import BlockLayout, UnsupportedLayout
 from kvsplice.integrations.vllm.chunk_putter import ChunkPutter, GatheredChunk
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
+from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import (
     LoadFaultNews,
@@ -37,6 +41,7 @@ from kvsplice.integrations.vllm.transfer_specs import (
 )
 from kvsplice.kvmath.fused_decode import stored_tensors
 from kvsplice.kvmath.payload import decode_stored
+from kvsplice.kvmath.rope import RopeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +68,11 @@ class WorkerSide:
         quant: str,
         max_pending_saves: int,
         faults: FaultLog,
+        rope: Callable[[], RopeSpec] | None = None,
     ) -> None:
         self.clients = clients
+        self._rope_of = rope  # the model's RoPE, read when a first approximate run is moved
+        self._rope: RopeSpec | None = None
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.caches = [caches[name] for name in sorted(caches, key=layer_index)]
@@ -126,9 +134,69 @@ class WorkerSide:
             )  # fmt: skip
             written[0] = first + num_blocks
             position = piece.start + hi
+        if spec.spans and position < spec.end:
+            self._write_spans(spec, position, written)
+            position = spec.end
         if position != spec.end:
             return LoadFault(position, f"the stored run ends at {position}, {spec.end} promised")
         return None
+
+    def _write_spans(self, spec: LoadSpec, position: int, written: list[int]) -> None:
+        """Tokens `[position, spec.end)` from the spec's approximate runs: each run's tokens
+        checked against the request's, its keys moved by its Δ, then the blocks written."""
+        spans = spec.spans
+        if spans[0].start != position or any(
+            a.end != b.start for a, b in itertools.pairwise(spans)
+        ) or spans[-1].end < spec.end:  # fmt: skip
+            raise LoadFault(position, "the approximate runs do not cover the promised tokens")
+        cache = self.caches[0]
+        shape = (len(self.caches), self.layout.num_kv_heads, spec.end - position)
+        keys_out = torch.empty((*shape, self.layout.head_dim), dtype=cache.dtype)
+        values_out = torch.empty_like(keys_out)
+        for span in spans:
+            keys, values = self._fetch_span(spec, span)
+            lo, hi = span.start - position, min(span.end, spec.end) - position
+            run = slice(span.offset, span.offset + hi - lo)
+            moved = keys[:, :, run]
+            if span.delta:
+                moved = self._rope_spec().shift_layers(moved.float(), span.delta)
+            keys_out[:, :, lo:hi].copy_(moved)
+            values_out[:, :, lo:hi].copy_(values[:, :, run])
+        first = written[0]
+        num_blocks = (spec.end - position) // self.block_size
+        self._scatter(spec.block_ids[first : first + num_blocks], keys_out, values_out)
+        written[0] = first + num_blocks
+
+    def _rope_spec(self) -> RopeSpec:
+        if self._rope is None:
+            if self._rope_of is None:
+                raise LoadFault(0, "this worker cannot move keys (no RoPE given)")
+            self._rope = self._rope_of()
+        return self._rope
+
+    def _fetch_span(self, spec: LoadSpec, span: ReusedSpan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The run's segment K and V `[L, H_kv, T, D]`, once its tokens proved to be the
+        request's (`offset` on) and its payload its meta's."""
+        store = self.clients.for_namespace(spec.namespace)
+        try:
+            found = store.get_segment(span.segment_id, model_fingerprint=spec.root)
+        except KvspliceError as error:
+            raise LoadFault(span.start, f"get_segment failed: {error}") from error
+        if found is None:
+            raise LoadFault(span.start, f"segment {span.segment_id} is gone or unreachable")
+        meta, payload = found
+        run = meta.token_ids[span.offset : span.offset + span.num_tokens]
+        if tuple(run) != spec.token_ids[span.start : span.end]:
+            raise LoadFault(span.start, f"segment {span.segment_id} holds other tokens")
+        try:
+            stored = decode_stored(payload, expect_fingerprint=spec.root, verified=True)
+        except KvspliceError as error:
+            raise LoadFault(span.start, f"segment {span.segment_id}: {error}") from error
+        if stored.layer_start != 0 or stored.kv_shape[:2] != (
+            len(self.caches), self.layout.num_kv_heads
+        ) or stored.kv_shape[3] != self.layout.head_dim:  # fmt: skip
+            raise LoadFault(span.start, f"segment {span.segment_id} holds {stored.kv_shape}")
+        return stored_tensors(stored, self.caches[0].dtype)
 
     def _failed(self, spec: LoadSpec, num_good: int, fault: LoadFault) -> set[int]:
         """Report the blocks from the first bad one on, taint them, tell the scheduler."""
@@ -186,6 +254,11 @@ class WorkerSide:
                 key = bytes.fromhex(piece.segment_id)
                 whole = (lo, hi) == (piece.start, piece.start + piece.num_tokens)
                 runs.append(ReusedRun(hi - lo, store.served_from(key), key if whole else None))
+        for span in spec.spans:
+            lo, hi = span.start, min(end, span.end)
+            if lo < hi:
+                key = bytes.fromhex(span.segment_id)
+                runs.append(ReusedRun(hi - lo, store.served_from(key), None))
         return runs
 
     def save(self, spec: SaveSpec, num_faults_seen: int) -> None:

@@ -29,7 +29,7 @@ FLAGS = {
     ("bench", "judge"): [
         "--task", "--regime", "--layout", "--candidates", "--shuffle", "--no-shuffle", "--modes",
         "--seed", "--policy", "--json", "--data", "--examples", "--max-new-tokens",
-        "--diagnostics", "--no-diagnostics", "--out", "--store", *WORKER,
+        "--temperature", "--diagnostics", "--no-diagnostics", "--out", "--store", *WORKER,
     ],
     ("bench", "core"): [
         "--model", "--model-cache", "--dtype", "--lengths", "--threads", "--repeats", "--json",

@@ -72,7 +72,7 @@ def synthetic_layout() -> CpuBlockLayout:
     return CpuBlockLayout(BLOCK, HEADS, DIM, k, k + BLOCK * DIM)
 
 
-def make_worker(store: FakeStore, seed: int | None = 0) -> WorkerSide:
+def make_worker(store: FakeStore, seed: int | None = 0, rope: object = None) -> WorkerSide:
     shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * DIM)
     gen = torch.Generator().manual_seed(seed or 0)
     caches = {
@@ -83,7 +83,15 @@ def make_worker(store: FakeStore, seed: int | None = 0) -> WorkerSide:
     }
     layout = synthetic_layout()
     return WorkerSide(
-        FakeClients(store), FINGERPRINT, BLOCK, caches, layout, "none", 64, FaultLog()
+        FakeClients(store),
+        FINGERPRINT,
+        BLOCK,
+        caches,
+        layout,
+        "none",
+        64,
+        FaultLog(),
+        rope=None if rope is None else (lambda: rope),
     )  # type: ignore[arg-type]
 
 
@@ -257,3 +265,45 @@ def test_a_refused_put_is_said_once_by_kind_and_counted_as_not_stored(
     assert len(worker.take_news(0).failed) == 3
     refusals = [r for r in caplog.records if "put refused (PermissionDenied)" in r.getMessage()]
     assert len(refusals) == 1 and worker.faults.counts["put refused (PermissionDenied)"] == 3
+
+
+def test_approximate_runs_land_moved_to_their_new_positions() -> None:
+    """Chunks 1 and 2 (tokens 4..12, computed at positions 4..12) loaded as positions 8..16
+    of another request: values bit-exact, keys the stored ones moved by Δ = +4 (RoPE)."""
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+    from kvsplice.kvmath.rope import RopeSpec
+
+    store = FakeStore()
+    writer = store_three_chunks(store)
+    rope = RopeSpec.uniform(DIM, 10_000.0, LAYERS)
+    reader = make_worker(store, seed=None, rope=rope)
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    tokens = (7,) * 8 + TOKENS[4:12]
+    spans = (
+        ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),
+        ReusedSpan(links[2].key.hex(), 12, 4, 0, 8),
+    )
+    spec = LoadSpec("r", NS, FINGERPRINT, 8, 16, (5, 6), tokens, (), spans=spans)
+    assert reader.load(spec) == set()
+    layout = synthetic_layout()
+    theirs_k = torch.stack([layout.gather(c, torch.tensor([1, 2]))[0] for c in writer.caches])
+    theirs_v = torch.stack([layout.gather(c, torch.tensor([1, 2]))[1] for c in writer.caches])
+    mine_k = torch.stack([layout.gather(c, torch.tensor([5, 6]))[0] for c in reader.caches])
+    mine_v = torch.stack([layout.gather(c, torch.tensor([5, 6]))[1] for c in reader.caches])
+    assert torch.equal(mine_v, theirs_v)
+    assert torch.allclose(mine_k, rope.shift_layers(theirs_k, 4), atol=1e-6)
+    assert not torch.allclose(mine_k, theirs_k)  # moved, not copied
+
+
+def test_an_approximate_run_over_other_tokens_is_refused_and_recomputed() -> None:
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None)
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    tokens = (7,) * 8 + (1, 2, 3, 4)  # not the segment's tokens
+    spans = (ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),)
+    spec = LoadSpec("r", NS, FINGERPRINT, 8, 12, (5,), tokens, (), spans=spans)
+    assert reader.load(spec) == {5}
+    assert torch.equal(reader.caches[0][5], torch.zeros_like(reader.caches[0][5]))

@@ -1,0 +1,57 @@
+"""What reuse a request asked for: its `kv_transfer_params` opt-in, read once.
+
+The contract (the OpenAI request's `kv_transfer_params`, which vLLM hands the
+connector as `request.kv_transfer_params`):
+
+    {"kvsplice": {"reuse": "gated"}}   approximate reuse where the admission policy
+                                       admits it, exact elsewhere
+    {"kvsplice": {"reuse": "exact"}}   exact prefixes only (also: no "kvsplice" key)
+
+A request without the opt-in never receives approximate K/V. A malformed value cannot
+be refused from inside the scheduler (an exception there stops the engine), so it is
+exact reuse, and `RequestedReuse.problem` says why (the connector logs it once per kind).
+Knows vLLM's `Request` only through `kv_transfer_params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KEY = "kvsplice"
+EXACT = "exact"
+GATED = "gated"
+REUSE_VALUES = (EXACT, GATED)
+
+
+@dataclass(frozen=True)
+class RequestedReuse:
+    """`mode`: "exact" or "gated"; `problem`: what was wrong with the request's params."""
+
+    mode: str = EXACT
+    problem: str | None = None
+
+    @property
+    def approximate(self) -> bool:
+        return self.mode == GATED
+
+
+def requested_reuse(request: Any) -> RequestedReuse:
+    """The reuse `request` opted into (exact unless it asked for "gated" exactly)."""
+    params = getattr(request, "kv_transfer_params", None)
+    if params is None:
+        return RequestedReuse()
+    if not isinstance(params, dict):
+        return RequestedReuse(problem=f"kv_transfer_params is a {type(params).__name__}")
+    ours = params.get(KEY)
+    if ours is None:
+        return RequestedReuse()
+    if not isinstance(ours, dict):
+        return RequestedReuse(problem=f'kv_transfer_params["{KEY}"] must be an object')
+    unknown = sorted(set(ours) - {"reuse"})
+    if unknown:
+        return RequestedReuse(problem=f'kv_transfer_params["{KEY}"] has unknown keys {unknown}')
+    mode = ours.get("reuse", EXACT)
+    if mode not in REUSE_VALUES:
+        return RequestedReuse(problem=f"reuse {mode!r} not in {REUSE_VALUES}")
+    return RequestedReuse(mode)
