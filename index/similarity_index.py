@@ -1,7 +1,10 @@
 """Similarity index: MinHash LSH candidates, then verification on real token ids.
 
 One LSH per (namespace, fingerprint, signature kind) keeps tenants and models
-apart. It finds and ranks candidates and reports what matches exactly; the
+apart. Beside the LSH, segments are found by their exact tokens and by their first
+`HEAD_TOKENS` tokens (a segment that begins as the query does: the same system prompt,
+then other text, which a Jaccard over the whole window misses). It finds and ranks
+candidates and reports what matches exactly; the
 admission decision (W_exact guard, modes) belongs to the client's policy.
 Not thread-safe: call it from one thread (the server's event loop).
 """
@@ -22,6 +25,9 @@ from kvsplice.index.signature_table import SignatureTable
 from kvsplice.index.similarity_config import SimilarityConfig
 
 logger = logging.getLogger(__name__)
+
+# A segment is also a candidate for a query that starts with its first this many tokens.
+HEAD_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class SimilarityIndex:
         self._entries: dict[tuple[str, bytes], _Entry] = {}
         self._groups: dict[_LshKey, _LshGroup] = {}
         self._context_keys_by_content: dict[_ContentKey, set[bytes]] = {}
+        self._context_keys_by_head: dict[_ContentKey, set[bytes]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,10 +119,10 @@ class SimilarityIndex:
         if not group.table:
             del self._groups[group_key]
         content = (namespace, meta.model_fingerprint, meta.content_key)
-        same_content = self._context_keys_by_content[content]
-        same_content.discard(context_key)
-        if not same_content:
-            del self._context_keys_by_content[content]
+        _discard(self._context_keys_by_content, content, context_key)
+        head = _head_key(namespace, meta.model_fingerprint, meta.token_ids)
+        if head is not None:
+            _discard(self._context_keys_by_head, head, context_key)
         return True
 
     def find_similar(
@@ -140,6 +147,7 @@ class SimilarityIndex:
         query_tokens = tuple(token_ids)
         jaccard_by_key = self._lsh_candidates(namespace, fingerprint, query_tokens, text)
         if query_tokens:
+            jaccard_by_key.update(self._same_head_candidates(namespace, fingerprint, query_tokens))
             jaccard_by_key.update(self._same_token_candidates(namespace, fingerprint, query_tokens))
         left_context = tuple(left_context_ids)
         matches = [
@@ -167,6 +175,9 @@ class SimilarityIndex:
         self._entries[(meta.namespace, meta.context_key)] = _Entry(meta, signature.kind)
         content = (meta.namespace, meta.model_fingerprint, meta.content_key)
         self._context_keys_by_content.setdefault(content, set()).add(meta.context_key)
+        head = _head_key(meta.namespace, meta.model_fingerprint, meta.token_ids)
+        if head is not None:
+            self._context_keys_by_head.setdefault(head, set()).add(meta.context_key)
 
     def _same_token_candidates(
         self, namespace: str, fingerprint: str, token_ids: tuple[int, ...]
@@ -181,6 +192,22 @@ class SimilarityIndex:
             for key in same_content
             if self._entries[(namespace, key)].meta.token_ids == token_ids
         }
+
+    def _same_head_candidates(
+        self, namespace: str, fingerprint: str, token_ids: tuple[int, ...]
+    ) -> dict[bytes, float]:
+        """Segments whose first `HEAD_TOKENS` tokens are the query's first, with the true
+        Jaccard of the two token sets (what the LSH estimates for its own candidates)."""
+        head = _head_key(namespace, fingerprint, token_ids)
+        found = self._context_keys_by_head.get(head, ()) if head is not None else ()
+        query = set(token_ids)
+        scores = {}
+        for key in found:
+            tokens = self._entries[(namespace, key)].meta.token_ids
+            if tokens[:HEAD_TOKENS] == token_ids[:HEAD_TOKENS]:
+                mine = set(tokens)
+                scores[key] = len(query & mine) / len(query | mine)
+        return scores
 
     def _lsh_candidates(
         self, namespace: str, fingerprint: str, token_ids: tuple[int, ...], text: str
@@ -237,6 +264,19 @@ class SimilarityIndex:
             same_left_context=same_left_context,
             exact_window=exact_window,
         )
+
+
+def _head_key(namespace: str, fingerprint: str, token_ids: Sequence[int]) -> _ContentKey | None:
+    if len(token_ids) < HEAD_TOKENS:
+        return None
+    return (namespace, fingerprint, content_key(token_ids[:HEAD_TOKENS]))
+
+
+def _discard(index: dict[_ContentKey, set[bytes]], key: _ContentKey, context_key: bytes) -> None:
+    keys = index[key]
+    keys.discard(context_key)
+    if not keys:
+        del index[key]
 
 
 def _match_rank(match: SimilarMatch) -> tuple[bool, bool, int, float, bytes]:

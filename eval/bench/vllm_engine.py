@@ -108,6 +108,7 @@ class Completion:
     total_s: float
     num_prompt_tokens: int
     num_cached_tokens: int
+    kv_transfer_params: dict[str, Any] | None = None  # the response's (non-streamed calls)
 
 
 class Child:
@@ -212,6 +213,31 @@ class Engine(Child):
         return Completion(
             tuple(token_ids), ttft_s if ttft_s is not None else total_s, total_s,
             int(usage.get("prompt_tokens", len(prompt_ids))), int(details.get("cached_tokens") or 0),
+        )  # fmt: skip
+
+    def complete_with_params(
+        self, prompt_ids: list[int], *, max_tokens: int, kv_transfer_params: dict[str, Any]
+    ) -> Completion:
+        """Greedy completion with the request field `kv_transfer_params` (a connector's per-
+        request settings), not streamed: vLLM returns the connector's answer in the final
+        response only. `ttft_s` is then the whole call's time."""
+        body: dict[str, Any] = {
+            "model": self.spec.model_dir, "prompt": prompt_ids, "max_tokens": max_tokens,
+            "min_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True,
+            "kv_transfer_params": kv_transfer_params,
+        }  # fmt: skip
+        start = time.perf_counter()
+        response = self._http.post(f"{self.url}/v1/completions", json=body)
+        total_s = time.perf_counter() - start
+        if response.status_code != 200:
+            raise EngineError(f"{self.name}: HTTP {response.status_code}: {response.text[:500]!r}")
+        answer = response.json()
+        usage = answer.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            tuple(answer["choices"][0].get("token_ids") or ()), total_s, total_s,
+            int(usage.get("prompt_tokens", len(prompt_ids))), int(details.get("cached_tokens") or 0),
+            answer.get("kv_transfer_params"),
         )  # fmt: skip
 
     def reset_prefix_cache(self) -> None:

@@ -42,7 +42,7 @@ from kvsplice.integrations.vllm.worker_side import WorkerSide
 from kvsplice.kvmath.rope import RopeSpec
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -91,8 +91,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.chunk_tokens = self.config.chunk_tokens_for(self.block_size)
         kv_dtype = _kv_dtype(vllm_config)
-        files = engine_fingerprint(_model_dir(vllm_config), kv_dtype)
-        self.fingerprint = effective_fingerprint(files, _engine_settings(vllm_config))
+        self.fingerprint = served_fingerprint(vllm_config.model_config, kv_dtype)
         self.clients = StoreClients(self.config)
         self.faults = FaultLog()
         self.scheduler: SchedulerSide | None = None
@@ -277,20 +276,26 @@ def _checked_layout(vllm_config: VllmConfig) -> str:
         raise ValueError(f"KvspliceConnector cannot serve this engine: {error}") from None
 
 
-def _model_dir(vllm_config: VllmConfig) -> Path:
+def served_fingerprint(model_config: ModelConfig, kv_dtype: str) -> str:
+    """The fingerprint an engine's K/V is stored under (its model's files, the KV dtype and
+    the settings that change K/V): what an admission policy for this engine must name."""
+    files = engine_fingerprint(_model_dir(model_config), kv_dtype)
+    return effective_fingerprint(files, _engine_settings(model_config))
+
+
+def _model_dir(model_config: ModelConfig) -> Path:
     """The local directory of the served model (a hub id resolves in the local cache only)."""
-    model = vllm_config.model_config.model
+    model = model_config.model
     if Path(model).is_dir():
         return Path(model)
     from huggingface_hub import snapshot_download
 
-    revision = vllm_config.model_config.revision
+    revision = model_config.revision
     return Path(snapshot_download(model, revision=revision, local_files_only=True))
 
 
-def _engine_settings(vllm_config: VllmConfig) -> dict[str, Any]:
+def _engine_settings(model: ModelConfig) -> dict[str, Any]:
     """The engine's settings that change K/V beyond the model's files."""
-    model = vllm_config.model_config
     text = model.hf_text_config
     overrides = model.hf_overrides
     if callable(overrides):

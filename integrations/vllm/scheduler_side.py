@@ -53,9 +53,10 @@ IN_FLIGHT_TTL_S = 120.0
 BAD_SEGMENT_TTL_S = 600.0
 # A request that waited this long since its lookup is looked up again before a load.
 LOOKUP_MAX_AGE_S = 10.0
-# Approximate lookups: windows of a chunk each, at most this many past the exact prefix,
-# and at most this many similar segments read per window.
-MAX_SPAN_WINDOWS = 8
+# Approximate lookups: windows of a chunk, a quarter chunk apart (a stored chunk then
+# overlaps one of them by at least 7/8, enough for the LSH), at most this many past the
+# exact prefix, and at most this many similar segments read per window.
+MAX_SPAN_WINDOWS = 64
 MAX_SPAN_CANDIDATES = 4
 # A run shorter than this is not loaded (its tokens are computed).
 MIN_SPAN_TOKENS = 16
@@ -225,12 +226,17 @@ class SchedulerSide:
         self, query: LookupQuery, token_ids: Sequence[int], start: int
     ) -> tuple[ReusedSpan, ...]:
         """Stored runs of the tokens from `start` on, found by content: the sidecar's
-        similar segments (MinHash/LSH) of each chunk-long window, then `cover`."""
+        similar segments (MinHash/LSH, or beginning as the window does) of chunk-long
+        windows, then `cover`.
+
+        NOTE: each new candidate's tokens are read with the segment (in place on the
+        sidecar's host: a map view and a checksum; elsewhere its payload streams).
+        """
         store = self.clients.for_namespace(query.namespace)
         end = (len(token_ids) - 1) // self.block_size * self.block_size
         candidates: dict[str, StoredTokens] = {}
-        windows = range(start, end, self.chunk_tokens)
-        for window in list(windows)[:MAX_SPAN_WINDOWS]:
+        step = max(1, self.chunk_tokens // 4)
+        for window in list(range(start, end, step))[:MAX_SPAN_WINDOWS]:
             similar = store.find_similar(
                 query.root, token_ids[window : window + self.chunk_tokens],
                 limit=MAX_SPAN_CANDIDATES,

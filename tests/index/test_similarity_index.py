@@ -233,3 +233,20 @@ def test_persisted_signature_is_reused_and_a_stale_one_is_replaced() -> None:
 def test_config_rejects_bad_values(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SimilarityConfig(**{field: value})
+
+
+def test_a_segment_that_begins_as_the_query_is_found_though_the_rest_differs() -> None:
+    """The same system prompt, then other text: too little overlap for the LSH, found by
+    the head; one that shares all but its first token is not (nor another namespace's)."""
+    persona = make_tokens(11, length=40)
+    stored = make_meta([*persona, *make_tokens(12, length=88)])
+    shifted = make_meta([49_000, *persona[1:], *make_tokens(13, length=88)])
+    index = make_index(stored, shifted)
+    query = [*persona, *make_tokens(14, length=88)]
+    matches = index.find_similar(NAMESPACE, FINGERPRINT, query)
+    assert found_keys(matches) == [stored.context_key]
+    assert 0 < matches[0].estimated_jaccard < 0.6 and not matches[0].exact_tokens
+    assert index.find_similar("other-tenant", FINGERPRINT, query) == []
+    assert index.remove(NAMESPACE, stored.context_key)
+    assert index.find_similar(NAMESPACE, FINGERPRINT, query) == []
+    assert index.find_similar(NAMESPACE, FINGERPRINT, query[:15]) == []  # shorter than a head

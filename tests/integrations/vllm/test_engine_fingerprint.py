@@ -51,7 +51,7 @@ def test_the_connector_reads_the_engines_effective_settings() -> None:
     connector = pytest.importorskip("kvsplice.integrations.vllm.connector")
     text = SimpleNamespace(rope_theta=1e4, rope_scaling={"factor": 2.0}, head_dim=64)
     model = SimpleNamespace(hf_text_config=text, hf_overrides={"x": 1}, quantization="fp8")
-    settings = connector._engine_settings(SimpleNamespace(model_config=model))
+    settings = connector._engine_settings(model)
     assert settings == {
         "quantization": "fp8",
         "hf_overrides": {"x": 1},

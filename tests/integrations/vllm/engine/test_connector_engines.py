@@ -156,6 +156,58 @@ def test_another_tenant_loads_nothing(engines: dict[str, Engine], pipeline: Pipe
     assert got.token_ids == expected.token_ids
 
 
+PERSONA_A = "You are Ada, a meticulous reviewer who checks every edge case before answering."
+PERSONA_B = (
+    "You are Bo, a pragmatic engineer. You answer in short, direct sentences, name the function "
+    "you would write first, and never repeat the question back to the user."
+)
+SHARED = "\n".join(  # a tool's output every agent of a task reads (about 900 tokens)
+    f"def step_{i}(values):\n    return [v * {i} + {i * i % 17} for v in values if v > {i}]"
+    for i in range(40)
+)
+
+
+def persona_prompt(transcript: TokenTranscript, persona: str, user: str) -> list[int]:
+    messages = [{"role": "system", "content": persona}, {"role": "user", "content": user}]
+    tokenizer = transcript.tokenizer
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_a_gated_request_gets_the_shared_context_moved_and_nobody_else_does(
+    engines: dict[str, Engine], sidecar: Sidecar, transcript: TokenTranscript
+) -> None:
+    """Persona-first: agent A (engine a) read the tool output under its persona; agent B
+    (engine b, another persona, so no exact prefix past its own first tokens) opts in
+    and gets the output's K/V as A computed it, moved to its positions. A request of the
+    same tokens without the opt-in then gets nothing approximate: not from the sidecar,
+    not from engine b's prefix cache (which holds the gated request's blocks), and
+    answers exactly as the reference."""
+    user = f"{SHARED}\n\n{TASK}"
+    engines["a"].complete(persona_prompt(transcript, PERSONA_A, user), max_tokens=1)
+    earlier = persona_prompt(transcript, PERSONA_B, f"{OTHER_TASK}\n\n{TASK}\n\n{OTHER_TASK}")
+    engines["b"].complete(earlier, max_tokens=1)  # B's persona, stored by an earlier task
+    wait_until_stored(sidecar, NAMESPACE)
+    prompt = persona_prompt(transcript, PERSONA_B, user)
+    gated = engines["b"].complete_with_params(
+        prompt, max_tokens=MAX_TOKENS, kv_transfer_params={"kvsplice": {"reuse": "gated"}}
+    )
+    report = (gated.kv_transfer_params or {}).get("kvsplice")
+    assert report is not None and report["reuse"] == "gated" and report["admitted"] is True
+    assert report["exact_tokens"] + report["approximate_tokens"] == full_blocks(prompt)
+    assert report["approximate_tokens"] >= 0.6 * len(prompt), report
+    assert len(gated.token_ids) == MAX_TOKENS
+
+    before = engines["b"].counters()
+    plain = engines["b"].complete(prompt, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
+    after = engines["b"].counters()
+    expected = engines["reference"].complete(prompt, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
+    local = _delta(after, before, "vllm:prefix_cache_hits_total")
+    external = _delta(after, before, "vllm:external_prefix_cache_hits_total")
+    assert local + external <= report["exact_tokens"]  # never the approximate blocks
+    assert plain.token_ids == expected.token_ids
+
+
 def test_a_corrupt_record_costs_a_recompute_never_a_wrong_token(
     engines: dict[str, Engine],
     sidecar: Sidecar,
