@@ -149,15 +149,17 @@ class WorkerSide:
             a.end != b.start for a, b in itertools.pairwise(spans)
         ) or spans[-1].end < spec.end:  # fmt: skip
             raise LoadFault(position, "the approximate runs do not cover the promised tokens")
-        cache = self.caches[0]
+        cache = self.caches[0]  # NOTE: runs are moved where the cache is (a GPU rotates them)
         shape = (len(self.caches), self.layout.num_kv_heads, spec.end - position)
-        keys_out = torch.empty((*shape, self.layout.head_dim), dtype=cache.dtype)
+        keys_out = torch.empty(
+            (*shape, self.layout.head_dim), dtype=cache.dtype, device=cache.device
+        )
         values_out = torch.empty_like(keys_out)
         for span in spans:
             keys, values = self._fetch_span(spec, span)
             lo, hi = span.start - position, min(span.end, spec.end) - position
             run = slice(span.offset, span.offset + hi - lo)
-            moved = keys[:, :, run]
+            moved = keys[:, :, run].to(cache.device)
             if span.delta:
                 moved = self._rope_spec().shift_layers(moved.float(), span.delta)
             keys_out[:, :, lo:hi].copy_(moved)

@@ -307,3 +307,48 @@ def test_an_approximate_run_over_other_tokens_is_refused_and_recomputed() -> Non
     spec = LoadSpec("r", NS, FINGERPRINT, 8, 12, (5,), tokens, (), spans=spans)
     assert reader.load(spec) == {5}
     assert torch.equal(reader.caches[0][5], torch.zeros_like(reader.caches[0][5]))
+
+
+@pytest.mark.gpu
+def test_approximate_runs_land_moved_in_a_cuda_cache() -> None:
+    """The same load into a CUDA cache in vLLM 0.32's flash layout: keys rotated on the GPU
+    equal the CPU rotation of the stored keys; values bit-exact."""
+    from kvsplice.integrations.vllm.block_layout import FlashBlockLayout
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+    from kvsplice.kvmath.rope import RopeSpec
+
+    store = FakeStore()
+    writer = store_three_chunks(store)
+    rope = RopeSpec.uniform(DIM, 10_000.0, LAYERS)
+    flash = FlashBlockLayout(block_size=BLOCK, num_kv_heads=HEADS, head_dim=DIM)
+    caches = {
+        f"model.layers.{i}.self_attn.attn": torch.zeros(
+            NUM_BLOCKS, HEADS, BLOCK, 2 * DIM, device="cuda"
+        )
+        for i in range(LAYERS)
+    }
+    reader = WorkerSide(
+        FakeClients(store),
+        FINGERPRINT,
+        BLOCK,
+        caches,
+        flash,
+        "none",
+        64,
+        FaultLog(),
+        rope=lambda: rope,
+    )  # type: ignore[arg-type]
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    spans = (
+        ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),
+        ReusedSpan(links[2].key.hex(), 12, 4, 0, 8),
+    )
+    spec = LoadSpec("r", NS, FINGERPRINT, 8, 16, (5, 6), (7,) * 8 + TOKENS[4:12], (), spans=spans)
+    assert reader.load(spec) == set()
+    cpu = synthetic_layout()
+    theirs = [cpu.gather(c, torch.tensor([1, 2])) for c in writer.caches]
+    mine = [flash.gather(c, torch.tensor([5, 6])) for c in reader.caches]
+    theirs_k = torch.stack([k for k, _ in theirs])
+    assert torch.equal(torch.stack([v for _, v in mine]).cpu(), torch.stack([v for _, v in theirs]))
+    moved = torch.stack([k for k, _ in mine]).cpu()
+    assert torch.allclose(moved, rope.shift_layers(theirs_k, 4), atol=1e-5)
