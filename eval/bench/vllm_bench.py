@@ -1,4 +1,4 @@
-"""`kvsplice bench vllm`: a 5-agent transcript pipeline on real vLLM engines, per KV-sharing setup.
+"""`kvsplice bench vllm`: a 5-agent pipeline on real vLLM engines, per KV-sharing setup.
 
 Each configuration starts its engines once (two processes, agents alternating so
 each agent's predecessor ran on the other engine; `local-apc` one engine with
@@ -9,6 +9,14 @@ engine, whether the outputs equal `recompute`'s, and the bytes stored per token.
 Connector configurations run with vLLM's prefix cache on (as deployed) and off;
 kvsplice and LMCache store decode-written K/V alike (both or neither) in chunks of
 the same length. Threads are pinned alike; the load average is recorded per run.
+Layouts: `transcript` (each prompt extends the last: exact reuse reaches it) and
+`persona-first` (each agent under its own system prompt, the shared context and earlier
+answers quoted after it: exact reuse stops at the persona). In persona-first every
+configuration first runs the pipeline once, un-measured, on another problem, so each
+persona has been seen (a pipeline that has run before); `kvsplice-gated` engines admit
+approximate reuse (a policy admitting naive, written for the served model) and every
+request asks for it; how many prompt tokens came from outside the engine and whether the
+outputs equal recompute's are then the figures that matter.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from kvsplice.eval.workloads.token_transcript import (
     PIPELINE_ROLES,
     SYSTEM_PROMPT,
     TEAM_CONVENTIONS,
+    PersonaTranscript,
     TokenTranscript,
 )
 
@@ -45,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "bench-vllm"
 SETTLE_S = 1.0  # after each call, for every configuration: background stores finish
+GATED = {"kvsplice": {"reuse": "gated"}}  # the opt-in of kvsplice-gated's requests
 
 
 @dataclass
@@ -82,22 +92,33 @@ class _Setup:
     engines: list[Engine]
     after_call: Callable[[], None] = lambda: None
     bytes_per_token: Callable[[], float | None] = lambda: None
+    kv_transfer_params: dict[str, Any] | None = None  # sent with every request
 
 
-def run_bench(config: VllmBenchConfig, task_text: str) -> dict[str, Any]:
+def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-    transcripts = [
-        TokenTranscript(tokenizer, f"Run {r + 1}. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
-        for r in range(config.repeats)
-    ]  # NOTE: one per repeat: a repeat never hits what an earlier one stored
+    # NOTE: one transcript per repeat: a repeat never hits what an earlier one stored
+    transcripts: list[TokenTranscript | PersonaTranscript] = []
+    for r in range(config.repeats):
+        if config.layout == "persona-first":  # the run number in the shared context
+            transcripts.append(PersonaTranscript(tokenizer, f"Run {r + 1}.\n{TEAM_CONVENTIONS}"))
+        else:
+            transcripts.append(
+                TokenTranscript(tokenizer, f"Run {r + 1}. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
+            )
     results: list[ConfigResult] = []
     report: dict[str, Any] = {}
     for name, apc in config.runs():
         result = ConfigResult(name, apc)
         logger.info("configuration %s: starting its engines", result.label)
         with _setup(name, apc, config) as setup:
+            if config.layout == "persona-first":
+                warm = PersonaTranscript(tokenizer, f"Run 0.\n{TEAM_CONVENTIONS}")
+                _run_pipeline(
+                    ConfigResult(name, apc), setup, warm, warm_up_task or task_text, config
+                )
             for transcript in transcripts:
                 _run_pipeline(result, setup, transcript, task_text, config)
         _summarize(result)
@@ -130,23 +151,28 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
 
 
 def _run_pipeline(
-    result: ConfigResult, setup: _Setup, transcript: TokenTranscript, task: str,
-    config: VllmBenchConfig,
+    result: ConfigResult, setup: _Setup, transcript: TokenTranscript | PersonaTranscript,
+    task: str, config: VllmBenchConfig,
 ) -> None:  # fmt: skip
     """One run of the pipeline, appended to `result`."""
     prompt: list[int] = []
     ttfts, cached, prompts = [], [], []
     answer: tuple[int, ...] = ()
-    for i, (_, instruction) in enumerate(PIPELINE_ROLES):
-        prompt = (
-            transcript.first_prompt(task, instruction) if i == 0
-            else transcript.next_prompt(prompt, answer, instruction)
-        )  # fmt: skip
+    answers: list[tuple[str, tuple[int, ...]]] = []
+    for i, (role, instruction) in enumerate(PIPELINE_ROLES):
+        if isinstance(transcript, PersonaTranscript):
+            prompt = transcript.prompt(role, task, answers, instruction)
+        elif i == 0:
+            prompt = transcript.first_prompt(task, instruction)
+        else:
+            prompt = transcript.next_prompt(prompt, answer, instruction)
         engine = setup.engines[i % len(setup.engines)]
         done = engine.complete(
-            prompt, max_tokens=config.answer_tokens, min_tokens=config.answer_tokens
-        )
+            prompt, max_tokens=config.answer_tokens, min_tokens=config.answer_tokens,
+            kv_transfer_params=setup.kv_transfer_params,
+        )  # fmt: skip
         answer = done.token_ids
+        answers.append((role, answer))
         ttfts.append(done.ttft_s)
         cached.append(done.num_cached_tokens)
         prompts.append(len(prompt))
@@ -232,10 +258,31 @@ def _services(
     }  # fmt: skip
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
+    if name == "kvsplice-gated":
+        extra["reuse_policy"] = str(_naive_policy(config, data))
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
-                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar))  # fmt: skip
+                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar),
+                  kv_transfer_params=GATED if name == "kvsplice-gated" else None)  # fmt: skip
+
+
+def _naive_policy(config: VllmBenchConfig, data: Path) -> Path:
+    """An admission policy admitting `naive` for the served model, so that kvsplice-gated
+    measures what approximate reuse does (a deployment admits it only where calibration
+    measured its drift within bounds)."""
+    from vllm.config import ModelConfig
+
+    from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
+    from kvsplice.integrations.vllm.connector import served_fingerprint
+
+    kv_dtype = config.dtype
+    model = ModelConfig(model=config.model_dir, dtype=kv_dtype)
+    path = data / "naive-policy.json"
+    save_policy(
+        AdmissionPolicy(served_fingerprint(model, kv_dtype), ("dense", "exact", "naive")), path
+    )
+    return path
 
 
 def _settle_then(sidecar: Sidecar, then: Callable[[], object]) -> None:
@@ -295,6 +342,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "humaneval_problem": config.problem_index,
         "threads_bind": config.threads,
         "dtype": config.dtype,
+        "layout": config.layout,
         "chunk_tokens": config.chunk_tokens,
         "repeats": config.repeats,
         "decode_kv_stored": config.save_decode,

@@ -9,10 +9,14 @@ from pathlib import Path
 
 from kvsplice.common.config_flags import flag
 
-CONFIGS = (
+DEFAULT_CONFIGS = (
     "recompute", "example-connector", "lmcache", "kvsplice", "kvsplice-grpc",
     "kvsplice-restarted", "local-apc",
 )  # fmt: skip
+# kvsplice-gated: every request opts into approximate reuse, on engines whose admission
+# policy admits it (the bench writes one admitting naive for the served model).
+CONFIGS = (*DEFAULT_CONFIGS, "kvsplice-gated")
+LAYOUTS = ("transcript", "persona-first")
 DTYPES = ("float32", "bfloat16", "float16")
 PREFIX_CACHING = {"on": True, "off": False}
 
@@ -26,10 +30,19 @@ class VllmBenchConfig:
         None, "Write the results JSON here (required).", name="json", path=True
     )
     configs: tuple[str, ...] = flag(
-        CONFIGS,
+        DEFAULT_CONFIGS,
         "Comma-separated configurations: recompute, example-connector, lmcache, kvsplice, "
-        "kvsplice-grpc, kvsplice-restarted, local-apc. recompute comes first.",
+        "kvsplice-grpc, kvsplice-restarted, local-apc, kvsplice-gated (every request asks "
+        "for approximate reuse; the engines' policy admits naive). recompute comes first.",
         csv=True,
+    )
+    layout: str = flag(
+        "transcript",
+        "transcript: each agent's prompt extends the previous one (exact reuse covers it); "
+        "persona-first: each agent under its own system prompt, then the shared context and "
+        "the earlier answers quoted (one un-measured run on another problem first, so each "
+        "persona has been seen, as in a pipeline that has run before).",
+        choices=LAYOUTS,
     )
     answer_tokens: int = flag(128, "Tokens each agent generates (min = max).", min=16, max=1024)
     problem_index: int = flag(
@@ -85,6 +98,8 @@ class VllmBenchConfig:
             raise ValueError(
                 "configs must start with 'recompute' (output_match compares against it)"
             )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not float32, bfloat16 or float16")
         if not 16 <= self.answer_tokens <= 1024:

@@ -180,8 +180,11 @@ class Engine(Child):
         max_tokens: int,
         min_tokens: int = 0,
         cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> Completion:
-        """Greedy completion, streamed: TTFT is the time to the first generated token."""
+        """Greedy completion, streamed: TTFT is the time to the first generated token.
+        `kv_transfer_params`: the request field a connector reads (its answer comes back
+        only unstreamed: `complete_with_params`)."""
         body: dict[str, Any] = {
             "model": self.spec.model_dir, "prompt": prompt_ids, "max_tokens": max_tokens,
             "min_tokens": min_tokens, "temperature": 0.0, "stream": True,
@@ -189,6 +192,8 @@ class Engine(Child):
         }  # fmt: skip
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
         token_ids: list[int] = []
         usage: dict[str, Any] = {}
         ttft_s = None

@@ -98,3 +98,46 @@ class TokenTranscript:
         if tokenize and hasattr(rendered, "keys"):  # transformers >= 5: a BatchEncoding
             return rendered["input_ids"]
         return rendered
+
+
+# Persona-first (seed 002's setting, DESIGN: prompt layouts): each agent under a system prompt
+# of its own, then the shared context and the earlier agents' answers quoted in its user turn.
+# Nothing past an agent's own system prompt is a prefix of another agent's prompt.
+PERSONAS: dict[str, str] = {
+    "planner": "You are the planner of a team of programming assistants. You turn a task into a "
+    "short numbered plan that the other agents can follow; you never write the code yourself.",
+    "solver": "You are the solver of a team of programming assistants. You write complete, "
+    "working Python that follows the plan you are given, and you keep your explanations brief.",
+    "critic": "You are the critic of a team of programming assistants. You read code like a strict "
+    "reviewer, find bugs and missed edge cases, and say exactly how each should be fixed.",
+    "reviser": "You are the reviser of a team of programming assistants. You rewrite a solution "
+    "so that it addresses every point of a review, and you show that it works with examples.",
+    "judge": "You are the judge of a team of programming assistants. You decide whether the final "
+    "solution is correct and justify your verdict briefly, citing the lines that matter.",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PersonaTranscript:
+    """Agent k's prompt: its persona as the system prompt, then `context`, the task, the
+    earlier agents' answers (as text, each under its role's name) and its instruction."""
+
+    tokenizer: Any  # a transformers tokenizer with a chat template
+    context: str = TEAM_CONVENTIONS
+
+    def prompt(
+        self, role: str, task: str, answers: Sequence[tuple[str, Sequence[int]]], instruction: str
+    ) -> list[int]:
+        quoted = "".join(f"The {name} wrote:\n{self._text(ids)}\n\n" for name, ids in answers)
+        user = f"{self.context}\n\nThe task:\n{task}\n\n{quoted}{instruction}"
+        messages = [
+            {"role": "system", "content": PERSONAS[role]},
+            {"role": "user", "content": user},
+        ]
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _text(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True)).strip()

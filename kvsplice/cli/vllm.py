@@ -47,10 +47,10 @@ def model_dir(
 @bench_app.command("vllm")
 @with_parameters([*bench_parameters(VllmBenchConfig, after=("model", "model_cache")), LOG_LEVEL])
 def bench_vllm(**values: Any) -> None:
-    """5-agent transcript pipeline on real vLLM engines: TTFT per agent (median of --repeats)
-    for recompute, vLLM's disk connector, LMCache, kvsplice (same host, gRPC, restarted
-    sidecar), each with vLLM's prefix cache on and off, and vLLM's own prefix cache; writes
-    --json."""
+    """5-agent pipeline (transcript or persona-first) on real vLLM engines: TTFT per agent
+    (median of --repeats) for recompute, vLLM's disk connector, LMCache, kvsplice (same host,
+    gRPC, restarted sidecar, gated: approximate reuse asked for), each with vLLM's prefix cache
+    on and off, and vLLM's own prefix cache; writes --json."""
     setup_logging(values["log_level"])
     if importlib.util.find_spec("vllm") is None:
         fail("vLLM is not installed here: run it from .venv-vllm (make vllm)")
@@ -60,6 +60,8 @@ def bench_vllm(**values: Any) -> None:
 
     model_dir = str(model_directory(model_config(values["model"], values["model_cache"])))
     config = bench_config(VllmBenchConfig, values, model_dir=model_dir)
-    task = load_humaneval(limit=config.problem_index + 1)[config.problem_index].question
-    report = run_bench(config, task)
+    problems = load_humaneval(limit=max(config.problem_index, 1) + 1)
+    task = problems[config.problem_index].question
+    other = problems[0 if config.problem_index else 1].question  # persona-first's warm-up
+    report = run_bench(config, task, warm_up_task=other)
     print_report(report, console())
