@@ -102,8 +102,8 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
     # NOTE: one transcript per repeat: a repeat never hits what an earlier one stored
     transcripts: list[TokenTranscript | PersonaTranscript] = []
     for r in range(config.repeats):
-        if config.layout == "persona-first":  # the run number in the shared context
-            transcripts.append(PersonaTranscript(tokenizer, f"Run {r + 1}.\n{TEAM_CONVENTIONS}"))
+        if config.layout == "persona-first":  # the run number after the standing instructions
+            transcripts.append(PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun {r + 1}."))
         else:
             transcripts.append(
                 TokenTranscript(tokenizer, f"Run {r + 1}. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
@@ -115,7 +115,7 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
         logger.info("configuration %s: starting its engines", result.label)
         with _setup(name, apc, config) as setup:
             if config.layout == "persona-first":
-                warm = PersonaTranscript(tokenizer, f"Run 0.\n{TEAM_CONVENTIONS}")
+                warm = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun 0.")
                 _run_pipeline(
                     ConfigResult(name, apc), setup, warm, warm_up_task or task_text, config
                 )
