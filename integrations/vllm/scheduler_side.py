@@ -227,31 +227,45 @@ class SchedulerSide:
     ) -> tuple[ReusedSpan, ...]:
         """Stored runs of the tokens from `start` on, found by content: the sidecar's
         similar segments (MinHash/LSH, or beginning as the window does) of chunk-long
-        windows, then `cover`.
+        windows a quarter chunk apart, then `cover`. Windows are asked for a chunk at a
+        time from where the runs found so far end, and not past a chunk no run reaches.
 
         NOTE: each new candidate's tokens are read with the segment (in place on the
         sidecar's host: a map view and a checksum; elsewhere its payload streams).
         """
         store = self.clients.for_namespace(query.namespace)
         end = (len(token_ids) - 1) // self.block_size * self.block_size
-        candidates: dict[str, StoredTokens] = {}
         step = max(1, self.chunk_tokens // 4)
-        for window in list(range(start, end, step))[:MAX_SPAN_WINDOWS]:
-            similar = store.find_similar(
-                query.root, token_ids[window : window + self.chunk_tokens],
-                limit=MAX_SPAN_CANDIDATES,
-            )  # fmt: skip
-            for candidate in similar:
-                ref = candidate.segment
-                if ref.segment_id in candidates or ref.layer_start != 0:
-                    continue
-                found = store.get_segment(ref.segment_id, model_fingerprint=query.root)
-                if found is not None:
-                    meta = found[0]
-                    candidates[ref.segment_id] = StoredTokens(
-                        ref.segment_id, meta.start_position, tuple(meta.token_ids)
-                    )
-        return cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
+        candidates: dict[str, StoredTokens] = {}
+        spans: tuple[ReusedSpan, ...] = ()
+        position, num_queries = start, 0
+        while position < end and num_queries < MAX_SPAN_WINDOWS:
+            for window in range(position, min(position + self.chunk_tokens, end), step):
+                num_queries += 1
+                self._add_candidates(
+                    store, query.root, token_ids[window : window + self.chunk_tokens], candidates
+                )
+            spans = cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
+            reached = spans[-1].end if spans else start
+            if reached <= position:  # nothing from here on: the tokens are new
+                break
+            position = reached
+        return spans
+
+    @staticmethod
+    def _add_candidates(
+        store: Any, root: str, window: Sequence[int], candidates: dict[str, StoredTokens]
+    ) -> None:
+        for candidate in store.find_similar(root, window, limit=MAX_SPAN_CANDIDATES):
+            ref = candidate.segment
+            if ref.segment_id in candidates or ref.layer_start != 0:
+                continue
+            found = store.get_segment(ref.segment_id, model_fingerprint=root)
+            if found is not None:
+                meta = found[0]
+                candidates[ref.segment_id] = StoredTokens(
+                    ref.segment_id, meta.start_position, tuple(meta.token_ids)
+                )
 
     def _answered(self, tracked: _Tracked, lookup: PrefixLookup, num_tokens: int) -> None:
         """Keep the lookup; what it found counts as stored for requests that are not looked
