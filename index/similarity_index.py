@@ -11,6 +11,7 @@ Not thread-safe: call it from one thread (the server's event loop).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -197,12 +198,16 @@ class SimilarityIndex:
         self, namespace: str, fingerprint: str, token_ids: tuple[int, ...]
     ) -> dict[bytes, float]:
         """Segments whose first `HEAD_TOKENS` tokens are the query's first, with the true
-        Jaccard of the two token sets (what the LSH estimates for its own candidates)."""
+        Jaccard of the two token sets (what the LSH estimates for its own candidates).
+
+        NOTE: at most `max_candidates` of them, as for the LSH: every chunk that starts with
+        a shared system prompt has the same head, and this runs on the server's event loop.
+        """
         head = _head_key(namespace, fingerprint, token_ids)
         found = self._context_keys_by_head.get(head, ()) if head is not None else ()
         query = set(token_ids)
         scores = {}
-        for key in found:
+        for key in itertools.islice(found, self.config.max_candidates):
             tokens = self._entries[(namespace, key)].meta.token_ids
             if tokens[:HEAD_TOKENS] == token_ids[:HEAD_TOKENS]:
                 mine = set(tokens)

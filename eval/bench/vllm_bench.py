@@ -259,7 +259,8 @@ def _services(
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
     if name == "kvsplice-gated":
-        extra["reuse_policy"] = str(_naive_policy(config, data))
+        policy = data / "naive-policy.json"
+        extra["reuse_policy"] = str(write_naive_policy(config.model_dir, config.dtype, policy))
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
@@ -267,21 +268,17 @@ def _services(
                   kv_transfer_params=GATED if name == "kvsplice-gated" else None)  # fmt: skip
 
 
-def _naive_policy(config: VllmBenchConfig, data: Path) -> Path:
-    """An admission policy admitting `naive` for the served model, so that kvsplice-gated
-    measures what approximate reuse does (a deployment admits it only where calibration
-    measured its drift within bounds)."""
+def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
+    """An admission policy admitting `naive` for the model an engine serves from `model_dir`
+    in `dtype`, so that requests asking for approximate reuse get it: what kvsplice-gated
+    measures (a deployment admits it only where calibration measured its drift in bounds)."""
     from vllm.config import ModelConfig
 
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
     from kvsplice.integrations.vllm.connector import served_fingerprint
 
-    kv_dtype = config.dtype
-    model = ModelConfig(model=config.model_dir, dtype=kv_dtype)
-    path = data / "naive-policy.json"
-    save_policy(
-        AdmissionPolicy(served_fingerprint(model, kv_dtype), ("dense", "exact", "naive")), path
-    )
+    fingerprint = served_fingerprint(ModelConfig(model=model_dir, dtype=dtype), dtype)
+    save_policy(AdmissionPolicy(fingerprint, ("dense", "exact", "naive")), path)
     return path
 
 

@@ -131,7 +131,6 @@ class SchedulerSide:
         self._bad_segments: dict[str, float] = {}
         self.disabled: str | None = None
         self.num_hit_tokens = 0
-        self.num_approximate_tokens = 0  # promised from runs computed elsewhere
         self.num_faults_seen = 0  # load faults absorbed: the worker withholds saves until then
 
     @property
@@ -336,7 +335,6 @@ class SchedulerSide:
         )  # fmt: skip
         tracked.num_exact_tokens = exact_end - start
         tracked.num_approximate_tokens = end - exact_end
-        self.num_approximate_tokens += end - exact_end
         if tracked.load_async:  # NOTE: the request is not scheduled until its load ends
             self._async_loads.append(load)
         else:

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make vllm; make test runs it)")
 
+from kvsplice.eval.bench.vllm_bench import write_naive_policy
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
 
 NAMESPACE = "pipeline"
@@ -60,21 +61,6 @@ def connector_config(target: str, namespace: str = NAMESPACE, **extra: object) -
     }
 
 
-def naive_policy(model_dir: str, directory: Path) -> Path:
-    """An admission policy admitting `naive` for the engines' model (float32), as
-    `kvsplice calibrate` would write one: requests that opt in then get approximate runs."""
-    from vllm.config import ModelConfig
-
-    from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
-    from kvsplice.integrations.vllm.connector import served_fingerprint
-
-    model = ModelConfig(model=model_dir, dtype=str(AS_VLLM_RUNS["dtype"]), max_model_len=2048)
-    fingerprint = served_fingerprint(model, "float32")
-    path = directory / "naive-policy.json"
-    save_policy(AdmissionPolicy(fingerprint, ("dense", "exact", "naive")), path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def engines(
     model_dir: str, sidecar: Sidecar, log_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -82,7 +68,8 @@ def engines(
     """`reference` (no connector, no prefix cache: the dense oracle), `a` and `b` (the
     connector, one namespace, vLLM's defaults, a policy admitting approximate runs for
     requests that opt in): three processes."""
-    policy = str(naive_policy(model_dir, tmp_path_factory.mktemp("policy")))
+    path = tmp_path_factory.mktemp("policy") / "naive-policy.json"
+    policy = str(write_naive_policy(model_dir, str(AS_VLLM_RUNS["dtype"]), path))
     deployed = connector_config(sidecar.target, reuse_policy=policy)
     specs = [
         EngineSpec("reference", model_dir, free_port(), dtype="float32"),
