@@ -10,8 +10,9 @@ again when next computed) and load faults (the request's chain rewinds to the
 fault). Exact prefixes are promised to every request; a request that opted into
 approximate reuse (`reuse_request`) on an engine whose admission policy admits it also
 gets runs of stored segments computed elsewhere past its exact prefix (`span_cover`),
-fenced: nothing from its first approximate token on is saved, and vLLM's prefix cache
-never serves those blocks to another request (`_fence`). Knows vLLM's request and
+fenced: from its first approximate token on, its chunks are saved off-chain (no exact
+lookup reaches them; later opted-in requests find them by content), and vLLM's prefix
+cache never serves those blocks to another request (`_fence`). Knows vLLM's request and
 scheduler-output objects only through the few attributes it reads.
 """
 
@@ -60,6 +61,9 @@ MAX_SPAN_WINDOWS = 64
 MAX_SPAN_CANDIDATES = 4
 # A run shorter than this is not loaded (its tokens are computed).
 MIN_SPAN_TOKENS = 16
+# The runs found within this share of the lookup timeout are kept, the search stops there
+# (a slow search must not cost the request its exact prefix: a timed-out lookup is a miss).
+SPAN_SEARCH_SHARE = 0.5
 
 
 @dataclass
@@ -175,8 +179,8 @@ class SchedulerSide:
         return self.approximate and tracked.reuse.approximate and tracked.root is not None
 
     def _fence(self, tracked: _Tracked, position: int) -> None:
-        """From `position` on the request's K/V may be approximate: never saved, and never
-        found in vLLM's prefix cache by another request.
+        """From `position` on the request's K/V may be approximate: saved only off-chain
+        (`_leave_exact_at_fence`), and never found in vLLM's prefix cache by another request.
 
         NOTE: vLLM caches a request's blocks under `request.block_hashes` (chained: each
         covers the whole prefix before it) right after this promise is allocated. The
@@ -207,6 +211,7 @@ class SchedulerSide:
     def _lookup(self, query: LookupQuery, token_ids: Sequence[int]) -> Found:
         """One `LookupPrefix` (on a lookup thread); a degraded call is a fault, not a miss.
         With `query.approximate`, the runs that continue the prefix too."""
+        deadline = time.monotonic() + self.lookups.timeout_s * SPAN_SEARCH_SHARE
         store = self.clients.for_namespace(query.namespace)
         degraded = store.counters.num_degraded_calls
         lookup = store.lookup_prefix(query.root, token_ids)
@@ -215,19 +220,20 @@ class SchedulerSide:
         if not query.approximate:
             return Found(lookup)
         try:
-            spans = self._find_spans(query, token_ids, lookup.num_matched_tokens)
+            spans = self._find_spans(query, token_ids, lookup.num_matched_tokens, deadline)
         except Exception as error:  # the exact prefix stands
             self.faults.record("looking up approximate runs failed", error)
             spans = ()
         return Found(lookup, spans)
 
     def _find_spans(
-        self, query: LookupQuery, token_ids: Sequence[int], start: int
+        self, query: LookupQuery, token_ids: Sequence[int], start: int, deadline: float
     ) -> tuple[ReusedSpan, ...]:
         """Stored runs of the tokens from `start` on, found by content: the sidecar's
         similar segments (MinHash/LSH, or beginning as the window does) of chunk-long
         windows a quarter chunk apart, then `cover`. Windows are asked for a chunk at a
-        time from where the runs found so far end, and not past a chunk no run reaches.
+        time from where the runs found so far end, and not past a chunk no run reaches,
+        nor past `deadline` (the runs found by then are kept).
 
         NOTE: each new candidate's tokens are read with the segment (in place on the
         sidecar's host: a map view and a checksum; elsewhere its payload streams).
@@ -249,6 +255,12 @@ class SchedulerSide:
             if reached <= position:  # nothing from here on: the tokens are new
                 break
             position = reached
+            if time.monotonic() > deadline:
+                self.faults.record(
+                    "looking up approximate runs stopped",
+                    f"past {SPAN_SEARCH_SHARE:.0%} of the lookup timeout",
+                )
+                break
         return spans
 
     @staticmethod
@@ -426,6 +438,7 @@ class SchedulerSide:
         chain = KeyChain(tracked.root)
         tokens = tracked.request.all_token_ids
         while chain.position < target:
+            _leave_exact_at_fence(tracked, chain, chain.position + self.chunk_tokens)
             chain.extend(tokens[chain.position : chain.position + self.chunk_tokens])
         tracked.chain = chain
         tracked.held_keys = frozenset()
@@ -455,6 +468,13 @@ class SchedulerSide:
         token; a transcript's next agent prefills those answer tokens and stores them then.
         `save_decode` stores them at once (more reuse, outputs then match a recompute only
         up to that rounding, as with vLLM's own prefix cache).
+
+        A chunk reaching past the request's first approximate token (`approximate_from`)
+        was computed over approximate K/V: from there the chain goes off-chain for good
+        (`common.keys.off_chain_key`), so no exact lookup ever returns it, while a later
+        request that opted in finds it by content (the next agent of a persona-first
+        pipeline then finds the quoting text and the answers this request computed).
+        Before leaving, the exact part gets its half-chunk tail if it has one.
         """
         chain = tracked.chain
         if chain is None or tracked.root is None or self.disabled:
@@ -467,11 +487,17 @@ class SchedulerSide:
         )
         if not self.save_decode:
             ready = min(ready, tracked.request.num_prompt_tokens)
-        if tracked.approximate_from is not None:  # NOTE: computed over approximate K/V
-            ready = min(ready, tracked.approximate_from)
         saves: list[SaveSpec] = []
         table: tuple[int, ...] | None = None  # built once, shared by this step's saves
         while chain.position + self.chunk_tokens <= ready:
+            fence = tracked.approximate_from
+            if chain.exact and fence is not None and chain.position + self.chunk_tokens > fence:
+                exact_tail = self._tail(tracked, min(ready, fence))
+                if exact_tail is not None:
+                    table = tuple(tracked.block_ids) if table is None else table
+                    saves.append(self._save_spec(tracked, exact_tail, token_ids, table))
+                _leave_exact_at_fence(tracked, chain, chain.position + self.chunk_tokens)
+                tracked.tail_saved_at = -1  # the off-chain tail at this position is another
             start = chain.position
             link = chain.extend(token_ids[start : start + self.chunk_tokens])
             key = (tracked.namespace, link.key)
@@ -499,6 +525,7 @@ class SchedulerSide:
         end = chain.position + self.tail_tokens
         if not self.tail_tokens or end > ready or tracked.tail_saved_at == chain.position:
             return None
+        _leave_exact_at_fence(tracked, chain, end)
         tracked.tail_saved_at = chain.position
         link = chain.peek(tracked.request.all_token_ids[chain.position : end])
         if link.key in tracked.held_keys or not self._claim(
@@ -559,6 +586,16 @@ class SchedulerSide:
 def _asked(request: Any) -> bool:
     params = getattr(request, "kv_transfer_params", None)
     return isinstance(params, dict) and KEY in params
+
+
+def _leave_exact_at_fence(tracked: _Tracked, chain: KeyChain, end: int) -> bool:
+    """Move `chain` off-chain if its next link, ending at `end`, reaches the request's
+    first approximate token; whether it just left."""
+    fence = tracked.approximate_from
+    if not chain.exact or fence is None or end <= fence:
+        return False
+    chain.leave_exact()
+    return True
 
 
 def _stale(tracked: _Tracked, num_tokens: int) -> bool:

@@ -21,7 +21,7 @@ from kvsplice.common.errors import (
     PermissionDenied,
     StoreUnavailable,
 )
-from kvsplice.common.keys import KeyChain, chunk_links
+from kvsplice.common.keys import KeyChain, chunk_links, off_chain_key, root_key
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, SaveSpec, WorkerNews
@@ -450,3 +450,31 @@ def test_a_half_chunk_tail_is_saved_once_its_blocks_exist_and_found_by_the_next_
     plain.num_new_matched_tokens(other, 0)
     step = Step([NewReq("o", ([0, 1, 2, 3],), 0)], num_scheduled_tokens={"o": 13})
     assert [(s.start, s.end) for s in plain.build_step(step)[1]] == [(0, 8)]
+
+
+def test_past_the_fence_chunks_are_saved_off_chain_after_the_exact_part_s_tail() -> None:
+    """A gated promise fenced the request at token 4 (mid-chunk, a block edge): its exact
+    half chunk is saved on the chain; everything computed from the chunk holding the fence
+    on goes off-chain (no exact key), also after a load fault rewinds the chain there."""
+    chunk = 2 * BLOCK
+    side = SchedulerSide(FakeClients(FakeStore([])), FINGERPRINT, BLOCK, chunk, save_decode=True,
+                         lookup_wait_s=10.0)  # type: ignore[arg-type]  # fmt: skip
+    request = FakeRequest("r", list(range(10, 31)))  # 21 tokens
+    side.num_new_matched_tokens(request, 0)
+    side._fence(side._tracked["r"], 4)  # what a promise of approximate runs from 4 does
+    step = Step([NewReq("r", ([0, 1, 2, 3, 4, 5],), 0)], num_scheduled_tokens={"r": 21})
+    saves = side.build_step(step)[1]
+    assert [(s.start, s.end) for s in saves] == [(0, 4), (0, 8), (8, 16), (16, 20)]
+    exact = KeyChain(FINGERPRINT)
+    assert saves[0].key == exact.extend(request.all_token_ids[:4]).key  # the exact tail
+    assert saves[1].parent_key == off_chain_key(root_key(FINGERPRINT))
+    assert [s.parent_key for s in saves[2:]] == [saves[1].key, saves[2].key]
+    on_chain = {link.key for link in chunk_links(FINGERPRINT, request.all_token_ids, BLOCK)}
+    on_chain |= {link.key for link in chunk_links(FINGERPRINT, request.all_token_ids, chunk)}
+    assert not {s.key for s in saves[1:]} & on_chain
+
+    side.absorb(WorkerNews(failed=[(s.namespace, s.key) for s in saves]))  # not stored
+    side.absorb(WorkerNews(faults=[LoadFaultNews("r", saves[0].namespace, 12)]))
+    cached = Cached(["r"], set(), [None], [8])  # vLLM recomputes from 8
+    again = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 13}))[1]
+    assert [(s.start, s.key) for s in again][:1] == [(8, saves[2].key)]  # still off-chain

@@ -197,6 +197,7 @@ def test_a_gated_request_gets_the_shared_context_moved_and_nobody_else_does(
     assert report["exact_tokens"] + report["approximate_tokens"] == full_blocks(prompt)
     assert report["approximate_tokens"] >= 0.6 * len(prompt), report
     assert len(gated.token_ids) == MAX_TOKENS
+    wait_until_stored(sidecar, NAMESPACE)  # what it saved past its fence, off-chain
 
     before = engines["b"].counters()
     plain = engines["b"].complete(prompt, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)

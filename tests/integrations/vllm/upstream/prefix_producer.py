@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from vllm import SamplingParams
@@ -37,7 +38,8 @@ CreateOutput = Callable[..., ModelRunnerOutput]
 
 @dataclasses.dataclass(frozen=True)
 class PrefixProducer:
-    """`store(vllm_config, token_ids)`: the sidecar then holds every whole chunk of them.
+    """`store(vllm_config, token_ids)`: the sidecar then holds every whole chunk of them
+    (with `kv_transfer_params`, as a request carrying them would save them).
 
     `create_scheduler` and `create_output` are vLLM's test helpers (`utils.py`).
     """
@@ -46,7 +48,12 @@ class PrefixProducer:
     create_output: CreateOutput
     eos_token_id: int
 
-    def store(self, vllm_config: VllmConfig, token_ids: list[int]) -> None:
+    def store(
+        self,
+        vllm_config: VllmConfig,
+        token_ids: list[int],
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> None:
         config = copy.deepcopy(vllm_config)
         block_size = config.cache_config.block_size
         num_blocks = -(-len(token_ids) // block_size) + NUM_SPARE_BLOCKS
@@ -57,6 +64,7 @@ class PrefixProducer:
         try:
             worker.register_kv_caches(_kv_caches(config, num_blocks))
             request = self._request(token_ids, block_size)
+            request.kv_transfer_params = kv_transfer_params
             scheduler.add_request(request)
             while scheduler.has_unfinished_requests():
                 self._step(scheduler, worker, request)

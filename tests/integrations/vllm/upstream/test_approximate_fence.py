@@ -7,8 +7,10 @@ Setting: one agent computed its persona P1 and a shared task; another agent's re
 (`kv_transfer_params: {"kvsplice": {"reuse": "gated"}}`) on an engine whose admission
 policy admits `naive`. It gets P2's stored blocks exactly and the task's K/V as the
 first agent computed it, moved to its new positions. Then: (1) vLLM's prefix cache finds
-none of those approximate blocks for a later request of the very same tokens; (2) no
-chunk from the first approximate token on is saved; (3) a request without the opt-in,
+none of those approximate blocks for a later request of the very same tokens; (2) every
+chunk from the first approximate token on is saved off-chain: no exact lookup reaches it,
+while a later opted-in request finds what the first computed there by content; (3) a
+request without the opt-in,
 on the same engine, gets exact reuse only; (4) an engine whose policy does not admit
 `naive` gives a "gated" request exact reuse only. The sidecar is real (the session's
 embedded one); the stored prefixes are saved by kvsplice's own connector halves.
@@ -31,6 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
+from kvsplice.common.keys import chunk_links, off_chain_key
 
 BLOCK = 16
 P1 = list(range(5000, 5032))  # the first agent's persona: 2 blocks
@@ -38,6 +41,7 @@ P2 = list(range(6000, 6016))  # the second agent's: 1 block
 TASK = list(range(7000, 7064))  # the shared task: 4 blocks
 OTHER = list(range(8000, 8032))  # what the second agent saw before (P2 stored)
 QUESTION = list(range(9000, 9008))
+ANSWER = list(range(9100, 9132))  # what a gated request computed past its runs: 2 blocks
 PROMPT = P2 + TASK + QUESTION  # 88 tokens: 16 exact, 64 approximate, 8 computed
 GATED = {"kvsplice": {"reuse": "gated"}}
 
@@ -102,7 +106,11 @@ def test_approximate_blocks_are_never_reused_saved_or_served_unasked(tmp_path: P
     assert (load.spans[0].start, load.spans[-1].end) == (16, 80)
     assert all(a.end == b.start for a, b in itertools.pairwise(load.spans))
     assert {s.delta for s in load.spans} == {16 - 32}
-    assert not [s for s in output.kv_connector_metadata.saves if s.start + BLOCK > 16]
+    links = chunk_links(scheduler.connector.fingerprint, PROMPT, BLOCK)
+    saves = output.kv_connector_metadata.saves
+    assert [s.start for s in saves] == [16, 32, 48, 64]  # computed or moved (P2 was stored)
+    assert saves[0].parent_key == off_chain_key(links[0].key)  # off P2's exact link
+    assert not {s.key for s in saves} & {link.key for link in links}  # no exact key
 
     runner_output = utils.create_model_runner_output([asked])
     scheduler.update_from_output(output, runner_output)  # its blocks are in the prefix cache
@@ -130,6 +138,31 @@ def test_approximate_blocks_are_never_reused_saved_or_served_unasked(tmp_path: P
     }  # fmt: skip
     assert scheduler.connector.request_finished(later, [])[1] is None  # it asked for nothing
     scheduler.shutdown()
+
+
+def test_what_a_gated_request_computed_is_found_by_content_and_never_exactly(
+    tmp_path: Path,
+) -> None:
+    """A gated request (P2, the task as P1's agent computed it, then ANSWER it computed)
+    is saved by the connector halves; then the same tokens and more: without the opt-in
+    only P2 is found (the rest is off-chain), with it ANSWER too, where the task ends
+    the runs when nothing past the fence is saved."""
+    config = _engine_config(tmp_path, admit_naive=True)
+    PrefixProducer(
+        utils.create_scheduler, utils.create_model_runner_output, utils.EOS_TOKEN_ID
+    ).store(config, P2 + TASK + ANSWER, GATED)
+    tokens = P2 + TASK + ANSWER + QUESTION
+    for name, params, num_found in (("unasked", None, 16), ("asked", GATED, 16 + 64 + 32)):
+        scheduler = utils.create_scheduler(config)
+        request = _request(name, tokens, params)
+        scheduler.add_request(request)
+        output = _schedule_until_running(scheduler, request)
+        assert _new_request(output, request).num_computed_tokens == num_found, name
+        if params is not None:
+            (load,) = output.kv_connector_metadata.loads
+            answer_runs = [s for s in load.spans if s.end > 80]
+            assert answer_runs and {s.delta for s in answer_runs} == {0}  # stored in place
+        scheduler.shutdown()
 
 
 def test_a_request_without_the_opt_in_never_gets_approximate_kv(tmp_path: Path) -> None:
