@@ -9,11 +9,14 @@ engine, whether the outputs equal `recompute`'s, and the bytes stored per token.
 Connector configurations run with vLLM's prefix cache on (as deployed) and off;
 kvsplice and LMCache store decode-written K/V alike (both or neither) in chunks of
 the same length. Threads are pinned alike; the load average is recorded per run.
-Layouts: `transcript` (each prompt extends the last: exact reuse reaches it) and
-`persona-first` (each agent under its own system prompt, the shared context and earlier
-answers quoted after it: exact reuse stops at the persona). In persona-first every
-configuration first runs the pipeline once, un-measured, on another problem, so each
-persona has been seen (a pipeline that has run before); `kvsplice-gated` engines admit
+Each repeat sends its own `cache_salt`: vLLM's prefix cache, kvsplice and LMCache keep
+repeats apart (a repeat of the same problem would otherwise find the earlier one's
+answers by content). Layouts: `transcript` (each prompt extends the last: exact reuse
+reaches it) and `persona-first` (each agent under its own system prompt, the shared
+context and earlier answers quoted after it: exact reuse stops at the persona). In
+persona-first each repeat of every configuration first runs the pipeline once,
+un-measured, on another problem, so each persona has been seen (a pipeline that has run
+before); `kvsplice-gated` engines admit
 approximate reuse (a policy admitting naive, written for the served model) and every
 request asks for it; how many prompt tokens came from outside the engine and whether the
 outputs equal recompute's are then the figures that matter.
@@ -49,6 +52,7 @@ from kvsplice.eval.workloads.token_transcript import (
     PersonaTranscript,
     TokenTranscript,
 )
+from kvsplice.integrations.vllm.connector_config import salted_namespace
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +103,8 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-    # NOTE: one transcript per repeat: a repeat never hits what an earlier one stored
+    # NOTE: one transcript and one cache salt per repeat: a repeat never hits what an
+    # earlier one stored, by chain or by content
     transcripts: list[TokenTranscript | PersonaTranscript] = []
     for r in range(config.repeats):
         if config.layout == "persona-first":  # the run number after the standing instructions
@@ -114,18 +119,23 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
         result = ConfigResult(name, apc)
         logger.info("configuration %s: starting its engines", result.label)
         with _setup(name, apc, config) as setup:
-            if config.layout == "persona-first":
-                warm = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun 0.")
-                _run_pipeline(
-                    ConfigResult(name, apc), setup, warm, warm_up_task or task_text, config
-                )
-            for transcript in transcripts:
-                _run_pipeline(result, setup, transcript, task_text, config)
+            for r, transcript in enumerate(transcripts):
+                salt = repeat_salt(r)
+                if config.layout == "persona-first":
+                    warm = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun 0.")
+                    unmeasured = ConfigResult(name, apc)
+                    _run_pipeline(unmeasured, setup, warm, warm_up_task or task_text, config, salt)
+                _run_pipeline(result, setup, transcript, task_text, config, salt)
         _summarize(result)
         results.append(result)
         logger.info("configuration %s: agent TTFTs %s", result.label, result.agent_ttft_s)
         report = _write(config, results)  # after each configuration: a cut-short run keeps its rows
     return report
+
+
+def repeat_salt(repeat: int) -> str:
+    """The `cache_salt` every request of repeat `repeat` (from 0) carries."""
+    return f"bench-repeat-{repeat + 1}"
 
 
 def _summarize(result: ConfigResult) -> None:
@@ -152,9 +162,9 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
 
 def _run_pipeline(
     result: ConfigResult, setup: _Setup, transcript: TokenTranscript | PersonaTranscript,
-    task: str, config: VllmBenchConfig,
+    task: str, config: VllmBenchConfig, cache_salt: str,
 ) -> None:  # fmt: skip
-    """One run of the pipeline, appended to `result`."""
+    """One run of the pipeline, every request salted with `cache_salt`, appended to `result`."""
     prompt: list[int] = []
     ttfts, cached, prompts = [], [], []
     answer: tuple[int, ...] = ()
@@ -169,7 +179,7 @@ def _run_pipeline(
         engine = setup.engines[i % len(setup.engines)]
         done = engine.complete(
             prompt, max_tokens=config.answer_tokens, min_tokens=config.answer_tokens,
-            kv_transfer_params=setup.kv_transfer_params,
+            cache_salt=cache_salt, kv_transfer_params=setup.kv_transfer_params,
         )  # fmt: skip
         answer = done.token_ids
         answers.append((role, answer))
@@ -263,8 +273,9 @@ def _services(
         extra["reuse_policy"] = str(write_naive_policy(config.model_dir, config.dtype, policy))
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
-    return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, restart),
-                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar),
+    namespaces = [salted_namespace(NAMESPACE, repeat_salt(r)) for r in range(config.repeats)]
+    return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, namespaces, restart),
+                  bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, namespaces),
                   kv_transfer_params=GATED if name == "kvsplice-gated" else None)  # fmt: skip
 
 
@@ -282,16 +293,18 @@ def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
     return path
 
 
-def _settle_then(sidecar: Sidecar, then: Callable[[], object]) -> None:
-    _wait_until_stored(sidecar)
+def _settle_then(sidecar: Sidecar, namespaces: list[str], then: Callable[[], object]) -> None:
+    _wait_until_stored(sidecar, namespaces)
     then()
 
 
-def _wait_until_stored(sidecar: Sidecar, settle_s: float = 0.5, timeout_s: float = 30.0) -> None:
+def _wait_until_stored(
+    sidecar: Sidecar, namespaces: list[str], settle_s: float = 0.5, timeout_s: float = 30.0
+) -> None:
     last, since = -1, time.monotonic()
     deadline = since + timeout_s
     while time.monotonic() < deadline:
-        count = sidecar.namespace_stats(NAMESPACE).get("num_segments", 0)
+        count = sum(sidecar.namespace_stats(ns).get("num_segments", 0) for ns in namespaces)
         if count != last:
             last, since = count, time.monotonic()
         elif time.monotonic() - since >= settle_s:
@@ -299,9 +312,9 @@ def _wait_until_stored(sidecar: Sidecar, settle_s: float = 0.5, timeout_s: float
         time.sleep(0.1)
 
 
-def _sidecar_bytes_per_token(sidecar: Sidecar) -> float | None:
+def _sidecar_bytes_per_token(sidecar: Sidecar, namespaces: list[str]) -> float | None:
     """Payload bytes per stored token (chunks and half-chunk tails alike)."""
-    segments = sidecar.segments(NAMESPACE)
+    segments = [s for ns in namespaces for s in sidecar.segments(ns)]
     num_tokens = sum(s["num_tokens"] for s in segments)
     return sum(s["payload_nbytes"] for s in segments) / num_tokens if num_tokens else None
 
