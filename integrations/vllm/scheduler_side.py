@@ -61,7 +61,7 @@ MAX_SPAN_WINDOWS = 64
 MAX_SPAN_CANDIDATES = 4
 # A run shorter than this is not loaded (its tokens are computed).
 MIN_SPAN_TOKENS = 16
-# The runs found within this share of the lookup timeout are kept, the search stops there
+# The runs found within this share of the lookup deadline are kept, the search stops there
 # (a slow search must not cost the request its exact prefix: a timed-out lookup is a miss).
 SPAN_SEARCH_SHARE = 0.5
 
@@ -243,9 +243,16 @@ class SchedulerSide:
         step = max(1, self.chunk_tokens // 4)
         candidates: dict[str, StoredTokens] = {}
         spans: tuple[ReusedSpan, ...] = ()
-        position, num_queries = start, 0
-        while position < end and num_queries < MAX_SPAN_WINDOWS:
+        position, num_queries, late = start, 0, False
+        while position < end and num_queries < MAX_SPAN_WINDOWS and not late:
             for window in range(position, min(position + self.chunk_tokens, end), step):
+                late = time.monotonic() > deadline
+                if late:
+                    self.faults.record(
+                        "looking up approximate runs stopped",
+                        f"past {SPAN_SEARCH_SHARE:.0%} of the lookup deadline",
+                    )
+                    break
                 num_queries += 1
                 self._add_candidates(
                     store, query.root, token_ids[window : window + self.chunk_tokens], candidates
@@ -255,12 +262,6 @@ class SchedulerSide:
             if reached <= position:  # nothing from here on: the tokens are new
                 break
             position = reached
-            if time.monotonic() > deadline:
-                self.faults.record(
-                    "looking up approximate runs stopped",
-                    f"past {SPAN_SEARCH_SHARE:.0%} of the lookup timeout",
-                )
-                break
         return spans
 
     @staticmethod

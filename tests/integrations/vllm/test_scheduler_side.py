@@ -478,3 +478,30 @@ def test_past_the_fence_chunks_are_saved_off_chain_after_the_exact_part_s_tail()
     cached = Cached(["r"], set(), [None], [8])  # vLLM recomputes from 8
     again = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 13}))[1]
     assert [(s.start, s.key) for s in again][:1] == [(8, saves[2].key)]  # still off-chain
+
+
+class SlowSimilarStore(FakeStore):
+    """A sidecar whose content search is slow and finds nothing."""
+
+    num_similar: int = 0
+
+    def find_similar(self, root: str, window: list[int], limit: int) -> list[object]:
+        self.num_similar += 1
+        time.sleep(0.3)
+        return []
+
+
+def test_a_slow_content_search_stops_in_time_and_the_exact_prefix_stands() -> None:
+    """Past half the lookup deadline the approximate search stops: a gated request keeps its
+    exact prefix (4 windows of 0.3 s would pass the 1 s deadline: a miss, nothing loaded)."""
+    stored = list(range(10, 18))
+    store = SlowSimilarStore(stored)
+    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK, approximate=True,
+                         lookup_wait_s=0.01, lookup_timeout_s=1.0)  # type: ignore[arg-type]  # fmt: skip
+    request = FakeRequest("r", [*stored, *range(100, 140)])
+    request.kv_transfer_params = {"kvsplice": {"reuse": "gated"}}  # type: ignore[attr-defined]
+    found = wait_for(
+        lambda: side.num_new_matched_tokens(request, 0), lambda n: n is not None, timeout_s=30.0
+    )
+    assert found == 8 and 1 <= store.num_similar < 4
+    assert side.faults.counts["looking up approximate runs stopped"] == 1
