@@ -9,7 +9,7 @@ failed puts (a chunk counts as stored only once acknowledged; a failed one is pu
 again when next computed) and load faults (the request's chain rewinds to the
 fault). Exact prefixes are promised to every request; a request that opted into
 approximate reuse (`reuse_request`) on an engine whose admission policy admits it also
-gets runs of stored segments computed elsewhere past its exact prefix (`span_cover`),
+gets runs of stored segments computed elsewhere past its exact prefix (`span_search`),
 fenced: from its first approximate token on, its chunks are saved off-chain (no exact
 lookup reaches them; later opted-in requests find them by content), and vLLM's prefix
 cache never serves those blocks to another request (`_fence`). Knows vLLM's request and
@@ -34,7 +34,8 @@ from kvsplice.integrations.vllm.lookups import Found, LookupQuery, Lookups
 from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse, requested_reuse
 from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
-from kvsplice.integrations.vllm.span_cover import ReusedSpan, StoredTokens, cover, trimmed
+from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
+from kvsplice.integrations.vllm.span_search import SPAN_SEARCH_SHARE, find_spans
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import (
     LoadSpec,
@@ -54,16 +55,6 @@ IN_FLIGHT_TTL_S = 120.0
 BAD_SEGMENT_TTL_S = 600.0
 # A request that waited this long since its lookup is looked up again before a load.
 LOOKUP_MAX_AGE_S = 10.0
-# Approximate lookups: windows of a chunk, a quarter chunk apart (a stored chunk then
-# overlaps one of them by at least 7/8, enough for the LSH), at most this many past the
-# exact prefix, and at most this many similar segments read per window.
-MAX_SPAN_WINDOWS = 64
-MAX_SPAN_CANDIDATES = 4
-# A run shorter than this is not loaded (its tokens are computed).
-MIN_SPAN_TOKENS = 16
-# The runs found within this share of the lookup deadline are kept, the search stops there
-# (a slow search must not cost the request its exact prefix: a timed-out lookup is a miss).
-SPAN_SEARCH_SHARE = 0.5
 
 
 @dataclass
@@ -220,64 +211,15 @@ class SchedulerSide:
         if not query.approximate:
             return Found(lookup)
         try:
-            spans = self._find_spans(query, token_ids, lookup.num_matched_tokens, deadline)
+            spans = find_spans(
+                store, query.root, token_ids, lookup.num_matched_tokens,
+                block_size=self.block_size, chunk_tokens=self.chunk_tokens,
+                deadline=deadline, faults=self.faults,
+            )  # fmt: skip
         except Exception as error:  # the exact prefix stands
             self.faults.record("looking up approximate runs failed", error)
             spans = ()
         return Found(lookup, spans)
-
-    def _find_spans(
-        self, query: LookupQuery, token_ids: Sequence[int], start: int, deadline: float
-    ) -> tuple[ReusedSpan, ...]:
-        """Stored runs of the tokens from `start` on, found by content: the sidecar's
-        similar segments (MinHash/LSH, or beginning as the window does) of chunk-long
-        windows a quarter chunk apart, then `cover`. Windows are asked for a chunk at a
-        time from where the runs found so far end, and not past a chunk no run reaches,
-        nor past `deadline` (the runs found by then are kept).
-
-        NOTE: each new candidate's tokens are read with the segment (in place on the
-        sidecar's host: a map view and a checksum; elsewhere its payload streams).
-        """
-        store = self.clients.for_namespace(query.namespace)
-        end = (len(token_ids) - 1) // self.block_size * self.block_size
-        step = max(1, self.chunk_tokens // 4)
-        candidates: dict[str, StoredTokens] = {}
-        spans: tuple[ReusedSpan, ...] = ()
-        position, num_queries, late = start, 0, False
-        while position < end and num_queries < MAX_SPAN_WINDOWS and not late:
-            for window in range(position, min(position + self.chunk_tokens, end), step):
-                late = time.monotonic() > deadline
-                if late:
-                    self.faults.record(
-                        "looking up approximate runs stopped",
-                        f"past {SPAN_SEARCH_SHARE:.0%} of the lookup deadline",
-                    )
-                    break
-                num_queries += 1
-                self._add_candidates(
-                    store, query.root, token_ids[window : window + self.chunk_tokens], candidates
-                )
-            spans = cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
-            reached = spans[-1].end if spans else start
-            if reached <= position:  # nothing from here on: the tokens are new
-                break
-            position = reached
-        return spans
-
-    @staticmethod
-    def _add_candidates(
-        store: Any, root: str, window: Sequence[int], candidates: dict[str, StoredTokens]
-    ) -> None:
-        for candidate in store.find_similar(root, window, limit=MAX_SPAN_CANDIDATES):
-            ref = candidate.segment
-            if ref.segment_id in candidates or ref.layer_start != 0:
-                continue
-            found = store.get_segment(ref.segment_id, model_fingerprint=root)
-            if found is not None:
-                meta = found[0]
-                candidates[ref.segment_id] = StoredTokens(
-                    ref.segment_id, meta.start_position, tuple(meta.token_ids)
-                )
 
     def _answered(self, tracked: _Tracked, lookup: PrefixLookup, num_tokens: int) -> None:
         """Keep the lookup; what it found counts as stored for requests that are not looked
