@@ -1,19 +1,21 @@
 """Write the admission policy the package ships for a packaged model (client/modes/shipped/).
 
-It is `kvsplice calibrate`'s judge probes alone, on the shipped judge sample × 4 shuffled
-orders (no execution-agent probes: the shipped policy admits no approximate mode for
-ordinary calls, which then run `exact`): what the probes admit for judges, with its
-guard margins and its measured JCR, and the judge routes' cost model timed here (the
-risk gate prices routes with it). Run (model: a packaged name, default SmolLM2; its own
-dtype, as `--dtype auto` loads it):
-    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS [THREADS]]]
-THREADS (torch's thread count, default 1) should not exceed the idle cores.
+It is `kvsplice calibrate`'s judge probes alone, on the shipped judge sample (or DATA, a
+`bench judge --data` file: every set in it) × SEEDS shuffled orders (no execution-agent
+probes: the shipped policy admits no approximate mode for ordinary calls, which then run
+`exact`): what the probes admit for judges, with its guard margins and its held-out JCR,
+and the judge routes' cost model timed here (the risk gate prices routes with it). Run
+(model: a packaged name, default SmolLM2; its own dtype, as `--dtype auto` loads it):
+    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS [THREADS [DATA]]]]
+THREADS (torch's thread count, default 1) should not exceed the idle cores. Qwen's
+policy: `qwen2.5-coder-0.5b 2 2 eval/data/judge_probes_qwen_humaneval.jsonl`.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -26,6 +28,7 @@ from kvsplice.eval.measure.calibrate import (
     render_judge_probes,
     run_calibration,
 )
+from kvsplice.eval.workloads.judge_examples import load_judge_data
 
 
 def main() -> None:
@@ -35,6 +38,9 @@ def main() -> None:
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     loaded = load_model(ModelConfig(source=name, dtype=PACKAGED_MODELS[name].dtype))
     config = CalibrationConfig(modes=(), judge_seeds=tuple(range(seeds)))
+    if len(sys.argv) > 4:
+        data = Path(sys.argv[4])
+        config = replace(config, judge_data=data, judge_probes=len(load_judge_data(data)))
     result = run_calibration(config, progress=console.log, loaded=loaded)
     console.print(render_judge_probes(result))
     policy = replace(result.policy, created_at=result.policy.created_at)

@@ -128,9 +128,11 @@ class AdmissionPolicy:
         if not self.judge_modes:
             return JudgePricing(self.cost)
         mode = self.judge_modes[0]
-        checks = tuple(getattr(self.params_of(mode), "check_layers", ()))
+        params = self.params_of(mode)
+        checks = tuple(getattr(params, "check_layers", ()))
         drift = self.judge_drift.get(mode)
-        return JudgePricing(self.cost, checks, drift.kept if drift else ())
+        ratio = float(getattr(params, "ratio", 0.0))
+        return JudgePricing(self.cost, checks, drift.kept if drift else (), ratio)
 
     def params_of(self, mode: str) -> Any:
         """`mode`'s parameters: this policy's, or the mode's defaults."""

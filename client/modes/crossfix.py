@@ -70,6 +70,7 @@ class Params:
     ratio: float = knob(
         0.0, "r", "share of the answer tokens still computed above the check layer "
         "(0: every answer token reads its stored K/V there)", low=0, high=1,
+        grid=(0.5, 0.4, 0.3), grid_with={"check_layer": 8},
     )  # fmt: skip
     check_layer: int = knob(
         24, "check", "layers below it computed for every answer token, attending to the "

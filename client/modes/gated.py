@@ -80,11 +80,13 @@ class Route:
 class JudgePricing:
     """How the gate prices a judge call's routes: the calibrated `cost` model, and the
     judge mode's passes (`checks`, cheapest first) with the share of calls each keeps once
-    reached (`keep`; calibration's judge probes; a missing share counts as 0)."""
+    reached (`keep`; calibration's judge probes; a missing share counts as 0), and the
+    share of answer tokens it still computes above each check layer (`ratio`)."""
 
     cost: CostModel
     checks: tuple[int, ...] = ()
     keep: tuple[float, ...] = ()
+    ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if any(not 0 <= k <= 1 for k in self.keep):
@@ -96,7 +98,9 @@ class JudgePricing:
         """Predicted seconds per route, zero-drift routes first (they win ties)."""
         prices = {"exact": exact_cost(shape, self.cost), "dense": dense_cost(shape, self.cost)}
         if judge_mode is not None and self.checks:
-            prices[judge_mode] = staged_cost(shape, self.cost, self.checks, self.keep)
+            prices[judge_mode] = staged_cost(
+                shape, self.cost, self.checks, self.keep, self.ratio
+            )
         return prices
 
 

@@ -84,17 +84,24 @@ def exact_cost(shape: JudgeShape, cost: CostModel) -> float:
 
 
 def staged_cost(
-    shape: JudgeShape, cost: CostModel, checks: Sequence[int], keep: Sequence[float]
+    shape: JudgeShape,
+    cost: CostModel,
+    checks: Sequence[int],
+    keep: Sequence[float],
+    ratio: float = 0.0,
 ) -> float:
     """Expected time of `crossfix`'s passes: pass i recomputes every token from the first
-    answer on up to its check layer `checks[i]` (the text between and after the answers on
-    through every layer) and is kept with probability `keep[i]`; after the last pass, the
-    rest is computed on from the last check layer (dense from there).
+    answer on up to its check layer `checks[i]` (the text between and after the answers,
+    and the `ratio` share of answer tokens, on through every layer) and is kept with
+    probability `keep[i]`; after the last pass, the rest is computed on from the last
+    check layer (dense from there).
 
     `keep` may be shorter than `checks` (a missing rate is 0: never kept).
     """
+    if not 0 <= ratio <= 1:
+        raise ValueError(f"ratio {ratio} not in [0, 1]")
     layers, suffix = shape.num_layers, shape.num_tokens - shape.start
-    text = suffix - shape.answer_tokens
+    text = suffix - shape.answer_tokens + ratio * shape.answer_tokens
     between = (shape.start - shape.prefix_hit) * layers  # computed once, exactly
     read = (shape.prefix_hit + shape.answer_tokens) * layers
     expected, reach, below = 0.0, 1.0, 0

@@ -126,9 +126,11 @@ class CalibrationConfig:
         """(mode, variant spec) per value of each judge mode's grids, its guard off."""
         candidates = []
         for mode in self.judge_modes:
-            for spec in knobs(mode_spec(mode).params_type).values():
+            all_knobs = knobs(mode_spec(mode).params_type)
+            for spec in all_knobs.values():
+                fixed = "".join(f"+{all_knobs[f].name}={v}" for f, v in spec.grid_with.items())
                 candidates += [
-                    (mode, f"{mode}:{spec.name}={value}+margin=0") for value in spec.grid
+                    (mode, f"{mode}:{spec.name}={value}{fixed}+margin=0") for value in spec.grid
                 ]
         return candidates
 
@@ -271,13 +273,13 @@ def render_calibration(result: CalibrationResult) -> Table:
     return table
 
 
-JUDGE_COLUMNS = ("mode", "candidate (guard off)", "probes", "JCR unguarded", "max error", "guard margin", "JCR guarded", "kept", "cand. token·layer reuse", "admitted")  # fmt: skip
+JUDGE_COLUMNS = ("mode", "candidate (guard off)", "probes", "JCR unguarded", "max error", "guard margin", "JCR guarded, held out", "kept", "cand. token·layer reuse", "admitted")  # fmt: skip
 
 
 def render_judge_probes(result: CalibrationResult) -> Table:
     """One row per judge-mode candidate; ✓ marks the one admitted for judges."""
     labels = [c for c in JUDGE_COLUMNS if c.startswith(("mode", "cand"))]
-    title = "judge probes (admit for judges: guarded JCR ≥ bar, some reuse)"
+    title = "judge probes (admit for judges: held-out guarded JCR ≥ bar, some reuse)"
     table = figures_table(JUDGE_COLUMNS, labels, title=title)
     best = select_judge(result.judge_probes)
     for p in result.judge_probes:

@@ -35,6 +35,18 @@ def test_a_kept_first_pass_costs_only_itself() -> None:
     assert staged_cost(SHAPE, COMPUTE_ONLY, (4,), (1.0,)) == pytest.approx(expected)
 
 
+def test_a_ratio_keeps_its_share_of_the_answers_computed_above_the_check() -> None:
+    # ratio 0.4: 20 text tokens and 0.4 x 50 answer tokens through layers 5..9
+    expected = 10 * 10 + 70 * 5 + (20 + 20) * 5
+    assert staged_cost(SHAPE, COMPUTE_ONLY, (4,), (1.0,), ratio=0.4) == pytest.approx(expected)
+    # ratio 1 computes everything: dense's work
+    assert staged_cost(SHAPE, COMPUTE_ONLY, (4,), (1.0,), ratio=1.0) == pytest.approx(
+        10 * 10 + 70 * 10
+    )
+    with pytest.raises(ValueError, match="ratio"):
+        staged_cost(SHAPE, COMPUTE_ONLY, (4,), (1.0,), ratio=1.5)
+
+
 def test_passes_a_call_reaches_add_their_work_by_probability() -> None:
     first = 10 * 10 + 70 * 5 + 20 * 5
     second = 70 * (8 + 1 - 4) + 20 * 1  # resumes at layer 4, computes up to 8, text on

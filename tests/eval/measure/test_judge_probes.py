@@ -12,7 +12,9 @@ from kvsplice.eval.measure.jcr import JudgeRecord
 from kvsplice.eval.measure.judge_probes import (
     JudgeThresholds,
     calibrated_margin,
+    folds,
     guard,
+    held_out_replay,
     judge_probe,
     margin_error,
     staged_pass_kept,
@@ -67,33 +69,56 @@ def test_guard_replays_rejected_calls_as_dense() -> None:
     assert guard(records, 5.0) == pytest.approx((1.0, 0.0, 0.0))
 
 
-def test_calibrated_margin_rounds_the_safety_bound_up() -> None:
-    records = [_record((3.0, 1.0, 0.0, 0.5), (2.0, 1.5, 0.0, 0.5))]  # error 1.5
-    assert calibrated_margin(records, JudgeThresholds()) == pytest.approx(1.9)  # 1.875 -> 1.9
-    assert calibrated_margin(records, JudgeThresholds(margin_safety=1.0)) == pytest.approx(1.5)
-
-
-def test_calibrated_margin_takes_the_error_quantile_but_covers_every_flip() -> None:
-    small = [_record((1.0 + e, 0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0)) for e in (0.1, 0.2, 0.3)]
-    outlier = _record((9.0, 0.0, 0.0, 0.0), (5.0, 0.0, 0.0, 0.0))  # error 4, margin 9: safe
-    exact = JudgeThresholds(margin_safety=1.0, error_quantile=0.75)
-    assert calibrated_margin([*small, outlier], exact) == pytest.approx(0.3)
-    flip = _record((1.2, 0.7, 0.0, 0.0), (0.9, 1.0, 0.0, 0.0))  # margin 0.5, error 0.6
+def test_calibrated_margin_covers_every_flip_and_nothing_else() -> None:
+    # a confident call that moved a lot but chose the same needs no guard
+    moved = _record((9.0, 0.0, 0.0, 0.0), (5.0, 0.0, 0.0, 0.0))
+    assert margin_error(moved) == pytest.approx(4.0)
+    assert calibrated_margin([moved], JudgeThresholds()) == 0.0
+    flip = _record((1.2, 0.7, 0.0, 0.0), (0.9, 1.0, 0.0, 0.0))  # margin 0.5, flipped
     assert not flip.consistent
-    # error quantile 0.3 (rank 4 of 5 is 0.6: the flip's own error) and flipped margin 0.5
-    assert calibrated_margin([*small, outlier, flip], exact) == pytest.approx(0.6)
-    assert calibrated_margin([*small, flip], JudgeThresholds(1.0, 1.0, 0.5)) == pytest.approx(0.5)
+    assert calibrated_margin([moved, flip], JudgeThresholds()) == pytest.approx(0.65)  # 0.625
+    # never at the flipped margin itself: that call would keep its prefill
+    assert calibrated_margin([flip], JudgeThresholds(margin_safety=1.0)) == pytest.approx(0.55)
+    at_zero = _record((1.0, 1.0, 0.0, 0.0), (0.9, 1.0, 0.0, 0.0))
+    assert calibrated_margin([at_zero], JudgeThresholds()) == pytest.approx(0.05)
 
 
-def test_admitted_only_above_the_jcr_bar_with_some_reuse() -> None:
-    flips = [_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0))] * 2
-    stable = [_record((3.0, 0.0, 0.0, 0.0), (2.9, 0.0, 0.0, 0.0))] * 8
+def test_the_held_out_replay_guards_each_fold_with_the_other_s_margin() -> None:
+    # example a flips at margin 0.5; example b flips at 0.1 and keeps a right call at 0.3
+    a = [replace(_record((1.5, 1.0, 0.0, 0.0), (1.0, 1.5, 0.0, 0.0)), example_id="a")]
+    b = [
+        replace(_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0)), example_id="b"),
+        replace(_record((1.3, 1.0, 0.0, 0.0), (1.3, 1.0, 0.0, 0.0)), example_id="b"),
+    ]
+    assert folds(a + b) == ([0], [1, 2])
+    # fold a under b's guard (0.15): its flip at 0.5 is kept; fold b under a's (0.65): dense
+    jcr, kept, reuse = held_out_replay((a + b,), JudgeThresholds())
+    assert (jcr, kept) == pytest.approx((2 / 3, 1 / 3))
+    assert reuse == pytest.approx(0.5 / 3)
+    # in sample, the guard (0.65) hides every flip: what admission must not read
+    assert guard(a + b, calibrated_margin(a + b, JudgeThresholds()))[0] == 1.0
+    with pytest.raises(ValueError, match="same"):
+        held_out_replay((a + b, a), JudgeThresholds())
+
+
+def test_admitted_only_when_the_held_out_jcr_clears_the_bar_with_some_reuse() -> None:
+    stable = [
+        replace(_record((3.0, 0.0, 0.0, 0.0), (2.9, 0.0, 0.0, 0.0)), example_id=f"s{i}")
+        for i in range(8)
+    ]
+    flips = [
+        replace(_record((1.1, 1.0, 0.0, 0.0), (1.0, 1.1, 0.0, 0.0)), example_id=f"f{i}")
+        for i in range(2)
+    ]
+    # one flip per fold at margin 0.1: each fold's guard (0.15) sends the other's flip dense
     probe = judge_probe("crossfix", "crossfix:margin=0", flips + stable, JudgeThresholds())
-    # the flips' error (0.2) sets the guard at 0.25: they go dense, the stable calls stay
-    assert probe.min_margin == pytest.approx(0.25)
+    assert probe.min_margin == pytest.approx(0.15)
     assert probe.raw_jcr == pytest.approx(0.8)
     assert (probe.jcr, probe.kept) == pytest.approx((1.0, 0.8))
     assert probe.admitted
+    # a flip only one fold saw is not caught in the other: held out, it counts
+    lone = judge_probe("crossfix", "x", flips[:1] + stable, JudgeThresholds())
+    assert lone.jcr == pytest.approx(8 / 9) and not lone.admitted
     nothing = [replace(r, num_candidate_token_layers_reused=0) for r in stable]
     assert not judge_probe("crossfix", "x", nothing, JudgeThresholds()).admitted
 
