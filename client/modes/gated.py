@@ -98,9 +98,7 @@ class JudgePricing:
         """Predicted seconds per route, zero-drift routes first (they win ties)."""
         prices = {"exact": exact_cost(shape, self.cost), "dense": dense_cost(shape, self.cost)}
         if judge_mode is not None and self.checks:
-            prices[judge_mode] = staged_cost(
-                shape, self.cost, self.checks, self.keep, self.ratio
-            )
+            prices[judge_mode] = staged_cost(shape, self.cost, self.checks, self.keep, self.ratio)
         return prices
 
 
