@@ -20,6 +20,9 @@ that can pick otherwise. So a judge-like call routed to `exact` on a reduced-pre
 that declares its choices is run first (the exact plan, its time counted) and kept when its
 decision margin reaches the dtype's noise floor (`NOISE_FLOOR`); a closer call is prefilled
 dense, the reference judge's own computation (`{"gated_exact": "dense: margin ..."}`).
+The admitted judge mode's prefill gets the same floor over its own calibrated guard
+(`{"gated_floor": ...}`): on Qwen a tenth of the judge calls decide by 0.01-0.05 logits,
+and no approximate pass can keep such a call's choice but by luck.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ MODE = "gated"
 # Zero-drift modes: a judge may run them whatever calibration said.
 ZERO_DRIFT = ("dense", "exact")
 GUARD = "gated_exact"
+# The same floor over the admitted judge mode's kept prefill (its own guard may be lower).
+FLOOR_GUARD = "gated_floor"
 # Label-logit spread between two computations of one prompt (a reused prefix vs one
 # prefill) per weight dtype, with the LM head in float32: bf16 up to 0.04 on Qwen2.5-
 # Coder-0.5B's transcript judges (24 HumanEval sets, 2026-11-26), fp16 taken at a quarter
@@ -195,30 +200,41 @@ class GatedPolicy:
         policy, route = self.route(prompt, ctx)
         logger.debug("risk gate: %s", route.reason)
         planned = policy.plan(prompt, ctx)
-        if route.judge and route.mode == "exact" and self.dense is not None:
-            policy, planned = self._guard_exact(prompt, ctx, policy, planned)
+        if route.judge and route.mode not in ZERO_DRIFT and self.dense is not None:
+            policy, planned = self._guard_floor(prompt, ctx, policy, planned, FLOOR_GUARD)
+        elif route.judge and route.mode == "exact" and self.dense is not None:
+            policy, planned = self._guard_floor(prompt, ctx, policy, planned, GUARD)
         decisions = {MODE: route.reason, **planned.decisions}
         return replace(planned, decisions=decisions, memo=_Routed(policy, planned))
 
-    def _guard_exact(
-        self, prompt: SpannedPrompt, ctx: CallContext, exact: ReusePolicy, planned: PlannedCall[Any]
+    def _guard_floor(
+        self,
+        prompt: SpannedPrompt,
+        ctx: CallContext,
+        routed: ReusePolicy,
+        planned: PlannedCall[Any],
+        key: str,
     ) -> tuple[ReusePolicy, PlannedCall[Any]]:
-        """An exact judge kept when its margin clears the dtype's noise floor, else dense."""
+        """A judge's routed prefill (exact, or the admitted judge mode's passes) kept when its
+        margin clears the dtype's noise floor, else prefilled again densely: a decision that
+        rounding can flip is taken from the reference judge's own computation."""
         layerwise = ctx.executor.layerwise
         floor = NOISE_FLOOR.get(layerwise.adapter.model.dtype, 0.0)
         choices = declared_choices(prompt)
-        if not floor or not choices or planned.result is not None:
-            return exact, planned
-        with timed(ctx.timings, "prefill_s"):
-            result = layerwise.run(planned.plan)
+        if not floor or not choices:
+            return routed, planned
+        result = planned.result
+        if result is None:
+            with timed(ctx.timings, "prefill_s"):
+                result = layerwise.run(planned.plan)
         margin = decision_margin(result.logits_last, choices)
         if margin >= floor:
-            kept = {GUARD: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
-            return exact, replace(planned, result=result, decisions=kept)
+            kept = {key: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
+            return routed, replace(planned, result=result, decisions=kept)
         dense = self.dense
         assert dense is not None  # `plan` guards only with a dense policy
         redo = dense.plan(prompt, ctx)
-        why = {GUARD: f"dense: margin {margin:.3f} < {floor:g}, prefilled again", **redo.decisions}
+        why = {key: f"dense: margin {margin:.3f} < {floor:g}, prefilled again", **redo.decisions}
         return dense, replace(redo, decisions=why)
 
     def after_call(

@@ -18,6 +18,7 @@ from helpers.text import FakePrompt, make_prompt
 from kvsplice.client.execute.execution import ExecutionState
 from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes import gated
 from kvsplice.client.modes.anchor.params import Params as AnchorParams
 from kvsplice.client.modes.anchor.policy import AnchorPolicy
 from kvsplice.client.modes.base import CallContext, PlannedCall, ReusePolicy, SpannedPrompt
@@ -403,3 +404,27 @@ def test_a_priced_gate_leaves_ordinary_calls_alone(loaded: LoadedModel, store_ta
 def test_a_priced_gate_needs_the_dense_policy() -> None:
     with pytest.raises(ValueError, match="dense policy"):
         GatedPolicy(NaivePolicy(), ExactPolicy(), pricing=JudgePricing(CostModel(1, 0, 0, 0, 0)))
+
+
+@pytest.mark.parametrize("floor", [1e-9, NEVER_KEPT])
+def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_dense_judge(
+    loaded: LoadedModel, store_target: str, monkeypatch: pytest.MonkeyPatch, floor: float
+) -> None:
+    """A judge routed to the admitted mode keeps its passes only when their margin clears the
+    dtype's floor; below it the call is prefilled again densely: the dense judge's own
+    result, nothing reused (the tiny model is float32: the floor is set for the test)."""
+    monkeypatch.setitem(gated.NOISE_FLOOR, loaded.model.dtype, floor)
+    policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
+    engine = make_store_engine(loaded, policy, store_target, f"gate-floor-{int(floor >= 1)}")
+    plain = _comparing(_answers(engine), SELECT)
+    prompt = _ChoicePrompt(plain.token_ids, plain.spans, (5, 6, 7))
+    outcome = engine.run(prompt, GENERATION)
+    assert " -> crossfix: cheapest " in outcome.decisions["gated"]
+    margin = decision_margin(outcome.logits_first, (5, 6, 7))
+    if floor < 1:
+        assert outcome.decisions[gated.FLOOR_GUARD] == f"kept: margin {margin:.3f} >= {floor:g}"
+        assert _candidate_token_layers(outcome) > 0
+    else:
+        assert outcome.decisions[gated.FLOOR_GUARD].startswith("dense: margin ")
+        assert _candidate_token_layers(outcome) == 0
+        assert _same_as_dense(engine, plain, outcome)
