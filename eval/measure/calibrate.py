@@ -90,7 +90,7 @@ class CalibrationConfig:
 
     Judge probes (the first `judge_probes` examples of `judge_data` — a `bench judge
     --data` file, the shipped judge sample by default — × `judge_seeds` shuffled orders;
-    0: none) try each judge mode's grid and admit it for judges when its guarded JCR
+    0: none) try each judge mode's grid and admit it for judges when its held-out guarded JCR
     clears `judge_thresholds` (`eval.measure.judge_probes`). `cost_model`: also time the
     judge routes' cost model (`eval.measure.route_costs`), which the risk gate prices with.
     """

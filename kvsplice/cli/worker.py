@@ -284,7 +284,7 @@ def calibrate(
     min_jcr: Annotated[
         float,
         typer.Option(
-            help="Admit a mode for judges only if its guarded JCR on the probes is at least this."
+            help="Admit a mode for judges only if its held-out guarded JCR on the probes (two folds, each under the guard the other calibrated) is at least this."
         ),
     ] = 0.98,
     model: ModelOpt = "smollm2",
