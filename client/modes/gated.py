@@ -200,10 +200,9 @@ class GatedPolicy:
         policy, route = self.route(prompt, ctx)
         logger.debug("risk gate: %s", route.reason)
         planned = policy.plan(prompt, ctx)
-        if route.judge and route.mode not in ZERO_DRIFT and self.dense is not None:
-            policy, planned = self._guard_floor(prompt, ctx, policy, planned, FLOOR_GUARD)
-        elif route.judge and route.mode == "exact" and self.dense is not None:
-            policy, planned = self._guard_floor(prompt, ctx, policy, planned, GUARD)
+        if route.judge and route.mode != "dense" and self.dense is not None:
+            key = GUARD if route.mode == "exact" else FLOOR_GUARD
+            policy, planned = self._guard_floor(prompt, ctx, policy, planned, key)
         decisions = {MODE: route.reason, **planned.decisions}
         return replace(planned, decisions=decisions, memo=_Routed(policy, planned))
 

@@ -126,7 +126,7 @@ def calibrated_margin(records: Sequence[JudgeRecord], thresholds: JudgeThreshold
     flipped = max((r.margin for r in records if not r.consistent), default=None)
     if flipped is None:
         return 0.0
-    bound = math.ceil(max(flipped, 0.0) * thresholds.margin_safety * 20 - 1e-9) / 20
+    bound = math.ceil(flipped * thresholds.margin_safety * 20 - 1e-9) / 20
     return bound if bound > flipped else bound + 0.05
 
 
@@ -136,7 +136,7 @@ def folds(records: Sequence[JudgeRecord]) -> tuple[list[int], list[int]]:
     ids = sorted({r.example_id for r in records})
     first = set(ids[::2])
     a = [i for i, r in enumerate(records) if r.example_id in first]
-    return a, [i for i in range(len(records)) if i not in set(a)]
+    return a, [i for i, r in enumerate(records) if r.example_id not in first]
 
 
 def held_out_replay(
