@@ -233,7 +233,12 @@ class GatedPolicy:
         dense = self.dense
         assert dense is not None  # `plan` guards only with a dense policy
         redo = dense.plan(prompt, ctx)
-        why = {key: f"dense: margin {margin:.3f} < {floor:g}, prefilled again", **redo.decisions}
+        # the passes that ran first stay in the record (their time is in the TTFT)
+        why = {
+            key: f"dense: margin {margin:.3f} < {floor:g}, prefilled again",
+            **planned.decisions,
+            **redo.decisions,
+        }
         return dense, replace(redo, decisions=why)
 
     def after_call(

@@ -30,7 +30,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -45,6 +45,7 @@ from kvsplice.eval.bench.kv_transfer import (
 )
 from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
+from kvsplice.eval.bench.vllm_graded import GRADED, GradedRun, grade_run, summarize
 from kvsplice.eval.workloads.token_transcript import (
     PIPELINE_ROLES,
     SYSTEM_PROMPT,
@@ -52,6 +53,7 @@ from kvsplice.eval.workloads.token_transcript import (
     PersonaTranscript,
     TokenTranscript,
 )
+from kvsplice.eval.workloads.workload import Problem
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "bench-vllm"
 SETTLE_S = 1.0  # after each call, for every configuration: background stores finish
 GATED = {"kvsplice": {"reuse": "gated"}}  # the opt-in of kvsplice-gated's requests
+GRADED_SALT = "bench-graded"  # every graded run of a configuration (after one warm-up)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class ConfigResult:
     agent_prompt_tokens: list[int] = field(default_factory=list)
     load_avg_1m: float = 0.0
     outputs: list[tuple[int, ...]] = field(default_factory=list)  # every repeat's agents, in order
+    graded_runs: list[GradedRun] = field(default_factory=list)  # `--problems`, in their order
+    graded: dict[str, Any] | None = None  # their summary against recompute's (`vllm_graded`)
 
     @property
     def label(self) -> str:
@@ -99,7 +104,12 @@ class _Setup:
     kv_transfer_params: dict[str, Any] | None = None  # sent with every request
 
 
-def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -> dict[str, Any]:
+def run_bench(
+    config: VllmBenchConfig, task_text: str, warm_up_task: str = "",
+    graded: Sequence[Problem] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """Every configuration's timed repeats on `task_text`, then its graded runs of `graded`
+    (`config.problems`' problems; `warm_up_task` must be none of them)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
@@ -126,6 +136,9 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
                     unmeasured = ConfigResult(name, apc)
                     _run_pipeline(unmeasured, setup, warm, warm_up_task or task_text, config, salt)
                 _run_pipeline(result, setup, transcript, task_text, config, salt)
+            if graded:
+                warm_up = warm_up_task or task_text
+                result.graded_runs = _graded_runs(setup, tokenizer, graded, warm_up, config)
         _summarize(result)
         results.append(result)
         logger.info("configuration %s: agent TTFTs %s", result.label, result.agent_ttft_s)
@@ -136,6 +149,33 @@ def run_bench(config: VllmBenchConfig, task_text: str, warm_up_task: str = "") -
 def repeat_salt(repeat: int) -> str:
     """The `cache_salt` every request of repeat `repeat` (from 0) carries."""
     return f"bench-repeat-{repeat + 1}"
+
+
+def _graded_runs(
+    setup: _Setup, tokenizer: Any, problems: Sequence[Problem], warm_up_task: str,
+    config: VllmBenchConfig,
+) -> list[GradedRun]:  # fmt: skip
+    """One pipeline per problem, all under one cache salt after one un-measured warm-up (as a
+    deployment that has run before), answers ending at the end of turn; each graded."""
+    transcript: TokenTranscript | PersonaTranscript
+    if config.layout == "persona-first":
+        transcript = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nGraded runs.")
+    else:
+        transcript = TokenTranscript(
+            tokenizer, f"Graded runs. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}"
+        )
+    scratch = ConfigResult("graded")
+    _run_pipeline(scratch, setup, transcript, warm_up_task, config, GRADED_SALT, fixed=False)
+    runs = []
+    for problem in problems:
+        scratch.outputs.clear()
+        _run_pipeline(
+            scratch, setup, transcript, problem.question, config, GRADED_SALT, fixed=False
+        )
+        texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in scratch.outputs]
+        runs.append(grade_run(problem, texts, scratch.outputs))
+        logger.info("graded %s: %s", problem.problem_id, runs[-1].right)
+    return runs
 
 
 def _summarize(result: ConfigResult) -> None:
@@ -153,6 +193,8 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
             a == b for a, b in zip(result.outputs, reference.outputs, strict=True)
         ]
         result.output_match = sum(result.agent_output_match) / len(reference.outputs)
+        if result.graded_runs:
+            result.graded = summarize(result.graded_runs, reference.graded_runs)
     report = _report(config, results)
     assert config.out_json is not None  # checked by the config
     config.out_json.parent.mkdir(parents=True, exist_ok=True)
@@ -162,9 +204,10 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
 
 def _run_pipeline(
     result: ConfigResult, setup: _Setup, transcript: TokenTranscript | PersonaTranscript,
-    task: str, config: VllmBenchConfig, cache_salt: str,
+    task: str, config: VllmBenchConfig, cache_salt: str, fixed: bool = True,
 ) -> None:  # fmt: skip
-    """One run of the pipeline, every request salted with `cache_salt`, appended to `result`."""
+    """One run of the pipeline, every request salted with `cache_salt`, appended to `result`;
+    `fixed`: every answer exactly `answer_tokens` long (timed runs), else up to it."""
     prompt: list[int] = []
     ttfts, cached, prompts = [], [], []
     answer: tuple[int, ...] = ()
@@ -178,7 +221,8 @@ def _run_pipeline(
             prompt = transcript.next_prompt(prompt, answer, instruction)
         engine = setup.engines[i % len(setup.engines)]
         done = engine.complete(
-            prompt, max_tokens=config.answer_tokens, min_tokens=config.answer_tokens,
+            prompt, max_tokens=config.answer_tokens,
+            min_tokens=config.answer_tokens if fixed else 0,
             cache_salt=cache_salt, kv_transfer_params=setup.kv_transfer_params,
         )  # fmt: skip
         answer = done.token_ids
@@ -343,6 +387,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
     for r in results:
         row = asdict(r)
         row.pop("outputs")
+        row.pop("graded_runs")
         row["label"] = r.label
         rows.append(row)
     return {
@@ -350,6 +395,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "model_dir": config.model_dir,
         "answer_tokens": config.answer_tokens,
         "humaneval_problem": config.problem_index,
+        "graded_problems": list(config.problems),
         "threads_bind": config.threads,
         "dtype": config.dtype,
         "layout": config.layout,
@@ -399,6 +445,8 @@ def print_report(report: dict[str, Any], console: Any) -> None:
             f"{row['output_match']:.2f}", "" if bpt is None else f"{bpt:.0f}",
         )  # fmt: skip
     console.print(table)
+    if any(row.get("graded") for row in rows):
+        _print_graded(rows, figures_table, console)
     prompts = rows[0]["agent_prompt_tokens"]
     console.print(
         f"prompt tokens per agent {prompts}; load average {report['load_avg']}; threads "
@@ -406,3 +454,22 @@ def print_report(report: dict[str, Any], console: Any) -> None:
         f"{report['chunk_tokens']} tokens; decode-written K/V stored: "
         f"{'yes' if report['decode_kv_stored'] else 'no'} (kvsplice and LMCache alike)"
     )
+
+
+def _print_graded(rows: list[dict[str, Any]], figures_table: Any, console: Any) -> None:
+    """Each configuration's accuracy per graded role (95% interval) and against recompute."""
+    columns = ("config", *(f"{role} right" for role in GRADED), "vs rec (points)", "equal outputs")
+    table = figures_table(columns, ("config",), title="bench vllm --problems: graded answers")
+    for row in rows:
+        graded = row.get("graded")
+        if not graded:
+            continue
+        roles = graded["roles"]
+        cells = [
+            f"{r['right']}/{r['n']} ({100 * r['ci95'][0]:.0f}-{100 * r['ci95'][1]:.0f}%)"
+            for r in (roles[role] for role in GRADED)
+        ]
+        points = " / ".join(f"{roles[role]['vs_recompute_points']:+.0f}" for role in GRADED)
+        equal = f"{graded['outputs_equal_recompute']}/{graded['outputs']}"
+        table.add_row(row["label"], *cells, points, equal)
+    console.print(table)

@@ -48,6 +48,14 @@ class VllmBenchConfig:
     problem_index: int = flag(
         129, "HumanEval problem index (129: the longest).", name="problem", min=0, max=163
     )
+    problems: tuple[int, ...] = flag(
+        (),
+        "HumanEval problem indices to grade (comma-separated): after its timed repeats each "
+        "configuration runs the pipeline once per problem (answers end at the end of turn or "
+        "--answer-tokens); the solver's and reviser's code runs against the problem's tests, "
+        "the judge's PASS/FAIL is checked against the reviser's result.",
+        csv=True, min=0, max=163,
+    )  # fmt: skip
     threads: str = flag("0-1", "CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
     # float32 by default: in bfloat16 a prompt prefilled in two parts (loaded prefix +
     # computed rest) rounds differently from one pass, so greedy outputs can part after
@@ -109,6 +117,8 @@ class VllmBenchConfig:
         apc = self.prefix_caching
         if not apc or set(apc) - set(PREFIX_CACHING) or len(set(apc)) != len(apc):
             raise ValueError(f"prefix_caching {apc}: on, off or on,off")
+        if len(set(self.problems)) != len(self.problems):
+            raise ValueError(f"problems {self.problems} repeat")
         if self.chunk_tokens < 16 or self.chunk_tokens % 16:
             raise ValueError(f"chunk_tokens {self.chunk_tokens} is not a positive multiple of 16")
 

@@ -60,8 +60,11 @@ def bench_vllm(**values: Any) -> None:
 
     model_dir = str(model_directory(model_config(values["model"], values["model_cache"])))
     config = bench_config(VllmBenchConfig, values, model_dir=model_dir)
-    problems = load_humaneval(limit=max(config.problem_index, 1) + 1)
+    used = {config.problem_index, *config.problems}
+    problems = load_humaneval(limit=max(used) + 2)
     task = problems[config.problem_index].question
-    other = problems[0 if config.problem_index else 1].question  # persona-first's warm-up
-    report = run_bench(config, task, warm_up_task=other)
+    # persona-first's warm-up: a problem neither timed nor graded
+    other = problems[next(i for i in range(len(problems)) if i not in used)].question
+    graded = [problems[i] for i in config.problems]
+    report = run_bench(config, task, warm_up_task=other, graded=graded)
     print_report(report, console())

@@ -426,5 +426,6 @@ def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_dense_judge(
         assert _candidate_token_layers(outcome) > 0
     else:
         assert outcome.decisions[gated.FLOOR_GUARD].startswith("dense: margin ")
+        assert outcome.decisions["crossfix"].startswith("kept: margin ")  # what ran first
         assert _candidate_token_layers(outcome) == 0
         assert _same_as_dense(engine, plain, outcome)
