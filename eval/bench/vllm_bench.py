@@ -179,6 +179,9 @@ def _graded_runs(
 
 
 def _summarize(result: ConfigResult) -> None:
+    if not result.agent_ttft_runs_s:  # graded runs only
+        result.load_avg_1m = os.getloadavg()[0]
+        return
     per_agent = list(zip(*result.agent_ttft_runs_s, strict=True))
     result.agent_ttft_s = [statistics.median(ts) for ts in per_agent]
     result.agent_ttft_min_s = [min(ts) for ts in per_agent]
@@ -192,7 +195,7 @@ def _write(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, An
         result.agent_output_match = [
             a == b for a, b in zip(result.outputs, reference.outputs, strict=True)
         ]
-        result.output_match = sum(result.agent_output_match) / len(reference.outputs)
+        result.output_match = sum(result.agent_output_match) / max(1, len(reference.outputs))
         if result.graded_runs:
             result.graded = summarize(result.graded_runs, reference.graded_runs)
     report = _report(config, results)
@@ -317,7 +320,10 @@ def _services(
         extra["reuse_policy"] = str(write_naive_policy(config.model_dir, config.dtype, policy))
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
-    namespaces = [salted_namespace(NAMESPACE, repeat_salt(r)) for r in range(config.repeats)]
+    salts = [repeat_salt(r) for r in range(config.repeats)] + (
+        [GRADED_SALT] * bool(config.problems)
+    )
+    namespaces = [salted_namespace(NAMESPACE, salt) for salt in salts]
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, namespaces, restart),
                   bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, namespaces),
                   kv_transfer_params=GATED if name == "kvsplice-gated" else None)  # fmt: skip
@@ -419,9 +425,18 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
 
 def print_report(report: dict[str, Any], console: Any) -> None:
     """The per-agent TTFT table (medians over repeats, agent 5's spread) and agent 5's
-    ratios against recompute, local-apc and LMCache with prefix caching set alike."""
+    ratios against recompute, local-apc and LMCache with prefix caching set alike; then the
+    graded answers' table (`--problems`)."""
     from kvsplice.eval.report.tables import figures_table
 
+    rows = report["configs"]
+    if report["repeats"]:
+        _print_timed(report, console, figures_table)
+    if any(row.get("graded") for row in rows):
+        _print_graded(rows, figures_table, console)
+
+
+def _print_timed(report: dict[str, Any], console: Any, figures_table: Any) -> None:
     rows = report["configs"]
     agent5 = {(r["name"], r["prefix_caching"]): r["agent_ttft_s"][-1] for r in rows}
     base = agent5[("recompute", False)]
@@ -445,8 +460,6 @@ def print_report(report: dict[str, Any], console: Any) -> None:
             f"{row['output_match']:.2f}", "" if bpt is None else f"{bpt:.0f}",
         )  # fmt: skip
     console.print(table)
-    if any(row.get("graded") for row in rows):
-        _print_graded(rows, figures_table, console)
     prompts = rows[0]["agent_prompt_tokens"]
     console.print(
         f"prompt tokens per agent {prompts}; load average {report['load_avg']}; threads "

@@ -66,7 +66,10 @@ class VllmBenchConfig:
         "too) rounds unlike one-pass prefill, so greedy outputs can part late in an answer.",
         choices=DTYPES,
     )
-    repeats: int = flag(3, "Pipeline runs per configuration (median, spread).", min=1, max=20)
+    repeats: int = flag(
+        3, "Timed pipeline runs per configuration (median, spread); 0: none, only the graded "
+        "runs of --problems.", min=0, max=20,
+    )  # fmt: skip
     prefix_caching: tuple[str, ...] = flag(
         ("on", "off"),
         "vLLM's prefix cache for the connector configurations: on, off or on,off (recompute "
@@ -112,8 +115,8 @@ class VllmBenchConfig:
             raise ValueError(f"dtype {self.dtype!r} not float32, bfloat16 or float16")
         if not 16 <= self.answer_tokens <= 1024:
             raise ValueError(f"answer_tokens {self.answer_tokens} not in [16, 1024]")
-        if not 1 <= self.repeats <= 20:
-            raise ValueError(f"repeats {self.repeats} not in [1, 20]")
+        if not 0 <= self.repeats <= 20 or not (self.repeats or self.problems):
+            raise ValueError(f"repeats {self.repeats} not in [1, 20] (0 only with --problems)")
         apc = self.prefix_caching
         if not apc or set(apc) - set(PREFIX_CACHING) or len(set(apc)) != len(apc):
             raise ValueError(f"prefix_caching {apc}: on, off or on,off")

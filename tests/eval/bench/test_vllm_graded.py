@@ -121,3 +121,30 @@ def test_graded_runs_grade_each_problem_after_one_warm_up(
 def test_problems_flag_rejects_repeats(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="repeat"):
         VllmBenchConfig(out_json=tmp_path / "r.json", problems=(3, 3))
+
+
+def test_a_graded_only_report_is_written_and_printed(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    config = VllmBenchConfig(
+        out_json=tmp_path / "r.json", configs=("recompute", "kvsplice-gated"), repeats=0,
+        problems=(0,), prefix_caching=("on",),
+    )  # fmt: skip
+    results = []
+    for name, solver in (("recompute", RIGHT), ("kvsplice-gated", WRONG)):
+        result = vllm_bench.ConfigResult(name, name != "recompute")
+        result.graded_runs = [_run(solver, RIGHT, "PASS")]
+        vllm_bench._summarize(result)
+        results.append(result)
+    report = vllm_bench._write(config, results)
+    gated = report["configs"][1]["graded"]["roles"]
+    assert (gated["solver"]["right"], gated["solver"]["vs_recompute_points"]) == (0, -100.0)
+    console = Console(record=True, width=200)
+    vllm_bench.print_report(report, console)
+    text = console.export_text()
+    assert "graded answers" in text and "0/1" in text and "TTFT per agent" not in text
+
+
+def test_repeats_zero_needs_problems(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="0 only with --problems"):
+        VllmBenchConfig(out_json=tmp_path / "r.json", repeats=0)
