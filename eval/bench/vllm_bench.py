@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,9 @@ def _graded_runs(
             scratch, setup, transcript, problem.question, config, GRADED_SALT, fixed=False
         )
         texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in scratch.outputs]
-        runs.append(grade_run(problem, texts, scratch.outputs))
+        run = grade_run(problem, texts, scratch.outputs)
+        loaded = (tuple(scratch.agent_cached_tokens), tuple(scratch.agent_prompt_tokens))
+        runs.append(replace(run, cached_tokens=loaded[0], prompt_tokens=loaded[1]))
         logger.info("graded %s: %s", problem.problem_id, runs[-1].right)
     return runs
 

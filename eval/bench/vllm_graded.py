@@ -33,15 +33,21 @@ _ROLES = tuple(role for role, _ in PIPELINE_ROLES)
 @dataclass(frozen=True)
 class GradedRun:
     """One problem's pipeline: whether each graded role got it right (`right`, by role),
-    the judge's verdict as read (None: neither word), and the agents' outputs as tokens."""
+    the judge's verdict as read (None: neither word), the agents' outputs as tokens, and
+    per agent the prompt tokens loaded from outside the engine and the prompt's length."""
 
     problem_id: str
     right: dict[str, bool]
     verdict: str | None
     outputs: tuple[tuple[int, ...], ...]
+    cached_tokens: tuple[int, ...] = ()
+    prompt_tokens: tuple[int, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {"problem": self.problem_id, "right": self.right, "judge_verdict": self.verdict}
+        return {
+            "problem": self.problem_id, "right": self.right, "judge_verdict": self.verdict,
+            "cached_tokens": list(self.cached_tokens), "prompt_tokens": list(self.prompt_tokens),
+        }  # fmt: skip
 
 
 def grade_run(

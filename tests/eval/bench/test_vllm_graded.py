@@ -116,6 +116,8 @@ def test_graded_runs_grade_each_problem_after_one_warm_up(
     assert len(engine.requests) == 15  # the warm-up pipeline, then one per problem
     assert {r["cache_salt"] for r in engine.requests} == {vllm_bench.GRADED_SALT}
     assert {(r["max_tokens"], r["min_tokens"]) for r in engine.requests} == {(64, 0)}
+    assert runs[0].cached_tokens == (0,) * 5 and len(runs[0].prompt_tokens) == 5
+    assert runs[0].as_json()["prompt_tokens"] == list(runs[0].prompt_tokens)
 
 
 def test_problems_flag_rejects_repeats(tmp_path: Path) -> None:
