@@ -115,14 +115,7 @@ def run_bench(
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     # NOTE: one transcript and one cache salt per repeat: a repeat never hits what an
     # earlier one stored, by chain or by content
-    transcripts: list[TokenTranscript | PersonaTranscript] = []
-    for r in range(config.repeats):
-        if config.layout == "persona-first":  # the run number after the standing instructions
-            transcripts.append(PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun {r + 1}."))
-        else:
-            transcripts.append(
-                TokenTranscript(tokenizer, f"Run {r + 1}. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
-            )
+    transcripts = [_transcript(config, tokenizer, f"Run {r + 1}.") for r in range(config.repeats)]
     results: list[ConfigResult] = []
     report: dict[str, Any] = {}
     for name, apc in config.runs():
@@ -132,7 +125,7 @@ def run_bench(
             for r, transcript in enumerate(transcripts):
                 salt = repeat_salt(r)
                 if config.layout == "persona-first":
-                    warm = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nRun 0.")
+                    warm = _transcript(config, tokenizer, "Run 0.")
                     unmeasured = ConfigResult(name, apc)
                     _run_pipeline(unmeasured, setup, warm, warm_up_task or task_text, config, salt)
                 _run_pipeline(result, setup, transcript, task_text, config, salt)
@@ -151,19 +144,23 @@ def repeat_salt(repeat: int) -> str:
     return f"bench-repeat-{repeat + 1}"
 
 
+def _transcript(
+    config: VllmBenchConfig, tokenizer: Any, label: str
+) -> TokenTranscript | PersonaTranscript:
+    """The pipeline's prompts in `config.layout`, `label` (the run) in its standing
+    instructions: after them persona-first, before them in a transcript."""
+    if config.layout == "persona-first":
+        return PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\n{label}")
+    return TokenTranscript(tokenizer, f"{label} {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
+
+
 def _graded_runs(
     setup: _Setup, tokenizer: Any, problems: Sequence[Problem], warm_up_task: str,
     config: VllmBenchConfig,
 ) -> list[GradedRun]:  # fmt: skip
     """One pipeline per problem, all under one cache salt after one un-measured warm-up (as a
     deployment that has run before), answers ending at the end of turn; each graded."""
-    transcript: TokenTranscript | PersonaTranscript
-    if config.layout == "persona-first":
-        transcript = PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\nGraded runs.")
-    else:
-        transcript = TokenTranscript(
-            tokenizer, f"Graded runs. {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}"
-        )
+    transcript = _transcript(config, tokenizer, "Graded runs.")
     scratch = ConfigResult("graded")
     _run_pipeline(scratch, setup, transcript, warm_up_task, config, GRADED_SALT, fixed=False)
     runs = []
