@@ -6,9 +6,10 @@ probes: the shipped policy admits no approximate mode for ordinary calls, which 
 `exact`): what the probes admit for judges, with its guard margins and its held-out JCR,
 and the judge routes' cost model timed here (the risk gate prices routes with it). Run
 (model: a packaged name, default SmolLM2; its own dtype, as `--dtype auto` loads it):
-    .venv/bin/python scripts/make_shipped_policy.py [qwen2.5-coder-0.5b [SEEDS [THREADS [DATA]]]]
-THREADS (torch's thread count, default 1) should not exceed the idle cores. Qwen's
-policy: `qwen2.5-coder-0.5b 2 2 eval/data/judge_probes_qwen_humaneval.jsonl`.
+    .venv/bin/python scripts/make_shipped_policy.py [MODEL [SEEDS [THREADS [DATA [VARIANT]]]]]
+THREADS (torch's thread count, default 1) should not exceed the idle cores; VARIANT: the
+parameters every judge candidate sets (`CalibrationConfig.judge_variant`, e.g. `q=1`).
+Qwen's policy: `qwen2.5-coder-0.5b 2 2 eval/data/judge_probes_qwen_humaneval.jsonl q=1`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> None:
     if len(sys.argv) > 4:
         data = Path(sys.argv[4])
         config = replace(config, judge_data=data, judge_probes=len(load_judge_data(data)))
+    if len(sys.argv) > 5:
+        config = replace(config, judge_variant=sys.argv[5])
     result = run_calibration(config, progress=console.log, loaded=loaded)
     console.print(render_judge_probes(result))
     policy = replace(result.policy, created_at=result.policy.created_at)

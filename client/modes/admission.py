@@ -132,7 +132,8 @@ class AdmissionPolicy:
         checks = tuple(getattr(params, "check_layers", ()))
         drift = self.judge_drift.get(mode)
         ratio = float(getattr(params, "ratio", 0.0))
-        return JudgePricing(self.cost, checks, drift.kept if drift else (), ratio)
+        question = bool(getattr(params, "question", 0))
+        return JudgePricing(self.cost, checks, drift.kept if drift else (), ratio, question)
 
     def params_of(self, mode: str) -> Any:
         """`mode`'s parameters: this policy's, or the mode's defaults."""

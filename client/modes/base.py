@@ -32,6 +32,7 @@ from kvsplice.kvmath.rope import RopeSpec
 logger = logging.getLogger(__name__)
 
 SpanRole = Literal["question", "agent_output", "condition", "text"]
+QUESTION_BLOCK = "question"  # the id `reused_blocks` gives the question's blocks
 
 
 class PromptSpan(Protocol):
@@ -230,6 +231,19 @@ def candidate_blocks(prompt: SpannedPrompt) -> tuple[CandidateBlock, ...]:
         for span in prompt.spans
         if span_role(span) == "agent_output" and span.end > span.start
     )
+
+
+def reused_blocks(prompt: SpannedPrompt, *, question: bool = False) -> tuple[CandidateBlock, ...]:
+    """The blocks a judge mode reuses by content: the candidate blocks, and with `question`
+    the question's placeholders too (id "question"), in prompt order."""
+    blocks = candidate_blocks(prompt)
+    if question:
+        blocks += tuple(
+            CandidateBlock(QUESTION_BLOCK, span.start, span.end)
+            for span in prompt.spans
+            if span_role(span) == "question" and span.end > span.start
+        )
+    return tuple(sorted(blocks, key=lambda b: b.start))
 
 
 def _agent_id(placeholder: str) -> str:

@@ -17,7 +17,10 @@ the states entering the check layer: with a `deep_check` it computes the answers
 to that layer (kept when its margin reaches `deep_margin`), and the last resort
 computes every token on from the last check layer, which is dense prefill. Every
 pass's time stays in the TTFT, but no layer is computed twice (bar the check layers,
-where dropped tokens' fresh K/V is discarded). `ratio` 1 or an answer-less prompt is
+where dropped tokens' fresh K/V is discarded). With `question` (`q=1`) the question's
+placeholder is reused as the answers are (its stored K/V found by content, recomputed
+below the check layer): in a judge prompt it is most of the text between the answers,
+which every pass otherwise carries through every layer. `ratio` 1 or an answer-less prompt is
 dense after the exact prefix; with nothing stored it is exact.
 
 Defaults (check 24, ratio 0: the lower 24 of SmolLM2's 30 layers recomputed across all
@@ -39,7 +42,7 @@ from kvsplice.client.modes.base import (
     PlanBuilder,
     PlannedCall,
     SpannedPrompt,
-    candidate_blocks,
+    reused_blocks,
 )
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import WholeSpanRecordingPolicy
@@ -89,6 +92,11 @@ class Params:
         0.0, "deep_margin", "the margin the second pass must reach to be kept, else the "
         "call is dense from there on", low=0, high=1e9,
     )  # fmt: skip
+    question: int = knob(
+        0, "q", "1: the question is reused as the answers are (its stored K/V found by "
+        "content, every layer below the check recomputed), not computed through every layer",
+        low=0, high=1,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -121,7 +129,7 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
-        for block in candidate_blocks(prompt):
+        for block in reused_blocks(prompt, question=bool(self.params.question)):
             if block.start < builder.covered_until:
                 continue  # inside the exact prefix, or straddling its end: computed
             tokens = prompt.token_ids[block.start : block.end]

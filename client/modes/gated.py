@@ -42,7 +42,7 @@ from kvsplice.client.modes.base import (
     ReusePolicy,
     SpannedPrompt,
     StoreContext,
-    candidate_blocks,
+    reused_blocks,
 )
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.risk_gate import classify
@@ -86,12 +86,14 @@ class JudgePricing:
     """How the gate prices a judge call's routes: the calibrated `cost` model, and the
     judge mode's passes (`checks`, cheapest first) with the share of calls each keeps once
     reached (`keep`; calibration's judge probes; a missing share counts as 0), and the
-    share of answer tokens it still computes above each check layer (`ratio`)."""
+    share of answer tokens it still computes above each check layer (`ratio`); `question`:
+    whether it reuses the question as it does the answers (crossfix's `q`)."""
 
     cost: CostModel
     checks: tuple[int, ...] = ()
     keep: tuple[float, ...] = ()
     ratio: float = 0.0
+    question: bool = False
 
     def __post_init__(self) -> None:
         if any(not 0 <= k <= 1 for k in self.keep):
@@ -107,15 +109,16 @@ class JudgePricing:
         return prices
 
 
-def judge_shape(prompt: SpannedPrompt, ctx: CallContext) -> JudgeShape:
-    """The prompt's token counts and its stored exact prefix (one index lookup, no payload)."""
+def judge_shape(prompt: SpannedPrompt, ctx: CallContext, *, question: bool = False) -> JudgeShape:
+    """The prompt's token counts and its stored exact prefix (one index lookup, no payload);
+    with `question`, the question counts among the blocks the judge mode reads."""
     hit = 0
     if isinstance(ctx, StoreContext):
         with timed(ctx.timings, "lookup_s"):
             hit = ctx.store.lookup_prefix(ctx.fingerprint, prompt.token_ids).num_matched_tokens
     num_tokens = len(prompt.token_ids)
     hit = min(hit, num_tokens)
-    blocks = candidate_blocks(prompt)
+    blocks = reused_blocks(prompt, question=question)
     first = blocks[0].start if blocks else num_tokens
     answers = sum(max(0, b.end - max(b.start, hit)) for b in blocks)
     layers = ctx.executor.layerwise.num_layers
@@ -187,7 +190,9 @@ class GatedPolicy:
     ) -> tuple[ReusePolicy, Route]:
         assert self.pricing is not None and self.dense is not None
         judge_mode = None if self.judge is self.fallback else self.judge.mode
-        prices = self.pricing.predict(judge_shape(prompt, ctx), judge_mode)
+        prices = self.pricing.predict(
+            judge_shape(prompt, ctx, question=self.pricing.question), judge_mode
+        )
         mode = cheapest_route(prices)
         policy = {"exact": self.fallback, "dense": self.dense}.get(mode, self.judge)
         listed = ", ".join(f"{m} {s * 1e3:.0f}" for m, s in prices.items())

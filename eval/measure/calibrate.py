@@ -91,7 +91,8 @@ class CalibrationConfig:
     Judge probes (the first `judge_probes` examples of `judge_data` — a `bench judge
     --data` file, the shipped judge sample by default — × `judge_seeds` shuffled orders;
     0: none) try each judge mode's grid and admit it for judges when its held-out guarded JCR
-    clears `judge_thresholds` (`eval.measure.judge_probes`). `cost_model`: also time the
+    clears `judge_thresholds` (`eval.measure.judge_probes`); `judge_variant` (e.g. "q=1")
+    sets parameters of every judge candidate, two-pass ones included. `cost_model`: also time the
     judge routes' cost model (`eval.measure.route_costs`), which the risk gate prices with.
     """
 
@@ -108,6 +109,7 @@ class CalibrationConfig:
     judge_data: Path = JUDGE_SAMPLE
     judge_modes: tuple[str, ...] = JUDGE_CAPABLE_MODES
     judge_thresholds: JudgeThresholds = field(default_factory=JudgeThresholds)
+    judge_variant: str = ""
     cost_model: bool = True
 
     def __post_init__(self) -> None:
@@ -121,16 +123,20 @@ class CalibrationConfig:
                 raise ValueError(f"mode {mode!r} cannot serve judges")
         if self.judge_probes < 0 or (self.judge_probes and not self.judge_seeds):
             raise ValueError("judge_probes must be >= 0, with at least one seed")
+        for mode, spec in self.judge_candidates():
+            ModeVariant.parse(spec).apply(mode_spec(mode).params_type())  # names the bad one
 
     def judge_candidates(self) -> list[tuple[str, str]]:
         """(mode, variant spec) per value of each judge mode's grids, its guard off."""
         candidates = []
+        extra = f"+{self.judge_variant}" if self.judge_variant else ""
         for mode in self.judge_modes:
             all_knobs = knobs(mode_spec(mode).params_type)
             for spec in all_knobs.values():
                 fixed = "".join(f"+{all_knobs[f].name}={v}" for f, v in spec.grid_with.items())
                 candidates += [
-                    (mode, f"{mode}:{spec.name}={value}{fixed}+margin=0") for value in spec.grid
+                    (mode, f"{mode}:{spec.name}={value}{fixed}{extra}+margin=0")
+                    for value in spec.grid
                 ]
         return candidates
 
@@ -255,7 +261,7 @@ def _judge_probes(
     with open_store(None) as store:
         return probe_judge_modes(
             loaded, candidates, examples, config.judge_seeds, store.target,
-            config.judge_thresholds, progress,
+            config.judge_thresholds, progress, config.judge_variant,
         )  # fmt: skip
 
 

@@ -214,9 +214,11 @@ def staged_probes(
     records: Mapping[str, Sequence[JudgeRecord]],
     checks: Mapping[str, int],
     thresholds: JudgeThresholds,
+    variant: str = "",
 ) -> list[JudgeProbe]:
     """Two-pass candidates from one mode's single-pass probes (keyed by spec in `records`
-    and `checks`: each spec's check layer), every cheaper check before every deeper one."""
+    and `checks`: each spec's check layer), every cheaper check before every deeper one;
+    `variant`: the other parameters the probes' specs set (kept in the two-pass spec)."""
     staged = []
     for cheap, deep in itertools.permutations(probes, 2):
         if checks[cheap.spec] >= checks[deep.spec]:
@@ -226,7 +228,7 @@ def staged_probes(
         jcr, kept, reuse = held_out_replay(passes, thresholds)
         spec = (
             f"{cheap.mode}:check={checks[cheap.spec]}+deep={checks[deep.spec]}"
-            f"+deep_margin={deep.min_margin:g}+margin=0"
+            f"+deep_margin={deep.min_margin:g}{'+' + variant if variant else ''}+margin=0"
         )
         staged.append(
             JudgeProbe(
@@ -247,8 +249,10 @@ def probe_judge_modes(
     store_target: str,
     thresholds: JudgeThresholds | None = None,
     progress: Callable[[str], None] | None = None,
+    variant: str = "",
 ) -> list[JudgeProbe]:
-    """Each (mode, variant spec with its guard off) on `examples` × `seeds` (shuffled orders)."""
+    """Each (mode, variant spec with its guard off) on `examples` × `seeds` (shuffled orders);
+    the two-pass candidates made of them keep `variant`, the parameters every spec sets."""
     thresholds = thresholds or JudgeThresholds()
     specs = [spec for _, spec in candidates]
     records: dict[str, list[JudgeRecord]] = {}
@@ -264,13 +268,14 @@ def probe_judge_modes(
             if record.mode in labels:
                 records.setdefault(labels[record.mode], []).append(record)
     singles = [judge_probe(mode, spec, records[spec], thresholds) for mode, spec in candidates]
-    return singles + _staged(singles, records, thresholds)
+    return singles + _staged(singles, records, thresholds, variant)
 
 
 def _staged(
     singles: Sequence[JudgeProbe],
     records: Mapping[str, Sequence[JudgeRecord]],
     thresholds: JudgeThresholds,
+    variant: str,
 ) -> list[JudgeProbe]:
     """Two-pass candidates of every mode with a deeper pass, from its single-check probes."""
     staged = []
@@ -285,5 +290,5 @@ def _staged(
                 if getattr(params, DEEP) == 0 and getattr(params, "ratio", 0) == 0:
                     checks[probe.spec] = params.check_layer
         mine = [p for p in singles if p.spec in checks]
-        staged += staged_probes(mine, records, checks, thresholds)
+        staged += staged_probes(mine, records, checks, thresholds, variant)
     return staged

@@ -281,6 +281,14 @@ def calibrate(
     judge_orders: Annotated[
         int, typer.Option(min=1, max=64, help="Shuffled orders (seeds 0..N-1) per judge probe.")
     ] = 2,
+    judge_variant: Annotated[
+        str,
+        typer.Option(
+            help="Parameters every judge candidate sets, a variant's '+'-joined "
+            "name=value list (e.g. 'q=1': crossfix also reuses the question); "
+            "default: none.",
+        ),
+    ] = "",
     min_jcr: Annotated[
         float,
         typer.Option(
@@ -317,6 +325,7 @@ def calibrate(
             judge_probes=judge_probes,
             judge_seeds=tuple(range(judge_orders)),
             judge_thresholds=JudgeThresholds(min_jcr=min_jcr),
+            judge_variant=judge_variant,
             **({} if judge_data is None else {"judge_data": judge_data}),
         )
         judge_examples(config)  # a malformed --judge-data fails here, before the model loads

@@ -190,3 +190,12 @@ def test_calibrate_names_the_line_of_a_malformed_judge_data_file(
     line = one_error_line(err)
     assert code == 2 and "record 2" in line and "candidates" in line
     assert not (tmp_path / "p").exists()
+
+
+def test_calibrate_refuses_a_judge_variant_the_judge_modes_do_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p"
+    code, _, err = run_cli(["calibrate", "--judge-variant", "q=3", "--out", str(out)], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "q 3" in line and not out.exists()

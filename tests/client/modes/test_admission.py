@@ -198,5 +198,8 @@ def test_the_cost_model_and_pass_keep_shares_round_trip_and_price_the_judge_mode
     assert pricing.ratio == 0.0
     blended = policy.with_params("crossfix", CrossfixParams(check_layer=8, ratio=0.4))
     assert blended.judge_pricing is not None and blended.judge_pricing.ratio == 0.4
+    assert not blended.judge_pricing.question
+    asking = policy.with_params("crossfix", CrossfixParams(check_layer=8, question=1))
+    assert asking.judge_pricing is not None and asking.judge_pricing.question
     # no cost model measured (an older file): the gate is not priced
     assert make_policy_record().judge_pricing is None

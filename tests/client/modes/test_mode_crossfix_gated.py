@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -169,6 +169,80 @@ def test_crossfix_reuses_answer_blocks_above_the_check_layer(
     answers = [s for s in prompt.spans if s.name.startswith("agent_")]
     assert sum(s.num_tokens for s in approximate) == sum(s.end - s.start for s in answers)
     assert first_token_margin(outcome.logits_first) >= 0.0
+
+
+def _question_tokens(prompt: FakePrompt) -> int:
+    return sum(s.end - s.start for s in prompt.spans if s.name == "user_question")
+
+
+def test_crossfix_reuses_the_question_when_asked(loaded: LoadedModel, store_target: str) -> None:
+    """q=1: the question, stored by the agents that answered it, is reused as the answers are
+    (found by content, every layer below the check computed), and only then."""
+    outcomes = {}
+    for q in (0, 1):
+        config = CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0, question=q)
+        engine = make_store_engine(loaded, CrossfixPolicy(config), store_target, f"xf-q{q}")
+        outcomes[q] = _judge(engine)
+    prompt, plain = outcomes[0]
+    _, with_question = outcomes[1]
+    answers = sum(s.end - s.start for s in prompt.spans if s.name.startswith("agent_"))
+    approximate = [s for s in with_question.reused if not s.exact]
+    assert {s.num_layers for s in approximate} == {NUM_LAYERS - 1}
+    assert sum(s.num_tokens for s in approximate) == answers + _question_tokens(prompt) > answers
+    assert sum(s.num_tokens for s in plain.reused if not s.exact) == answers
+
+
+def test_crossfix_with_the_question_resumes_and_falls_back_exactly(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """q=1 under the passes' oracles: a resumed deeper pass equals a fresh pass at its check
+    layer, and a call refused by every pass is dense."""
+    staged = CrossfixParams(check_layer=1, min_margin=NEVER_KEPT, deep_check=3, question=1)
+    engine = make_store_engine(loaded, CrossfixPolicy(staged), store_target, "xf-q-staged")
+    _, outcome = _judge(engine)
+    assert "at check 3 (after margin" in outcome.decisions["crossfix"]
+    fresh = CrossfixParams(check_layer=3, min_margin=0.0, question=1)
+    _, reference = _judge(
+        make_store_engine(loaded, CrossfixPolicy(fresh), store_target, "xf-q-fresh3")
+    )
+    assert float((outcome.logits_first - reference.logits_first).abs().max()) <= ATOL
+    assert _candidate_token_layers(outcome) == _candidate_token_layers(reference) > 0
+    refused = replace(staged, deep_margin=NEVER_KEPT)
+    engine = make_store_engine(loaded, CrossfixPolicy(refused), store_target, "xf-q-dense")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["crossfix"].startswith("dense: margin")
+    assert _candidate_token_layers(outcome) == 0
+    assert _same_as_dense(engine, prompt, outcome)
+
+
+def test_the_gate_prices_the_question_when_its_judge_mode_reuses_it(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """The judge shape counts the question among the blocks read only for a mode that reads it."""
+    engine = make_store_engine(loaded, ExactPolicy(), store_target, "gate-shape-q")
+    prompt = _comparing(_answers(engine), SELECT)
+    shapes = {}
+    for question in (False, True):
+        probe = _ShapeProbe(question)
+        namespace = f"gate-shape-q{int(question)}"  # nothing stored: no exact prefix
+        make_store_engine(loaded, probe, store_target, namespace).run(prompt, GENERATION)
+        shapes[question] = probe.shape
+    start = next(s.start for s in prompt.spans if s.name == "user_question")
+    assert shapes[True].first_answer == start < shapes[False].first_answer
+    added = _question_tokens(prompt)
+    assert shapes[True].answer_tokens == shapes[False].answer_tokens + added
+
+
+class _ShapeProbe(ExactPolicy):
+    """An exact policy that records the gate's judge shape of its call."""
+
+    def __init__(self, question: bool) -> None:
+        self.question = question
+        self.shape: gated.JudgeShape | None = None
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
+        self.shape = gated.judge_shape(prompt, ctx, question=self.question)
+        return super().plan(prompt, ctx)
 
 
 def test_crossfix_guard_keeps_only_confident_prefills(

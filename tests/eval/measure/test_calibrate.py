@@ -208,6 +208,17 @@ def test_judge_probes_admit_the_judge_mode_that_reused_most() -> None:
     assert render_judge_probes(result).row_count == len(result.judge_probes)
 
 
+def test_a_judge_variant_sets_its_parameters_on_every_judge_candidate() -> None:
+    plain = CalibrationConfig(modes=()).judge_candidates()
+    asking = CalibrationConfig(modes=(), judge_variant="q=1").judge_candidates()
+    assert [s.replace("+q=1", "") for _, s in asking] == [s for _, s in plain]
+    assert all(s.endswith("+q=1+margin=0") for _, s in asking)
+    with pytest.raises(ValueError, match="q"):
+        CalibrationConfig(modes=(), judge_variant="q=2")
+    with pytest.raises(ValueError, match="nope"):
+        CalibrationConfig(modes=(), judge_variant="nope=1")
+
+
 def _probe(spec: str, jcr: float, reuse: float, admitted: bool) -> JudgeProbe:
     return JudgeProbe("crossfix", spec, 12, 0.5, 0.65, jcr, jcr, 0.7, reuse, admitted)
 

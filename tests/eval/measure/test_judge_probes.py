@@ -159,3 +159,8 @@ def test_staged_probes_pair_a_cheaper_check_with_a_deeper_one_only() -> None:
         f"crossfix:check=12+deep=24+deep_margin={singles[1].min_margin:g}+margin=0"
     ]
     assert staged[0].min_margin == singles[0].min_margin and staged[0].admitted
+    # the parameters every probe set (calibration's judge variant) stay in the two-pass spec
+    with_question = staged_probes(singles, records, checks, thresholds, "q=1")
+    assert [p.spec for p in with_question] == [
+        f"crossfix:check=12+deep=24+deep_margin={singles[1].min_margin:g}+q=1+margin=0"
+    ]
