@@ -165,14 +165,20 @@ def _summary(mode: str, group: Sequence[JudgeRecord]) -> ModeSummary:
 
 
 ROUTED = re.compile(r"-> (?P<mode>[\w:=+.]+):")
-KEPT_AT = re.compile(r"^kept: .* at check (?P<check>\d+)")
+KEPT_AT = re.compile(r"^kept: .*? at check (?P<check>\d+)")  # the pass that kept it
+# the gate's noise-floor guards (`client.modes.gated.GUARD`, `FLOOR_GUARD`): "dense: ..."
+# when the routed prefill decided by less than the dtype's noise floor and was redone densely
+FLOOR_GUARDS = ("gated_exact", "gated_floor")
 
 
 def call_route(mode: str, decisions: Mapping[str, str]) -> str:
     """Where a call went: the gate's route ("exact", "dense", "crossfix"), a staged judge
-    mode's pass ("crossfix@4": kept at check 4, "crossfix>dense": every pass refused)."""
+    mode's pass ("crossfix@4": kept at check 4, "crossfix>dense": every pass refused), or
+    a route whose prefill the gate's noise floor sent dense ("crossfix>floor", "exact>floor")."""
     routed = ROUTED.search(decisions.get("gated", ""))
     route = routed.group("mode") if routed else mode.split(":", 1)[0]
+    if any(decisions.get(guard, "").startswith("dense:") for guard in FLOOR_GUARDS):
+        return f"{route}>floor"
     staged = decisions.get(route, "")
     if (kept := KEPT_AT.match(staged)) is not None:
         return f"{route}@{kept.group('check')}"

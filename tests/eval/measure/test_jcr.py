@@ -179,3 +179,11 @@ def test_a_call_route_names_the_gate_route_and_the_pass_that_kept_it() -> None:
         == "crossfix@8"
     )
     assert call_route("naive", {}) == "naive"
+    staged = "kept: margin 0.07 >= 0 at check 16 (after margin 0.05 < 0.2 at check 4)"
+    assert call_route("gated", {"gated": gate, "crossfix": staged}) == "crossfix@16"
+    floored = {"gated": gate, "crossfix": staged, "gated_floor": "dense: margin 0.04 < 0.05, "}
+    assert call_route("gated", floored) == "crossfix>floor"
+    kept = {**floored, "gated_floor": "kept: margin 0.07 >= 0.05"}
+    assert call_route("gated", kept) == "crossfix@16"
+    exact = {"gated": "judge (role=judge) -> exact: zero drift", "gated_exact": "dense: margin"}
+    assert call_route("gated", exact) == "exact>floor"
