@@ -261,7 +261,7 @@ def _judge_probes(
     with open_store(None) as store:
         return probe_judge_modes(
             loaded, candidates, examples, config.judge_seeds, store.target,
-            config.judge_thresholds, progress, config.judge_variant,
+            config.judge_thresholds, progress,
         )  # fmt: skip
 
 

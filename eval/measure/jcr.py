@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from kvsplice.client.modes.base import CandidateBlock
+from kvsplice.client.modes.gated import FLOOR_GUARD, GUARD
 from kvsplice.client.reuse_engine import ReusedSpan
 
 logger = logging.getLogger(__name__)
@@ -166,9 +167,9 @@ def _summary(mode: str, group: Sequence[JudgeRecord]) -> ModeSummary:
 
 ROUTED = re.compile(r"-> (?P<mode>[\w:=+.]+):")
 KEPT_AT = re.compile(r"^kept: .*? at check (?P<check>\d+)")  # the pass that kept it
-# the gate's noise-floor guards (`client.modes.gated.GUARD`, `FLOOR_GUARD`): "dense: ..."
-# when the routed prefill decided by less than the dtype's noise floor and was redone densely
-FLOOR_GUARDS = ("gated_exact", "gated_floor")
+# the gate's noise-floor guards: "dense: ..." when the routed prefill decided by less than
+# the dtype's noise floor and was redone densely
+FLOOR_GUARDS = (GUARD, FLOOR_GUARD)
 
 
 def call_route(mode: str, decisions: Mapping[str, str]) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.modes.params import format_value
 from kvsplice.client.modes.registry import mode_spec
 from kvsplice.eval.bench.judge_runner import JudgeRunConfig, run_judges
 from kvsplice.eval.bench.mode_variants import ModeVariant
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 DENSE = "dense"
 # The knob of a mode's deeper pass (crossfix's `deep`): such a mode gets staged candidates.
 DEEP = "deep_check"
+# the knobs a two-pass spec sets itself; a probe's other parameters carry over
+STAGE_KNOBS = ("check", "deep", "margin", "deep_margin")
 
 
 @dataclass(frozen=True)
@@ -214,11 +217,10 @@ def staged_probes(
     records: Mapping[str, Sequence[JudgeRecord]],
     checks: Mapping[str, int],
     thresholds: JudgeThresholds,
-    variant: str = "",
 ) -> list[JudgeProbe]:
     """Two-pass candidates from one mode's single-pass probes (keyed by spec in `records`
     and `checks`: each spec's check layer), every cheaper check before every deeper one;
-    `variant`: the other parameters the probes' specs set (kept in the two-pass spec)."""
+    the cheap probe's other parameters (e.g. `q=1`) stay in the two-pass spec."""
     staged = []
     for cheap, deep in itertools.permutations(probes, 2):
         if checks[cheap.spec] >= checks[deep.spec]:
@@ -228,7 +230,7 @@ def staged_probes(
         jcr, kept, reuse = held_out_replay(passes, thresholds)
         spec = (
             f"{cheap.mode}:check={checks[cheap.spec]}+deep={checks[deep.spec]}"
-            f"+deep_margin={deep.min_margin:g}{'+' + variant if variant else ''}+margin=0"
+            f"+deep_margin={deep.min_margin:g}{_other_params(cheap.spec)}+margin=0"
         )
         staged.append(
             JudgeProbe(
@@ -249,10 +251,8 @@ def probe_judge_modes(
     store_target: str,
     thresholds: JudgeThresholds | None = None,
     progress: Callable[[str], None] | None = None,
-    variant: str = "",
 ) -> list[JudgeProbe]:
-    """Each (mode, variant spec with its guard off) on `examples` × `seeds` (shuffled orders);
-    the two-pass candidates made of them keep `variant`, the parameters every spec sets."""
+    """Each (mode, variant spec with its guard off) on `examples` × `seeds` (shuffled orders)."""
     thresholds = thresholds or JudgeThresholds()
     specs = [spec for _, spec in candidates]
     records: dict[str, list[JudgeRecord]] = {}
@@ -268,14 +268,13 @@ def probe_judge_modes(
             if record.mode in labels:
                 records.setdefault(labels[record.mode], []).append(record)
     singles = [judge_probe(mode, spec, records[spec], thresholds) for mode, spec in candidates]
-    return singles + _staged(singles, records, thresholds, variant)
+    return singles + _staged(singles, records, thresholds)
 
 
 def _staged(
     singles: Sequence[JudgeProbe],
     records: Mapping[str, Sequence[JudgeRecord]],
     thresholds: JudgeThresholds,
-    variant: str,
 ) -> list[JudgeProbe]:
     """Two-pass candidates of every mode with a deeper pass, from its single-check probes."""
     staged = []
@@ -290,5 +289,11 @@ def _staged(
                 if getattr(params, DEEP) == 0 and getattr(params, "ratio", 0) == 0:
                     checks[probe.spec] = params.check_layer
         mine = [p for p in singles if p.spec in checks]
-        staged += staged_probes(mine, records, checks, thresholds, variant)
+        staged += staged_probes(mine, records, checks, thresholds)
     return staged
+
+
+def _other_params(spec: str) -> str:
+    """`spec`'s parameters a two-pass spec does not set itself, each as "+name=value"."""
+    params = ModeVariant.parse(spec).params
+    return "".join(f"+{n}={format_value(v)}" for n, v in params if n not in STAGE_KNOBS)

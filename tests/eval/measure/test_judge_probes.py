@@ -159,8 +159,11 @@ def test_staged_probes_pair_a_cheaper_check_with_a_deeper_one_only() -> None:
         f"crossfix:check=12+deep=24+deep_margin={singles[1].min_margin:g}+margin=0"
     ]
     assert staged[0].min_margin == singles[0].min_margin and staged[0].admitted
-    # the parameters every probe set (calibration's judge variant) stay in the two-pass spec
-    with_question = staged_probes(singles, records, checks, thresholds, "q=1")
+    # a parameter the probes set (calibration's judge variant) stays in the two-pass spec
+    asking = {spec.replace("+margin", "+q=1+margin"): recs for spec, recs in records.items()}
+    asking_checks = {spec.replace("+margin", "+q=1+margin"): c for spec, c in checks.items()}
+    asking_singles = [judge_probe("crossfix", s, recs, thresholds) for s, recs in asking.items()]
+    with_question = staged_probes(asking_singles, asking, asking_checks, thresholds)
     assert [p.spec for p in with_question] == [
         f"crossfix:check=12+deep=24+deep_margin={singles[1].min_margin:g}+q=1+margin=0"
     ]
