@@ -70,7 +70,9 @@ class Source:
     computed); recording uses them to continue the key chain. `resumed`: the span's
     layers below its start layer were computed by an earlier pass of the same call (a
     staged mode resuming from that pass's exact states), so only what a subset rule
-    dropped counts as reused.
+    dropped counts as reused. `decoded`: the segment holds K/V a decode step computed
+    (a stored response), which a prefill of the same tokens computes in other kernels
+    (bit-identical only up to rounding).
     """
 
     mode: str
@@ -80,6 +82,7 @@ class Source:
     chain_key: bytes | None = None
     chain_num_tokens: int = 0
     resumed: bool = False
+    decoded: bool = False
 
 
 @dataclass(frozen=True, eq=False)

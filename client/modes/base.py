@@ -272,8 +272,10 @@ class PlanBuilder:
         chain_key: bytes | None = None,
         chain_num_tokens: int = 0,
         name: str = "",
+        decoded: bool = False,
     ) -> None:
-        """Read every layer of `segment` at slots [start, start + T), its keys moved by Δ."""
+        """Read every layer of `segment` at slots [start, start + T), its keys moved by Δ
+        (`decoded`: a stored response's K/V, see `Source`)."""
         if start < self.covered_until:
             raise ValueError(
                 f"reuse at {start} overlaps the previous one (ends {self.covered_until})"
@@ -281,7 +283,7 @@ class PlanBuilder:
         if segment.layer_start != 0:
             raise LayoutMismatch(f"segment starts at layer {segment.layer_start}, not 0")
         delta = start - segment.start_position
-        source = Source(mode, exact, start, delta, chain_key, chain_num_tokens)
+        source = Source(mode, exact, start, delta, chain_key, chain_num_tokens, decoded=decoded)
         self._reused.append(PlanSpan(
             start, start + segment.num_tokens, segment.num_layers, segment,
             name=name, delta=delta, source=source,

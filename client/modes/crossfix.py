@@ -125,7 +125,7 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or Params()
 
-    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[Kept]:
         builder = PlanBuilder(prompt.token_ids)
         plan_exact_prefix(prompt, ctx, builder)
         exact = builder.build()
@@ -140,6 +140,43 @@ class CrossfixPolicy(WholeSpanRecordingPolicy):
         if not any(s.source is not None and not s.source.exact for s in reused.spans):
             return PlannedCall(exact, decisions={MODE: "nothing to reuse"})
         return _Staged(self.params, ctx, reused, declared_choices(prompt)).run()
+
+    def dense_from(self, planned: PlannedCall[Kept], ctx: CallContext) -> PlannedCall[Kept] | None:
+        """A kept call computed on densely from its kept pass's check layer: what dense
+        prefill computes, bit for bit where the executor computes a prompt split in two
+        runs as in one (`client.execute.determinism`) and nothing below that layer was read
+        from a decode step's K/V (a stored response). None: `planned` was not kept by a
+        pass, or its exact prefix holds decoded K/V."""
+        kept = planned.memo
+        if kept is None or planned.result is None:
+            return None
+        if any(s.source is not None and s.source.decoded for s in planned.plan.spans):
+            return None
+        decisions = {
+            MODE: f"{planned.decisions[MODE]}; computed on densely from check {kept.check}"
+        }
+        return _dense_on(planned.plan, planned.result, kept, ctx, decisions)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a kept pass leaves for `dense_from`: its check layer, and the end of what every
+    pass computed exactly through every layer (`_Staged.exact_until`)."""
+
+    check: int
+    exact_until: int
+
+
+def _dense_on(
+    plan: CallPlan, result: LayerwiseResult, kept: Kept, ctx: CallContext, decisions: dict[str, str]
+) -> PlannedCall[Kept]:
+    """`plan`'s run `result` resumed at `kept.check` with every token computed on: dense from there."""
+    spans = resumed_spans(
+        plan, result, kept.check, keep_sources=False, exact_until=kept.exact_until
+    )
+    dense = replace(plan, spans=spans, subsets=(), capture_layers=())
+    with timed(ctx.timings, "prefill_s"):
+        return PlannedCall(dense, ctx.executor.layerwise.run(dense), decisions=decisions)
 
 
 class _Staged:
@@ -176,7 +213,7 @@ class _Staged:
             s.start for s in spans if s.source is not None and not s.source.exact
         )
 
-    def run(self) -> PlannedCall[None]:
+    def run(self) -> PlannedCall[Kept]:
         plan, result = self.first, None
         failed: list[str] = []
         for stage, check in enumerate(self.checks):
@@ -190,17 +227,14 @@ class _Staged:
             result = self._run(plan)
             margin = decision_margin(result.logits_last, self.choices)
             verdict = f"margin {margin:.2f} %s {self.margins[stage]:g} at check {check}"
+            kept = Kept(check, self.exact_until)
             if margin >= self.margins[stage]:
                 decisions = self._decide(f"kept: {verdict % '>='}", failed)
-                return PlannedCall(plan, result, decisions=decisions)
+                return PlannedCall(plan, result, decisions=decisions, memo=kept)
             failed.append(verdict % "<")
         assert result is not None  # at least one stage
-        spans = resumed_spans(
-            plan, result, self.checks[-1], keep_sources=False, exact_until=self.exact_until
-        )
-        dense = replace(plan, spans=spans, subsets=(), capture_layers=())
         decisions = self._decide(f"dense: {failed.pop()}, computed on from there", failed)
-        return PlannedCall(dense, self._run(dense), decisions=decisions)
+        return _dense_on(plan, result, kept, self.ctx, decisions)
 
     def _decide(self, decision: str, earlier: Sequence[str]) -> dict[str, str]:
         after = f" (after {'; '.join(earlier)})" if earlier else ""

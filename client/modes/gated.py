@@ -30,10 +30,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from kvsplice.client.execute.determinism import splits_bitwise
 from kvsplice.client.execute.execution import ExecutionState, timed
 from kvsplice.client.modes.base import (
     CallContext,
@@ -69,6 +70,16 @@ FLOOR_GUARD = "gated_floor"
 # Coder-0.5B's transcript judges (24 HumanEval sets, 2026-11-26), fp16 taken at a quarter
 # of it (3 more mantissa bits: an eighth). float32 splices equal dense to ~1e-3: no guard.
 NOISE_FLOOR = {torch.bfloat16: 0.05, torch.float16: 0.0125}
+
+
+@runtime_checkable
+class ResumesDense(Protocol):
+    """A staged judge mode that can compute a kept call on densely from its kept pass
+    (crossfix): None when it cannot give dense prefill's computation bit for bit."""
+
+    def dense_from(
+        self, planned: PlannedCall[Any], ctx: CallContext
+    ) -> PlannedCall[Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -221,7 +232,11 @@ class GatedPolicy:
     ) -> tuple[ReusePolicy, PlannedCall[Any]]:
         """A judge's routed prefill (exact, or the admitted judge mode's passes) kept when its
         margin clears the dtype's noise floor, else prefilled again densely: a decision that
-        rounding can flip is taken from the reference judge's own computation."""
+        rounding can flip is taken from the reference judge's own computation. A staged
+        mode's kept passes computed every layer below their check layer as dense prefill
+        does; where this machine computes a split prompt bit for bit as one prefill
+        (`splits_bitwise`), the call is computed on densely from there (`ResumesDense`),
+        which is that same computation, instead of prefilled again from the start."""
         layerwise = ctx.executor.layerwise
         floor = NOISE_FLOOR.get(layerwise.adapter.model.dtype, 0.0)
         choices = declared_choices(prompt)
@@ -235,6 +250,15 @@ class GatedPolicy:
         if margin >= floor:
             kept = {key: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
             return routed, replace(planned, result=result, decisions=kept)
+        resumed = None
+        if isinstance(routed, ResumesDense) and splits_bitwise(layerwise):
+            resumed = routed.dense_from(planned, ctx)
+        if resumed is not None:
+            why = {
+                key: f"dense: margin {margin:.3f} < {floor:g}, computed on densely",
+                **resumed.decisions,
+            }
+            return routed, replace(resumed, decisions=why)
         dense = self.dense
         assert dense is not None  # `plan` guards only with a dense policy
         redo = dense.plan(prompt, ctx)

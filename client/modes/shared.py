@@ -82,6 +82,7 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
         builder.reuse(
             position, kv, "exact", exact=True, chain_key=meta.context_key,
             chain_num_tokens=meta.num_tokens, name=f"prefix@{position}",
+            decoded=meta.kind == "response",
         )  # fmt: skip
         parent, position = meta.context_key, position + meta.num_tokens
     return parent

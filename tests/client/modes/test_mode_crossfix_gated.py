@@ -16,13 +16,13 @@ from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixtur
 from helpers.text import FakePrompt, make_prompt
 
 from kvsplice.client.execute.execution import ExecutionState
-from kvsplice.client.execute.plan import CallPlan
+from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes import gated
 from kvsplice.client.modes.anchor.params import Params as AnchorParams
 from kvsplice.client.modes.anchor.policy import AnchorPolicy
 from kvsplice.client.modes.base import CallContext, PlannedCall, ReusePolicy, SpannedPrompt
-from kvsplice.client.modes.crossfix import CrossfixPolicy
+from kvsplice.client.modes.crossfix import CrossfixPolicy, Kept
 from kvsplice.client.modes.crossfix import Params as CrossfixParams
 from kvsplice.client.modes.dense import DensePolicy
 from kvsplice.client.modes.exact import ExactPolicy
@@ -31,6 +31,7 @@ from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.modes.shared import decision_margin, first_token_margin
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 ATOL = 1e-4
@@ -480,16 +481,25 @@ def test_a_priced_gate_needs_the_dense_policy() -> None:
         GatedPolicy(NaivePolicy(), ExactPolicy(), pricing=JudgePricing(CostModel(1, 0, 0, 0, 0)))
 
 
+@pytest.mark.parametrize("bitwise", [True, False], ids=["splits-bitwise", "splits-round"])
 @pytest.mark.parametrize("floor", [1e-9, NEVER_KEPT])
 def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_dense_judge(
-    loaded: LoadedModel, store_target: str, monkeypatch: pytest.MonkeyPatch, floor: float
+    loaded: LoadedModel,
+    store_target: str,
+    monkeypatch: pytest.MonkeyPatch,
+    floor: float,
+    bitwise: bool,
 ) -> None:
     """A judge routed to the admitted mode keeps its passes only when their margin clears the
-    dtype's floor; below it the call is prefilled again densely: the dense judge's own
-    result, nothing reused (the tiny model is float32: the floor is set for the test)."""
+    dtype's floor; below it the call is dense: the dense judge's own result, nothing reused
+    (the tiny model is float32: the floor is set for the test). Where the machine computes a
+    split prompt bit for bit as one prefill, the passes are computed on densely from their
+    check layer; elsewhere the call is prefilled again from the start."""
     monkeypatch.setitem(gated.NOISE_FLOOR, loaded.model.dtype, floor)
+    monkeypatch.setattr(gated, "splits_bitwise", lambda executor: bitwise)
     policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
-    engine = make_store_engine(loaded, policy, store_target, f"gate-floor-{int(floor >= 1)}")
+    namespace = f"gate-floor-{int(floor >= 1)}-{int(bitwise)}"
+    engine = make_store_engine(loaded, policy, store_target, namespace)
     plain = _comparing(_answers(engine), SELECT)
     prompt = _ChoicePrompt(plain.token_ids, plain.spans, (5, 6, 7))
     outcome = engine.run(prompt, GENERATION)
@@ -503,3 +513,55 @@ def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_dense_judge(
         assert outcome.decisions["crossfix"].startswith("kept: margin ")  # what ran first
         assert _candidate_token_layers(outcome) == 0
         assert _same_as_dense(engine, plain, outcome)
+        resumed = outcome.decisions["crossfix"].endswith("; computed on densely from check 1")
+        assert resumed == bitwise
+        assert outcome.decisions[gated.FLOOR_GUARD].endswith(
+            "computed on densely" if bitwise else "prefilled again"
+        )
+
+
+def test_a_crossfix_call_over_a_decoded_prefix_is_not_resumed_as_dense() -> None:
+    """A decode step's K/V (a stored response) in the kept plan: its dense fallback would not
+    be dense prefill's computation bit for bit, so crossfix declines (the gate prefills)."""
+    decoded = Source("exact", True, 0, decoded=True)
+    kv = SegmentKV(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4), start_position=0)
+    span = PlanSpan(0, 3, 2, kv, name="prefix@0", source=decoded)
+    plan = CallPlan.tiled((1, 2, 3, 4, 5), [span])
+    kept = PlannedCall(plan, result=object(), memo=Kept(1, 3))  # type: ignore[arg-type]
+    assert CrossfixPolicy().dense_from(kept, None) is None  # type: ignore[arg-type]
+    assert CrossfixPolicy().dense_from(replace(kept, memo=None), None) is None  # type: ignore[arg-type]
+
+
+class _PlanProbe(ExactPolicy):
+    """An exact policy that keeps the plan of its last call."""
+
+    plan_seen: CallPlan | None = None
+
+    def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
+        planned = super().plan(prompt, ctx)
+        self.plan_seen = planned.plan
+        return planned
+
+
+def test_an_exact_prefix_marks_the_stored_response_it_reads_as_decoded(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    """The prompt, then its answer, then more: the chain reads the prompt's segments (a
+    prefill's K/V) and the answer's (a decode step's), and says which is which."""
+    probe = _PlanProbe()
+    engine = make_store_engine(loaded, probe, store_target, "xf-decoded-prefix")
+    first = make_prompt([("text", "text_0", SYSTEM_3), ("placeholder", "q", QUESTION)])
+    answer = engine.run(first, GENERATION).output_ids
+    assert answer
+    follow = make_prompt(
+        [("placeholder", "before", first.token_ids), ("placeholder", "answer", answer),
+         ("text", "tail", CONTINUE + CLOSING)]
+    )  # fmt: skip
+    engine.run(follow, GENERATION)
+    assert probe.plan_seen is not None
+    sources = [(s.start, s.source) for s in probe.plan_seen.spans if s.source is not None]
+    prompt_len = len(first.token_ids)
+    in_prompt = [src.decoded for start, src in sources if start < prompt_len]
+    in_answer = [src.decoded for start, src in sources if start >= prompt_len]
+    assert in_prompt and not any(in_prompt)  # the prompt's prefill
+    assert in_answer and all(in_answer)  # the answer's decode
