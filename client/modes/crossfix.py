@@ -20,8 +20,9 @@ pass's time stays in the TTFT, but no layer is computed twice (bar the check lay
 where dropped tokens' fresh K/V is discarded). With `question` (`q=1`) the question's
 placeholder is reused as the answers are (its stored K/V found by content, recomputed
 below the check layer): in a judge prompt it is most of the text between the answers,
-which every pass otherwise carries through every layer. `ratio` 1 or an answer-less prompt is
-dense after the exact prefix; with nothing stored it is exact.
+which every pass otherwise carries through every layer. A kept call can still be computed
+on densely from its kept pass (`dense_from`: the gate's noise floor asks it). `ratio` 1 or
+an answer-less prompt is dense after the exact prefix; with nothing stored it is exact.
 
 Defaults (check 24, ratio 0: the lower 24 of SmolLM2's 30 layers recomputed across all
 answers, the upper 6 reused; guard 0.15) are what the judge probes chose (README).

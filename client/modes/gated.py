@@ -22,7 +22,10 @@ decision margin reaches the dtype's noise floor (`NOISE_FLOOR`); a closer call i
 dense, the reference judge's own computation (`{"gated_exact": "dense: margin ..."}`).
 The admitted judge mode's prefill gets the same floor over its own calibrated guard
 (`{"gated_floor": ...}`): on Qwen a tenth of the judge calls decide by 0.01-0.05 logits,
-and no approximate pass can keep such a call's choice but by luck.
+and no approximate pass can keep such a call's choice but by luck. Where the machine
+computes a split prompt bit for bit as one prefill (`determinism.splits_bitwise`), a staged
+judge mode computes such a call on densely from its kept pass (`ResumesDense`): the same
+computation as the dense judge's, without starting again.
 """
 
 from __future__ import annotations
@@ -242,6 +245,8 @@ class GatedPolicy:
         choices = declared_choices(prompt)
         if not floor or not choices:
             return routed, planned
+        # asked at the first floored call, met or not, so a warm-up call pays the probe
+        resumes = isinstance(routed, ResumesDense) and splits_bitwise(layerwise)
         result = planned.result
         if result is None:
             with timed(ctx.timings, "prefill_s"):
@@ -251,7 +256,7 @@ class GatedPolicy:
             kept = {key: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
             return routed, replace(planned, result=result, decisions=kept)
         resumed = None
-        if isinstance(routed, ResumesDense) and splits_bitwise(layerwise):
+        if resumes and isinstance(routed, ResumesDense):
             resumed = routed.dense_from(planned, ctx)
         if resumed is not None:
             why = {

@@ -11,13 +11,15 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4, run_chain
-from helpers.client import make_store_engine
+from helpers.client import make_store_engine, make_tiny_llama
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
-from helpers.text import FakePrompt, make_prompt
+from helpers.text import CharTokenizer, FakePrompt, make_prompt
 
+from kvsplice.client.execute.determinism import splits_bitwise
 from kvsplice.client.execute.execution import ExecutionState
+from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
-from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.modes import gated
 from kvsplice.client.modes.anchor.params import Params as AnchorParams
 from kvsplice.client.modes.anchor.policy import AnchorPolicy
@@ -565,3 +567,24 @@ def test_an_exact_prefix_marks_the_stored_response_it_reads_as_decoded(
     in_answer = [src.decoded for start, src in sources if start >= prompt_len]
     assert in_prompt and not any(in_prompt)  # the prompt's prefill
     assert in_answer and all(in_answer)  # the answer's decode
+
+
+def test_crossfix_dense_fallback_is_dense_prefill_bit_for_bit_where_splits_are(
+    store_target: str,
+) -> None:
+    """The oracle the gate's floor rests on, in bf16: where this machine computes a split
+    prompt bit for bit as one prefill, a call refused by every pass (computed on densely
+    from its last check layer) gives the dense judge's logits bit for bit."""
+    model = make_tiny_llama(seed=0, num_layers=NUM_LAYERS).to(torch.bfloat16)
+    loaded = bundle_model(model, CharTokenizer())
+    if not splits_bitwise(LayerwiseExecutor(loaded.model)):
+        pytest.skip("this machine's kernels round a split prompt otherwise")
+    staged = CrossfixParams(
+        check_layer=1, min_margin=NEVER_KEPT, deep_check=3, deep_margin=NEVER_KEPT, question=1
+    )
+    engine = make_store_engine(loaded, CrossfixPolicy(staged), store_target, "xf-bf16-dense")
+    prompt, outcome = _judge(engine)
+    assert outcome.decisions["crossfix"].startswith("dense: margin"), outcome.decisions
+    assert outcome.logits_first.dtype == torch.float32  # the head's logits, compared exactly
+    reference = engine.dense_reference(prompt, GENERATION)
+    assert torch.equal(outcome.logits_first, reference.logits_first)
