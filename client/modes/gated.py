@@ -246,7 +246,7 @@ class GatedPolicy:
         if not floor or not choices:
             return routed, planned
         # asked at the first floored call, met or not, so a warm-up call pays the probe
-        resumes = isinstance(routed, ResumesDense) and splits_bitwise(layerwise)
+        resumer = routed if isinstance(routed, ResumesDense) and splits_bitwise(layerwise) else None
         result = planned.result
         if result is None:
             with timed(ctx.timings, "prefill_s"):
@@ -255,9 +255,8 @@ class GatedPolicy:
         if margin >= floor:
             kept = {key: f"kept: margin {margin:.3f} >= {floor:g}", **planned.decisions}
             return routed, replace(planned, result=result, decisions=kept)
-        resumed = None
-        if resumes and isinstance(routed, ResumesDense):
-            resumed = routed.dense_from(planned, ctx)
+        tested = replace(planned, result=result)
+        resumed = resumer.dense_from(tested, ctx) if resumer is not None else None
         if resumed is not None:
             why = {
                 key: f"dense: margin {margin:.3f} < {floor:g}, computed on densely",
