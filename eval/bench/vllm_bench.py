@@ -45,7 +45,7 @@ from kvsplice.eval.bench.kv_transfer import (
 )
 from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
-from kvsplice.eval.bench.vllm_graded import GRADED, GradedRun, grade_run, summarize
+from kvsplice.eval.bench.vllm_graded import GradedRun, grade_run, print_graded, summarize
 from kvsplice.eval.workloads.token_transcript import (
     PIPELINE_ROLES,
     SYSTEM_PROMPT,
@@ -432,7 +432,7 @@ def print_report(report: dict[str, Any], console: Any) -> None:
     if report["repeats"]:
         _print_timed(report, console, figures_table)
     if any(row.get("graded") for row in rows):
-        _print_graded(rows, figures_table, console)
+        print_graded(rows, console)
 
 
 def _print_timed(report: dict[str, Any], console: Any, figures_table: Any) -> None:
@@ -466,22 +466,3 @@ def _print_timed(report: dict[str, Any], console: Any, figures_table: Any) -> No
         f"{report['chunk_tokens']} tokens; decode-written K/V stored: "
         f"{'yes' if report['decode_kv_stored'] else 'no'} (kvsplice and LMCache alike)"
     )
-
-
-def _print_graded(rows: list[dict[str, Any]], figures_table: Any, console: Any) -> None:
-    """Each configuration's accuracy per graded role (95% interval) and against recompute."""
-    columns = ("config", *(f"{role} right" for role in GRADED), "vs rec (points)", "equal outputs")
-    table = figures_table(columns, ("config",), title="bench vllm --problems: graded answers")
-    for row in rows:
-        graded = row.get("graded")
-        if not graded:
-            continue
-        roles = graded["roles"]
-        cells = [
-            f"{r['right']}/{r['n']} ({100 * r['ci95'][0]:.0f}-{100 * r['ci95'][1]:.0f}%)"
-            for r in (roles[role] for role in GRADED)
-        ]
-        points = " / ".join(f"{roles[role]['vs_recompute_points']:+.0f}" for role in GRADED)
-        equal = f"{graded['outputs_equal_recompute']}/{graded['outputs']}"
-        table.add_row(row["label"], *cells, points, equal)
-    console.print(table)

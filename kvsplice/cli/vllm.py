@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from typing import Any
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -68,3 +70,30 @@ def bench_vllm(**values: Any) -> None:
     graded = [problems[i] for i in config.problems]
     report = run_bench(config, task, warm_up_task=other, graded=graded)
     print_report(report, console())
+
+
+@bench_app.command("vllm-graded")
+def bench_vllm_graded(
+    reports: Annotated[
+        list[Path], typer.Argument(help="`bench vllm --problems` JSON files of one setup.")
+    ],
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the pooled figures here.")
+    ] = None,
+) -> None:
+    """Pool the graded answers of several `bench vllm --problems` runs (same model, dtype,
+    layout, answer length; disjoint problems): accuracy per role and over all graded
+    answers, each configuration's difference from recompute with its 95% interval."""
+    from kvsplice.eval.bench.vllm_graded import pool, print_graded
+
+    try:
+        loaded = [json.loads(path.read_text()) for path in reports]
+        pooled = pool(loaded)
+    except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        fail(f"cannot pool {', '.join(map(str, reports))}: {exc!r}")
+    pooled["files"] = [str(path) for path in reports]
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(pooled, indent=2))
+    print_graded(pooled["configs"], console())
+    console().print(f"{pooled['problems']} problems from {pooled['reports']} reports")

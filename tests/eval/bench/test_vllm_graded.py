@@ -3,6 +3,9 @@ through a scripted engine (no vLLM: what the engines answer is set here)."""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,14 @@ import pytest
 from kvsplice.eval.bench import vllm_bench
 from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Completion
-from kvsplice.eval.bench.vllm_graded import GRADED, grade_run, summarize, wilson
+from kvsplice.eval.bench.vllm_graded import (
+    GRADED,
+    grade_run,
+    paired_difference,
+    pool,
+    summarize,
+    wilson,
+)
 from kvsplice.eval.workloads.workload import Problem
 
 PROBLEM = Problem(
@@ -70,7 +80,13 @@ def test_summary_against_recompute_counts_paired_differences() -> None:
     assert summary["roles"]["judge"]["right"] == 0  # both verdicts contradict the tests
     assert summary["roles"]["judge"]["vs_recompute_points"] == -100.0
     assert (summary["outputs_equal_recompute"], summary["outputs"]) == (9, 10)
-    assert set(summary["roles"]) == set(GRADED)
+    assert set(summary["roles"]) == {*GRADED, "all"}
+    pooled = summary["roles"]["all"]  # 6 answers: 2 right here, 4 there; 1 here only, 3 there
+    assert (pooled["right"], pooled["n"], pooled["right_only_here"]) == (2, 6, 1)
+    assert pooled["right_only_recompute"] == 3
+    assert pooled["vs_recompute_points"] == pytest.approx(100 * (2 - 4) / 6)
+    low, high = pooled["vs_recompute_ci95_points"]
+    assert low < pooled["vs_recompute_points"] < high
     with pytest.raises(ValueError, match="different problems"):
         summarize(here[:1], ref)
 
@@ -150,3 +166,91 @@ def test_a_graded_only_report_is_written_and_printed(tmp_path: Path) -> None:
 def test_repeats_zero_needs_problems(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="0 only with --problems"):
         VllmBenchConfig(out_json=tmp_path / "r.json", repeats=0)
+
+
+def test_paired_difference_is_wald_for_many_pairs_and_honest_for_few() -> None:
+    both, here, there, neither = 500, 100, 80, 320  # large n: the Wald interval's
+    n = both + here + there + neither
+    centre = (here - there) / n
+    half = 1.96 * math.sqrt((here + there) / n**2 - (here - there) ** 2 / n**3)
+    low, high = paired_difference(both, here, there, neither)
+    assert low == pytest.approx(centre - half, abs=1e-3)
+    assert high == pytest.approx(centre + half, abs=1e-3)
+    # every answer alike: 0 is inside, and more pairs bound the difference closer to it
+    few, many = paired_difference(3, 0, 0, 11), paired_difference(30, 0, 0, 110)
+    assert few[0] < 0 < few[1] and many[0] < 0 < many[1]
+    assert few[1] - few[0] > many[1] - many[0]
+    # one discordant answer each way: symmetric about 0
+    low, high = paired_difference(16, 1, 1, 24)
+    assert low == pytest.approx(-high) and high > 0.02
+    # the interval never leaves [-1, 1], and covers everything for no pairs
+    assert paired_difference(0, 5, 0, 0)[1] <= 1.0
+    assert paired_difference(0, 0, 0, 0) == (-1.0, 1.0)
+    with pytest.raises(ValueError, match="negative"):
+        paired_difference(1, -1, 0, 0)
+
+
+def _graded_report(
+    tmp_path: Path, name: str, solvers: dict[str, str], dtype: str = "float32"
+) -> Path:
+    """A `bench vllm --problems` report: recompute's solvers right, gated's as given."""
+    config = VllmBenchConfig(
+        out_json=tmp_path / f"{name}.json", configs=("recompute", "kvsplice-gated"),
+        repeats=0, problems=tuple(range(len(solvers))), prefix_caching=("on",), dtype=dtype,
+    )  # fmt: skip
+    results = []
+    for config_name in ("recompute", "kvsplice-gated"):
+        result = vllm_bench.ConfigResult(config_name, config_name != "recompute")
+        result.graded_runs = [
+            replace(_run(RIGHT if config_name == "recompute" else solver, WRONG, "FAIL"),
+                    problem_id=problem)
+            for problem, solver in solvers.items()
+        ]  # fmt: skip
+        vllm_bench._summarize(result)
+        results.append(result)
+    vllm_bench._write(config, results)
+    assert config.out_json is not None
+    return config.out_json
+
+
+def test_pooled_reports_add_up_to_one_summary(tmp_path: Path) -> None:
+    first = _graded_report(tmp_path, "a", {"P/1": RIGHT, "P/2": WRONG})
+    second = _graded_report(tmp_path, "b", {"P/3": RIGHT})
+    pooled = pool([json.loads(first.read_text()), json.loads(second.read_text())])
+    assert (pooled["problems"], pooled["reports"]) == (3, 2)
+    gated = next(row for row in pooled["configs"] if row["label"].startswith("kvsplice-gated"))
+    solver = gated["graded"]["roles"]["solver"]
+    assert (solver["right"], solver["n"], solver["right_only_recompute"]) == (2, 3, 1)
+    assert gated["graded"]["roles"]["all"]["n"] == 9
+    assert [run["problem"] for run in gated["graded"]["runs"]] == ["P/1", "P/2", "P/3"]
+    assert gated["graded"]["outputs"] == 15  # 5 agents x 3 problems, added up
+    with pytest.raises(ValueError, match="graded twice"):
+        pool([json.loads(first.read_text())] * 2)
+    other = _graded_report(tmp_path, "c", {"P/4": RIGHT}, dtype="bfloat16")
+    with pytest.raises(ValueError, match="differ in dtype"):
+        pool([json.loads(first.read_text()), json.loads(other.read_text())])
+    with pytest.raises(ValueError, match="no reports"):
+        pool([])
+
+
+def test_bench_vllm_graded_pools_files_and_names_a_bad_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvsplice.cli import main
+
+    first = _graded_report(tmp_path, "a", {"P/1": RIGHT, "P/2": WRONG})
+    second = _graded_report(tmp_path, "b", {"P/3": RIGHT})
+    out_json = tmp_path / "pooled.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "vllm-graded", str(first), str(second), "--json", str(out_json)])
+    assert exited.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "graded answers" in out and "2/3" in out and "3 problems from 2 reports" in out
+    assert json.loads(out_json.read_text())["files"] == [str(first), str(second)]
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "vllm-graded", str(first), str(broken)])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "cannot pool" in err and "broken.json" in err and "Traceback" not in err
