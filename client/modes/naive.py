@@ -1,33 +1,55 @@
 """Mode `naive`: position-only reuse (the KVComm/judge papers' baseline), no correction.
 
 After the exact prefix, each later span takes K/V captured in another context,
-moved to its position by a RoPE Δ-shift: the question from its standalone base
-cache (prefilled alone at position 0, once per question; that prefill is in the
-TTFT of the call that pays it), an upstream agent's answer from the K/V captured
-while it was generated, and template text from any stored segment with the same
-tokens. A span without such a segment is computed. The plan is
+moved to its position by a RoPE Δ-shift: an upstream agent's answer from the K/V
+captured while it was generated, template text from any stored segment with the
+same tokens, and the question, by default (`question=base`), from its standalone
+base cache (prefilled alone at position 0, once per question; that prefill is in
+the TTFT of the call that pays it). `naive:question=context` takes the question as
+another prompt computed it instead (a stored prompt segment with the same tokens,
+after that prompt's own system prompt: what an engine's connector can load), and
+computes it where none is stored. A span without a source is computed. The plan is
 `shared.plan_position_only`, which blend and halo repair.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
-from kvsplice.client.modes.params import NoParams
+from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import RecordingPolicy
-from kvsplice.client.modes.shared import plan_position_only
+from kvsplice.client.modes.shared import QUESTION_SOURCES, plan_position_only
 
 logger = logging.getLogger(__name__)
 
 MODE = "naive"
 
 
+@dataclass(frozen=True)
+class Params:
+    """naive's parameters (`naive:question=context`)."""
+
+    question: str = knob(
+        "base", "question",
+        "a question's K/V: its standalone prefill (base) or as another prompt computed it "
+        "(context; none stored: computed)",
+        choices=QUESTION_SOURCES,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
 class NaivePolicy(RecordingPolicy):
     mode = MODE
 
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params or Params()
+
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
-        return plan_position_only(prompt, ctx, MODE)
+        return plan_position_only(prompt, ctx, MODE, question=self.params.question)
 
 
-SPEC = ModeSpec(MODE, NoParams, lambda _: NaivePolicy())
+SPEC = ModeSpec(MODE, Params, NaivePolicy)

@@ -43,7 +43,7 @@ from kvsplice.client.store.local_tier import on_device
 from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, left_tail
 from kvsplice.client.store.store_types import SegmentRef
 from kvsplice.common.keys import context_key, continues, root_key
-from kvsplice.common.segment import SegmentMeta
+from kvsplice.common.segment import SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV
 
@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 Deviation = Literal["value", "key"]
 DEVIATIONS: tuple[Deviation, ...] = ("value", "key")
+# where a position-only plan takes a question's K/V: its standalone prefill, or a prompt's
+QUESTION_SOURCES = ("base", "context")
 
 
 def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuilder) -> bytes:
@@ -127,12 +129,16 @@ def _fetch_link(
     return fetched.meta, kv
 
 
-def plan_position_only(prompt: SpannedPrompt, ctx: CallContext, mode: str) -> PlannedCall[None]:
+def plan_position_only(
+    prompt: SpannedPrompt, ctx: CallContext, mode: str, question: str = "base"
+) -> PlannedCall[None]:
     """The exact prefix, then each later span's K/V captured in another context, Δ-shifted.
 
-    A question takes its standalone base (`question_base`), any other span a stored
-    segment with the same tokens (`same_tokens_segment`); a span without one is
-    computed. The reused spans are labelled `mode`; the computed bases are the records.
+    A question takes its standalone base (`question_base`), or with `question="context"`
+    a stored prompt segment with its tokens (as another prompt computed it, after that
+    prompt's own beginning); any other span a stored segment with the same tokens
+    (`same_tokens_segment`); a span without one is computed. The reused spans are
+    labelled `mode`; the computed bases are the records.
     """
     builder = PlanBuilder(prompt.token_ids)
     plan_exact_prefix(prompt, ctx, builder)
@@ -141,7 +147,9 @@ def plan_position_only(prompt: SpannedPrompt, ctx: CallContext, mode: str) -> Pl
         if span.start < builder.covered_until:
             continue  # inside the exact prefix, or straddling its end: computed
         tokens = prompt.token_ids[span.start : span.end]
-        if span_role(span) == "question":
+        if span_role(span) == "question" and question == "context":
+            kv = same_tokens_segment(tokens, prompt, span.start, ctx, kinds=("prompt",))
+        elif span_role(span) == "question":
             kv = question_base(tokens, ctx, bases)
         else:
             kv = same_tokens_segment(tokens, prompt, span.start, ctx)
@@ -185,9 +193,14 @@ def question_base(
 
 
 def same_tokens_segment(
-    tokens: tuple[int, ...], prompt: SpannedPrompt, start: int, ctx: CallContext
+    tokens: tuple[int, ...],
+    prompt: SpannedPrompt,
+    start: int,
+    ctx: CallContext,
+    kinds: tuple[SegmentKind, ...] | None = None,
 ) -> KVSource | None:
-    """Any stored segment with exactly `tokens`, wherever it was captured (best ranked first)."""
+    """Any stored segment with exactly `tokens`, wherever it was captured (best ranked
+    first); `kinds`: only segments of those kinds (`prompt`: computed inside a prompt)."""
     if not isinstance(ctx, StoreContext):
         return None
     with timed(ctx.timings, "lookup_s"):
@@ -201,7 +214,9 @@ def same_tokens_segment(
             ctx.store, candidate.segment.context_key, fingerprint=ctx.fingerprint,
             timings=ctx.timings,
         )  # fmt: skip
-        if fetched is not None and fetched.meta.token_ids == tokens:
+        if fetched is None or fetched.meta.token_ids != tokens:
+            continue
+        if kinds is None or fetched.meta.kind in kinds:
             return fetched.kv
     return None
 

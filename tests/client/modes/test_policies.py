@@ -151,3 +151,42 @@ def test_plan_builder_fills_gaps_and_computes_the_last_token() -> None:
 def test_unknown_mode_is_refused(loaded: LoadedModel) -> None:
     with pytest.raises(ValueError, match="mode"):
         ReuseEngine(loaded, "psychic")
+
+
+def test_naive_question_from_context_takes_it_as_another_prompt_computed_it(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    from kvsplice.client.modes.naive import NaivePolicy, Params
+
+    engine = make_store_engine(
+        loaded, NaivePolicy(Params(question="context")), store_target, "policies-context"
+    )
+    first_prompt = agent_prompt(QUESTIONS[0])
+    first = engine.run(first_prompt, GENERATION)
+    engine.flush()
+    # nobody had computed the question inside a prompt: computed here, no standalone base
+    assert first.timings.base_prefill_s == 0
+    assert all(r.exact for r in first.reused)
+    question_ids = loaded.tokenizer.encode(QUESTIONS[0])
+    assert engine.store is not None
+    base_key = context_key(root_key(loaded.fingerprint), question_ids)
+    assert engine.store.get_segment(base_key) is None
+    # another agent, under its own system prompt: the question comes from the first prompt
+    reviewer = "<|im_start|>system\nYou review every sum twice, slowly.<|im_end|>\n<|im_start|>user\nProblem:\n"
+    second_prompt = make_prompt(
+        [("text", "text_0", reviewer), ("placeholder", "user_question", QUESTIONS[0]),
+         ("text", "text_9", CLOSING)]
+    )  # fmt: skip
+    second = engine.run(second_prompt, GENERATION)
+    names = {r.name: r for r in second.reused}
+    question = names["user_question"]
+    first_start = next(s.start for s in first_prompt.spans if s.name == "user_question")
+    second_start = next(s.start for s in second_prompt.spans if s.name == "user_question")
+    assert question.mode == "naive" and not question.exact
+    assert question.delta == second_start - first_start != 0  # moved by the RoPE delta
+    assert second.timings.base_prefill_s == 0
+    # the default takes the question's standalone base instead
+    engine = make_store_engine(loaded, "naive", store_target, "policies-context-base")
+    engine.run(first_prompt, GENERATION)
+    assert engine.run(second_prompt, GENERATION).timings.base_prefill_s == 0  # stored once
+    assert engine.store is not None and engine.store.get_segment(base_key) is not None
