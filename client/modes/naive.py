@@ -8,7 +8,10 @@ base cache (prefilled alone at position 0, once per question; that prefill is in
 the TTFT of the call that pays it). `naive:question=context` takes the question as
 another prompt computed it instead (a stored prompt segment with the same tokens,
 after that prompt's own system prompt: what an engine's connector can load), and
-computes it where none is stored. A span without a source is computed. The plan is
+computes it where none is stored; `naive:answers=context` takes an earlier agent's
+answer only from a prompt that quoted it (not from its generation). With both, every
+reused span was computed inside another prompt, as the vLLM connector's gated
+requests load them. A span without a source is computed. The plan is
 `shared.plan_position_only`, which blend and halo repair.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, SpannedPrompt
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import RecordingPolicy
-from kvsplice.client.modes.shared import QUESTION_SOURCES, plan_position_only
+from kvsplice.client.modes.shared import ANSWER_SOURCES, QUESTION_SOURCES, plan_position_only
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,13 @@ class Params:
         "(context; none stored: computed)",
         choices=QUESTION_SOURCES,
     )  # fmt: skip
+    answers: str = knob(
+        "any", "answers",
+        "an earlier answer's K/V: any stored segment with its tokens (any: its generation or "
+        "a prompt quoting it, the closer left context first) or only one computed inside a "
+        "prompt that quoted it (context; none: computed)",
+        choices=ANSWER_SOURCES,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -49,7 +59,8 @@ class NaivePolicy(RecordingPolicy):
         self.params = params or Params()
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
-        return plan_position_only(prompt, ctx, MODE, question=self.params.question)
+        p = self.params
+        return plan_position_only(prompt, ctx, MODE, question=p.question, answers=p.answers)
 
 
 SPEC = ModeSpec(MODE, Params, NaivePolicy)

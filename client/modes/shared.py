@@ -54,6 +54,8 @@ Deviation = Literal["value", "key"]
 DEVIATIONS: tuple[Deviation, ...] = ("value", "key")
 # where a position-only plan takes a question's K/V: its standalone prefill, or a prompt's
 QUESTION_SOURCES = ("base", "context")
+# where it takes an earlier agent's answer: any stored segment with its tokens, or a prompt's
+ANSWER_SOURCES = ("any", "context")
 
 
 def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuilder) -> bytes:
@@ -130,15 +132,23 @@ def _fetch_link(
 
 
 def plan_position_only(
-    prompt: SpannedPrompt, ctx: CallContext, mode: str, question: str = "base"
+    prompt: SpannedPrompt,
+    ctx: CallContext,
+    mode: str,
+    question: str = "base",
+    answers: str = "any",
 ) -> PlannedCall[None]:
     """The exact prefix, then each later span's K/V captured in another context, Δ-shifted.
 
     A question takes its standalone base (`question_base`), or with `question="context"`
     a stored prompt segment with its tokens (as another prompt computed it, after that
-    prompt's own beginning); any other span a stored segment with the same tokens
-    (`same_tokens_segment`); a span without one is computed. The reused spans are
-    labelled `mode`; the computed bases are the records.
+    prompt's own beginning); an earlier agent's answer any stored segment with its tokens
+    (the K/V captured while it was generated, or a prompt that quoted it), or with
+    `answers="context"` only a prompt segment; any other span a stored segment with the
+    same tokens (`same_tokens_segment`); a span without one is computed. With both
+    `context`, every reused span is K/V computed inside another prompt, which is what an
+    engine's KV connector loads. The reused spans are labelled `mode`; the computed bases
+    are the records.
     """
     builder = PlanBuilder(prompt.token_ids)
     plan_exact_prefix(prompt, ctx, builder)
@@ -147,10 +157,13 @@ def plan_position_only(
         if span.start < builder.covered_until:
             continue  # inside the exact prefix, or straddling its end: computed
         tokens = prompt.token_ids[span.start : span.end]
-        if span_role(span) == "question" and question == "context":
+        role = span_role(span)
+        if role == "question" and question == "context":
             kv = same_tokens_segment(tokens, prompt, span.start, ctx, kinds=("prompt",))
-        elif span_role(span) == "question":
+        elif role == "question":
             kv = question_base(tokens, ctx, bases)
+        elif role == "agent_output" and answers == "context":
+            kv = same_tokens_segment(tokens, prompt, span.start, ctx, kinds=("prompt",))
         else:
             kv = same_tokens_segment(tokens, prompt, span.start, ctx)
         if kv is not None:

@@ -190,3 +190,35 @@ def test_naive_question_from_context_takes_it_as_another_prompt_computed_it(
     engine.run(first_prompt, GENERATION)
     assert engine.run(second_prompt, GENERATION).timings.base_prefill_s == 0  # stored once
     assert engine.store is not None and engine.store.get_segment(base_key) is not None
+
+
+def test_naive_answers_from_context_take_only_what_a_prompt_quoted(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    from kvsplice.client.modes.naive import NaivePolicy, Params
+
+    policy = NaivePolicy(Params(question="context", answers="context"))
+    engine = make_store_engine(loaded, policy, store_target, "policies-answers-context")
+    (_, first), (second_prompt, second) = run_two_agents(engine, QUESTIONS[1])
+    engine.flush()
+    # the answer was only generated (its K/V captured by decode steps), never quoted: computed
+    assert "agent_1_current" not in {r.name for r in second.reused}
+    # another agent under its own system prompt quotes it: taken from the second prompt
+    answer = first.output_ids or (32,)
+    critic = "<|im_start|>system\nYou check answers.<|im_end|>\n<|im_start|>user\nProblem:\n"
+    third_prompt = make_prompt(
+        [("text", "text_0", critic), ("placeholder", "user_question", QUESTIONS[1]),
+         ("text", "text_2", "\nAgent 1 said:\n"), ("placeholder", "agent_1_current", answer),
+         ("text", "text_9", CLOSING)]
+    )  # fmt: skip
+    third = engine.run(third_prompt, GENERATION)
+    names = {r.name: r for r in third.reused}
+    quoted = names["agent_1_current"]
+    start = {s.name: s.start for s in second_prompt.spans}["agent_1_current"]
+    here = {s.name: s.start for s in third_prompt.spans}["agent_1_current"]
+    assert quoted.mode == "naive" and not quoted.exact
+    assert quoted.delta == here - start != 0  # moved from where the second prompt computed it
+    # the default takes the generated answer as soon as it exists
+    engine = make_store_engine(loaded, "naive", store_target, "policies-answers-any")
+    (_, _), (_, second_any) = run_two_agents(engine, QUESTIONS[1])
+    assert {r.name: r for r in second_any.reused}["agent_1_current"].mode == "naive"
