@@ -9,9 +9,11 @@ the TTFT of the call that pays it). `naive:question=context` takes the question 
 another prompt computed it instead (a stored prompt segment with the same tokens,
 after that prompt's own system prompt: what an engine's connector can load), and
 computes it where none is stored; `naive:answers=context` takes an earlier agent's
-answer only from a prompt that quoted it (not from its generation). With both, every
-reused span was computed inside another prompt, as the vLLM connector's gated
-requests load them. A span without a source is computed. The plan is
+answer only from a prompt that quoted it (not from its generation); `naive:prefix=1`
+stops reusing at the first span it computes. With all three
+(`naive:question=context+answers=context+prefix=1`) the reused K/V is what the vLLM
+connector loads for gated requests: spans computed inside other prompts, as one run
+from the prompt's start. A span without a source is computed. The plan is
 `shared.plan_position_only`, which blend and halo repair.
 """
 
@@ -48,6 +50,14 @@ class Params:
         choices=ANSWER_SOURCES,
     )  # fmt: skip
 
+    prefix: int = knob(
+        0, "prefix",
+        "1: reuse only the unbroken run of spans with a source from the prompt's start, "
+        "everything after the first computed span computed (what a KV connector can load); "
+        "0: every span with one",
+        low=0, high=1,
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         check_ranges(self)
 
@@ -60,7 +70,9 @@ class NaivePolicy(RecordingPolicy):
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         p = self.params
-        return plan_position_only(prompt, ctx, MODE, question=p.question, answers=p.answers)
+        return plan_position_only(
+            prompt, ctx, MODE, question=p.question, answers=p.answers, prefix=bool(p.prefix)
+        )
 
 
 SPEC = ModeSpec(MODE, Params, NaivePolicy)

@@ -137,6 +137,7 @@ def plan_position_only(
     mode: str,
     question: str = "base",
     answers: str = "any",
+    prefix: bool = False,
 ) -> PlannedCall[None]:
     """The exact prefix, then each later span's K/V captured in another context, Δ-shifted.
 
@@ -145,16 +146,19 @@ def plan_position_only(
     prompt's own beginning); an earlier agent's answer any stored segment with its tokens
     (the K/V captured while it was generated, or a prompt that quoted it), or with
     `answers="context"` only a prompt segment; any other span a stored segment with the
-    same tokens (`same_tokens_segment`); a span without one is computed. With both
-    `context`, every reused span is K/V computed inside another prompt, which is what an
-    engine's KV connector loads. The reused spans are labelled `mode`; the computed bases
-    are the records.
+    same tokens (`same_tokens_segment`); a span without one is computed, and with `prefix`
+    so is everything after it (only the unbroken run of sources from the start is reused).
+    With both `context` and `prefix`, the reused K/V is what an engine's KV connector can
+    load: spans computed inside other prompts, as one run from the prompt's start. The
+    reused spans are labelled `mode`; the computed bases are the records.
     """
     builder = PlanBuilder(prompt.token_ids)
     plan_exact_prefix(prompt, ctx, builder)
     bases: list[SpanRecord] = []
     for span in prompt.spans:
         if span.start < builder.covered_until:
+            if prefix and span.end > builder.covered_until:
+                break  # straddling the exact prefix's end: computed, and the rest after it
             continue  # inside the exact prefix, or straddling its end: computed
         tokens = prompt.token_ids[span.start : span.end]
         role = span_role(span)
@@ -166,6 +170,8 @@ def plan_position_only(
             kv = same_tokens_segment(tokens, prompt, span.start, ctx, kinds=("prompt",))
         else:
             kv = same_tokens_segment(tokens, prompt, span.start, ctx)
+        if kv is None and prefix:
+            break
         if kv is not None:
             builder.reuse(span.start, kv, mode, exact=False, name=span.name)
     return PlannedCall(builder.build(), records=tuple(bases))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from helpers.client import make_loaded, make_store_engine
 from helpers.client import store_target as store_target  # fixture
@@ -222,3 +224,25 @@ def test_naive_answers_from_context_take_only_what_a_prompt_quoted(
     engine = make_store_engine(loaded, "naive", store_target, "policies-answers-any")
     (_, _), (_, second_any) = run_two_agents(engine, QUESTIONS[1])
     assert {r.name: r for r in second_any.reused}["agent_1_current"].mode == "naive"
+
+
+def test_naive_prefix_reuses_only_the_run_from_the_start(
+    loaded: LoadedModel, store_target: str
+) -> None:
+    from kvsplice.client.modes.naive import NaivePolicy, Params
+
+    def second_call(params: Params, namespace: str) -> CallOutcome:
+        engine = make_store_engine(loaded, NaivePolicy(params), store_target, namespace)
+        (_, _), (_, second) = run_two_agents(engine, QUESTIONS[0])
+        return second
+
+    # the quoted answer has no prompt to come from: computed; the closing text after it
+    # was stored with the first prompt and is reused, unless only a run from the start is
+    every = second_call(Params(answers="context"), "policies-prefix-every")
+    assert "text_9" in {r.name for r in every.reused if not r.exact}
+    run = second_call(Params(answers="context", prefix=1), "policies-prefix-run")
+    assert run.reused and all(r.exact for r in run.reused)
+    assert run.num_reused_tokens < every.num_reused_tokens
+    # one unbroken run from the prompt's start
+    ends = sorted((r.start, r.start + r.num_tokens) for r in run.reused)
+    assert ends[0][0] == 0 and all(a[1] == b[0] for a, b in pairwise(ends))
