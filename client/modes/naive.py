@@ -49,7 +49,6 @@ class Params:
         "prompt that quoted it (context; none: computed)",
         choices=ANSWER_SOURCES,
     )  # fmt: skip
-
     prefix: int = knob(
         0, "prefix",
         "1: reuse only the unbroken run of spans with a source from the prompt's start, "

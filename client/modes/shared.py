@@ -170,10 +170,11 @@ def plan_position_only(
             kv = same_tokens_segment(tokens, prompt, span.start, ctx, kinds=("prompt",))
         else:
             kv = same_tokens_segment(tokens, prompt, span.start, ctx)
-        if kv is None and prefix:
-            break
-        if kv is not None:
-            builder.reuse(span.start, kv, mode, exact=False, name=span.name)
+        if kv is None:
+            if prefix:
+                break  # computed, and with it everything after it
+            continue
+        builder.reuse(span.start, kv, mode, exact=False, name=span.name)
     return PlannedCall(builder.build(), records=tuple(bases))
 
 
