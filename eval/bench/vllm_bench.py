@@ -159,22 +159,24 @@ def _graded_runs(
     config: VllmBenchConfig,
 ) -> list[GradedRun]:  # fmt: skip
     """One pipeline per problem, all under one cache salt after one un-measured warm-up (as a
-    deployment that has run before), answers ending at the end of turn; each graded."""
+    deployment that has run before), answers ending at the end of turn; each graded. Up to
+    `config.concurrency` problems' pipelines run at once; the runs come back in order."""
     transcript = _transcript(config, tokenizer, "Graded runs.")
     scratch = ConfigResult("graded")
     _run_pipeline(scratch, setup, transcript, warm_up_task, config, GRADED_SALT, fixed=False)
-    runs = []
-    for problem in problems:
-        scratch.outputs.clear()
-        _run_pipeline(
-            scratch, setup, transcript, problem.question, config, GRADED_SALT, fixed=False
-        )
-        texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in scratch.outputs]
-        run = grade_run(problem, texts, scratch.outputs)
-        loaded = (tuple(scratch.agent_cached_tokens), tuple(scratch.agent_prompt_tokens))
-        runs.append(replace(run, cached_tokens=loaded[0], prompt_tokens=loaded[1]))
-        logger.info("graded %s: %s", problem.problem_id, runs[-1].right)
-    return runs
+
+    def graded(problem: Problem) -> GradedRun:
+        own = ConfigResult("graded")
+        _run_pipeline(own, setup, transcript, problem.question, config, GRADED_SALT, fixed=False)
+        texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in own.outputs]
+        run = grade_run(problem, texts, own.outputs)
+        run = replace(run, cached_tokens=tuple(own.agent_cached_tokens),
+                      prompt_tokens=tuple(own.agent_prompt_tokens))  # fmt: skip
+        logger.info("graded %s: %s", problem.problem_id, run.right)
+        return run
+
+    with ThreadPoolExecutor(config.concurrency) as pool:
+        return list(pool.map(graded, problems))
 
 
 def _summarize(result: ConfigResult) -> None:
@@ -401,6 +403,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "answer_tokens": config.answer_tokens,
         "humaneval_problem": config.problem_index,
         "graded_problems": list(config.problems),
+        "graded_concurrency": config.concurrency,
         "threads_bind": config.threads,
         "dtype": config.dtype,
         "layout": config.layout,

@@ -56,6 +56,13 @@ class VllmBenchConfig:
         "the judge's PASS/FAIL is checked against the reviser's result.",
         csv=True, min=0, max=163,
     )  # fmt: skip
+    concurrency: int = flag(
+        1,
+        "Graded pipelines in flight at once (--problems): each problem's five agents run in "
+        "order, up to this many problems beside each other, so the engines batch their "
+        "requests as under load; results stay in --problems order.",
+        min=1, max=64,
+    )  # fmt: skip
     threads: str = flag("0-1", "CPU cores every engine is pinned to (VLLM_CPU_OMP_THREADS_BIND).")
     # float32 by default: in bfloat16 a prompt prefilled in two parts (loaded prefix +
     # computed rest) rounds differently from one pass, so greedy outputs can part after
@@ -120,6 +127,8 @@ class VllmBenchConfig:
         apc = self.prefix_caching
         if not apc or set(apc) - set(PREFIX_CACHING) or len(set(apc)) != len(apc):
             raise ValueError(f"prefix_caching {apc}: on, off or on,off")
+        if not 1 <= self.concurrency <= 64:
+            raise ValueError(f"concurrency {self.concurrency} not in [1, 64]")
         if len(set(self.problems)) != len(self.problems):
             raise ValueError(f"problems {self.problems} repeat")
         if self.chunk_tokens < 16 or self.chunk_tokens % 16:

@@ -136,6 +136,55 @@ def test_graded_runs_grade_each_problem_after_one_warm_up(
     assert runs[0].as_json()["prompt_tokens"] == list(runs[0].prompt_tokens)
 
 
+class _RoleEngine:
+    """Answers by the role whose instruction ends the prompt (the problem's name picks
+    right or wrong code), slowly, from any thread; records how many requests overlap."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.in_flight = self.most_in_flight = 0
+
+    def complete(self, prompt_ids: list[int], **request: Any) -> Completion:
+        import time
+
+        from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
+
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(0.02)
+        text = "".join(chr(i) for i in prompt_ids)
+        role = max(PIPELINE_ROLES, key=lambda r: text.rfind(r[1]))[0]
+        code = WRONG if "def sub(" in text else RIGHT
+        answer = {"solver": code, "reviser": code, "judge": "PASS"}.get(role, "notes")
+        with self.lock:
+            self.in_flight -= 1
+        return Completion(tuple(ord(c) for c in answer), 0.01, 0.02, len(prompt_ids), 0)
+
+
+def test_concurrent_graded_runs_overlap_and_come_back_in_problem_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
+    engine = _RoleEngine()
+    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
+    config = VllmBenchConfig(
+        out_json=tmp_path / "r.json", layout="persona-first", answer_tokens=64,
+        problems=(0, 1, 2, 3), concurrency=4,
+    )  # fmt: skip
+    other = replace(PROBLEM, problem_id="Toy/1", question='def sub(a, b):\n    """a + b"""\n')
+    problems = [PROBLEM, other, PROBLEM, other]
+    runs = vllm_bench._graded_runs(setup, _Tokenizer(), problems, "warm", config)
+    assert [r.problem_id for r in runs] == ["Toy/0", "Toy/1", "Toy/0", "Toy/1"]
+    assert [r.right["solver"] for r in runs] == [True, False, True, False]
+    assert [r.right["judge"] for r in runs] == [True, False, True, False]  # PASS on wrong code
+    assert engine.most_in_flight > 1
+    with pytest.raises(ValueError, match="concurrency"):
+        VllmBenchConfig(out_json=tmp_path / "r.json", concurrency=0)
+
+
 def test_problems_flag_rejects_repeats(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="repeat"):
         VllmBenchConfig(out_json=tmp_path / "r.json", problems=(3, 3))
