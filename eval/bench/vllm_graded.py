@@ -36,7 +36,8 @@ _ROLES = tuple(role for role, _ in PIPELINE_ROLES)
 class GradedRun:
     """One problem's pipeline: whether each graded role got it right (`right`, by role),
     the judge's verdict as read (None: neither word), the agents' outputs as tokens, and
-    per agent the prompt tokens loaded from outside the engine and the prompt's length."""
+    per agent the prompt tokens loaded from outside the engine and the prompt's length, and
+    the answers as read (`answers`, in role order: what a reader checks a grade against)."""
 
     problem_id: str
     right: dict[str, bool]
@@ -44,11 +45,13 @@ class GradedRun:
     outputs: tuple[tuple[int, ...], ...]
     cached_tokens: tuple[int, ...] = ()
     prompt_tokens: tuple[int, ...] = ()
+    answers: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
             "problem": self.problem_id, "right": self.right, "judge_verdict": self.verdict,
             "cached_tokens": list(self.cached_tokens), "prompt_tokens": list(self.prompt_tokens),
+            "answers": dict(zip(_ROLES, self.answers, strict=False)),
         }  # fmt: skip
 
 
@@ -63,7 +66,8 @@ def grade_run(
     found = _VERDICT.search(answer[JUDGE_ROLE])
     verdict = found.group(1) if found else None
     right[JUDGE_ROLE] = verdict is not None and (verdict == "PASS") == right[JUDGED_ROLE]
-    return GradedRun(problem.problem_id, right, verdict, tuple(tuple(o) for o in outputs))
+    outputs_ids = tuple(tuple(o) for o in outputs)
+    return GradedRun(problem.problem_id, right, verdict, outputs_ids, answers=tuple(texts))
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

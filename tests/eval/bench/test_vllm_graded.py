@@ -134,6 +134,7 @@ def test_graded_runs_grade_each_problem_after_one_warm_up(
     assert {(r["max_tokens"], r["min_tokens"]) for r in engine.requests} == {(64, 0)}
     assert runs[0].cached_tokens == (0,) * 5 and len(runs[0].prompt_tokens) == 5
     assert runs[0].as_json()["prompt_tokens"] == list(runs[0].prompt_tokens)
+    assert runs[0].as_json()["answers"]["solver"] == RIGHT  # what the grade was given
 
 
 class _RoleEngine:
