@@ -241,7 +241,8 @@ def _run_pipeline(
     result.agent_cached_tokens, result.agent_prompt_tokens = cached, prompts  # the last run's
     # NOTE: with prefix caching on, vLLM counts its own hits in cached tokens too
     result.external_hit_tokens = sum(cached) if result.name != "local-apc" else 0
-    result.stored_bytes_per_token = setup.bytes_per_token()
+    if fixed:  # timed runs report it; a graded run's figures are only its answers
+        result.stored_bytes_per_token = setup.bytes_per_token()
     result.load_avg_runs.append(os.getloadavg()[0])
 
 

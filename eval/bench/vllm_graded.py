@@ -51,7 +51,7 @@ class GradedRun:
         return {
             "problem": self.problem_id, "right": self.right, "judge_verdict": self.verdict,
             "cached_tokens": list(self.cached_tokens), "prompt_tokens": list(self.prompt_tokens),
-            "answers": dict(zip(_ROLES, self.answers, strict=False)),
+            "answers": dict(zip(_ROLES[: len(self.answers)], self.answers, strict=True)),
         }  # fmt: skip
 
 

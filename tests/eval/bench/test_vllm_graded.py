@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from kvsplice.eval.bench.vllm_graded import (
     summarize,
     wilson,
 )
+from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
 from kvsplice.eval.workloads.workload import Problem
 
 PROBLEM = Problem(
@@ -142,16 +145,10 @@ class _RoleEngine:
     right or wrong code), slowly, from any thread; records how many requests overlap."""
 
     def __init__(self) -> None:
-        import threading
-
         self.lock = threading.Lock()
         self.in_flight = self.most_in_flight = 0
 
     def complete(self, prompt_ids: list[int], **request: Any) -> Completion:
-        import time
-
-        from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
-
         with self.lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
