@@ -83,6 +83,41 @@ class JudgeDrift:
 
 
 @dataclass(frozen=True)
+class GradedAccuracy:
+    """What graded answers measured for a mode against recompute (dense prefill) on the same
+    problems: the paired counts over every graded answer (`both` right, right only with the
+    mode, right only with recompute, `neither`), the difference in points with its 95%
+    interval, the problems graded (a held-out run must grade others), the tolerance in points
+    the mode was judged against, and the workload the answers came from."""
+
+    both: int
+    mode_only: int
+    recompute_only: int
+    neither: int
+    points: float
+    ci95_points: tuple[float, float]
+    problems: tuple[str, ...]
+    tolerance_points: float
+    workload: str
+
+    def __post_init__(self) -> None:
+        counts = (self.both, self.mode_only, self.recompute_only, self.neither)
+        if min(counts) < 0:
+            raise ValueError(f"graded counts {counts} must be >= 0")
+        low, high = (float(x) for x in self.ci95_points)
+        if not low <= self.points <= high:
+            raise ValueError(f"points {self.points} outside its interval {(low, high)}")
+        if not (math.isfinite(self.tolerance_points) and self.tolerance_points >= 0):
+            raise ValueError(f"tolerance_points {self.tolerance_points!r} must be >= 0")
+        object.__setattr__(self, "ci95_points", (low, high))
+        object.__setattr__(self, "problems", tuple(str(p) for p in self.problems))
+
+    @property
+    def num_answers(self) -> int:
+        return self.both + self.mode_only + self.recompute_only + self.neither
+
+
+@dataclass(frozen=True)
 class AdmissionPolicy:
     """Admitted modes and their parameters for the model `model_fingerprint`.
 
@@ -92,7 +127,9 @@ class AdmissionPolicy:
     (interaction-preserving ones; the risk gate sends judges nowhere else but
     dense/exact), best first; judge_drift: what its judge probes measured. cost: the
     measured cost model the risk gate prices judge routes with (None: not measured, the
-    gate sends judges to the admitted judge mode unpriced).
+    gate sends judges to the admitted judge mode unpriced). graded: mode → what graded
+    answers measured for it (a vLLM engine's `naive` is admitted on those, see
+    `kvsplice bench vllm-graded --admit`).
     """
 
     model_fingerprint: str
@@ -103,6 +140,7 @@ class AdmissionPolicy:
     judge_modes: tuple[str, ...] = ()
     judge_drift: Mapping[str, JudgeDrift] = field(default_factory=dict)
     cost: CostModel | None = None
+    graded: Mapping[str, GradedAccuracy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not is_fingerprint(self.model_fingerprint):
@@ -114,6 +152,8 @@ class AdmissionPolicy:
         for mode, params in self.params.items():
             if not isinstance(params, mode_spec(mode).params_type):
                 raise ValueError(f"parameters of {mode!r} are a {type(params).__name__}")
+        for mode in self.graded:
+            mode_spec(mode)  # graded answers of a mode kvsplice knows
         judges = tuple(self.judge_modes)
         object.__setattr__(self, "judge_modes", judges)
         for mode in judges:
@@ -188,6 +228,7 @@ class AdmissionPolicy:
             "judge_modes": list(self.judge_modes),
             "judge_drift": {mode: asdict(d) for mode, d in sorted(self.judge_drift.items())},
             "cost": None if self.cost is None else asdict(self.cost),
+            "graded": {mode: asdict(g) for mode, g in sorted(self.graded.items())},
         }
         return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
@@ -212,9 +253,10 @@ class AdmissionPolicy:
             judges = tuple(str(m) for m in document.get("judge_modes", ()))
             judge_drift = {m: JudgeDrift(**d) for m, d in document.get("judge_drift", {}).items()}
             cost = document.get("cost")  # absent: not measured (older files)
+            graded = {m: GradedAccuracy(**g) for m, g in document.get("graded", {}).items()}
             return cls(
                 document["model_fingerprint"], modes, params, document["created_at"], drift,
-                judges, judge_drift, None if cost is None else CostModel(**cost),
+                judges, judge_drift, None if cost is None else CostModel(**cost), graded,
             )  # fmt: skip
         except (KeyError, TypeError) as error:
             raise ValueError(f"malformed admission policy: {error!r}") from error

@@ -24,6 +24,7 @@ outputs equal recompute's are then the figures that matter.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -318,8 +319,10 @@ def _services(
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
     if name == "kvsplice-gated":
-        policy = data / "naive-policy.json"
-        extra["reuse_policy"] = str(write_naive_policy(config.model_dir, config.dtype, policy))
+        extra["reuse_policy"] = str(
+            config.reuse_policy
+            or write_naive_policy(config.model_dir, config.dtype, data / "naive-policy.json")
+        )
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     salts = [repeat_salt(r) for r in range(config.repeats)] + (
@@ -334,13 +337,12 @@ def _services(
 def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
     """An admission policy admitting `naive` for the model an engine serves from `model_dir`
     in `dtype`, so that requests asking for approximate reuse get it: what kvsplice-gated
-    measures (a deployment admits it only where calibration measured its drift in bounds)."""
-    from vllm.config import ModelConfig
-
+    measures without --reuse-policy (a deployment admits it only where calibration showed
+    it holds: `bench vllm-graded --admit`)."""
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
-    from kvsplice.integrations.vllm.connector import served_fingerprint
+    from kvsplice.eval.bench.vllm_admission import served_fingerprint
 
-    fingerprint = served_fingerprint(ModelConfig(model=model_dir, dtype=dtype), dtype)
+    fingerprint = served_fingerprint(model_dir, dtype)
     save_policy(AdmissionPolicy(fingerprint, ("dense", "exact", "naive")), path)
     return path
 
@@ -405,6 +407,10 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "humaneval_problem": config.problem_index,
         "graded_problems": list(config.problems),
         "graded_concurrency": config.concurrency,
+        "served_fingerprint": _served_fingerprint(config),
+        "reuse_policy": str(config.reuse_policy)
+        if config.reuse_policy
+        else "written by the bench for kvsplice-gated: admits naive",
         "threads_bind": config.threads,
         "dtype": config.dtype,
         "layout": config.layout,
@@ -424,6 +430,18 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "load_avg": list(os.getloadavg()),
         "num_cpus": os.cpu_count(),
     }
+
+
+@functools.cache
+def _served(model_dir: str, dtype: str) -> str:
+    from kvsplice.eval.bench.vllm_admission import served_fingerprint
+
+    return served_fingerprint(model_dir, dtype)
+
+
+def _served_fingerprint(config: VllmBenchConfig) -> str | None:
+    """What the engines store K/V under (what an admission policy for them names)."""
+    return _served(config.model_dir, config.dtype) if config.model_dir else None
 
 
 def print_report(report: dict[str, Any], console: Any) -> None:

@@ -99,6 +99,12 @@ class VllmBenchConfig:
         "kvsplice's load_async: auto (beside the steps while other requests run), always, never.",
         choices=("auto", "always", "never"),
     )
+    reuse_policy: Path | None = flag(  # noqa: RUF009
+        None,
+        "kvsplice-gated's engines read this admission policy (`bench vllm-graded --admit` "
+        "writes one; default: the bench writes one admitting naive, to measure it).",
+        path=True,
+    )
     work_dir: Path = flag(  # noqa: RUF009
         Path("results/bench-vllm"), "Sidecar data, connector storage and engine logs.", path=True
     )
@@ -107,8 +113,11 @@ class VllmBenchConfig:
     def __post_init__(self) -> None:
         if self.out_json is None:
             raise ValueError("--json is required: where the results go")
-        for name in ("out_json", "work_dir"):
-            object.__setattr__(self, name, Path(getattr(self, name)))
+        for name in ("out_json", "work_dir", "reuse_policy"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.reuse_policy is not None and "kvsplice-gated" not in self.configs:
+            raise ValueError("--reuse-policy is kvsplice-gated's: add it to --configs")
         unknown = set(self.configs) - set(CONFIGS)
         if unknown or not self.configs:
             raise ValueError(f"configs {sorted(unknown)} not in {CONFIGS}")

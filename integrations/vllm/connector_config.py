@@ -56,7 +56,8 @@ class ConnectorConfig:
     engine has nothing else to do (then waiting for a background load only adds steps;
     on CPU the loader thread also competes with the engine's spinning threads: agent 5 of
     `bench vllm` took 1.19 s async against 0.97 s in the step). true/false mean always/never.
-    `reuse_policy`: the admission policy JSON (`kvsplice calibrate`) that decides whether a
+    `reuse_policy`: the admission policy JSON (`kvsplice bench vllm-graded --admit` writes
+    an engine's, from graded answers) that decides whether a
     request asking for `{"kvsplice": {"reuse": "gated"}}` gets approximate runs: only
     when it admits `naive` for this model (None: the policy shipped for the model, else
     the safe default, which admits none: such requests then get exact reuse).

@@ -5,8 +5,8 @@ for the same tokens at new positions (`naive`: keys moved by the exact RoPE Δ, 
 recomputed). Modes that recompute inside a span (blend, halo, crossfix) or correct with
 anchors need the model's forward pass, which a KV connector does not run. So a request
 asking for `"gated"` gets runs only when the model's admission policy admits `naive`
-(`kvsplice calibrate` measured its drift within the policy's bounds); otherwise it gets
-exact reuse, as every other request does.
+(`kvsplice bench vllm-graded --admit` found graded answers with it within a tolerance of
+recompute's); otherwise it gets exact reuse, as every other request does.
 """
 
 from __future__ import annotations

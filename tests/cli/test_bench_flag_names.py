@@ -43,7 +43,7 @@ FLAGS = {
         "--json", "--configs", "--layout", "--answer-tokens", "--problem", "--problems", "--concurrency", "--threads", "--dtype", "--repeats",
         "--prefix-caching", "--save-decode", "--no-save-decode", "--chunk-tokens", "--save-tails",
         "--no-save-tails", "--load-async",
-        "--work-dir",
+        "--reuse-policy", "--work-dir",
         "--model", "--model-cache", "--log-level",
     ],
 }  # fmt: skip
