@@ -27,11 +27,22 @@ def test_only_a_policy_admitting_naive_gives_approximate_runs(tmp_path: Path) ->
     assert not admits_spans(None, FINGERPRINT)  # nothing shipped for it: the safe default
 
 
-def test_the_shipped_policies_are_found_and_admit_no_naive() -> None:
+def test_a_shipped_policy_admits_naive_only_on_graded_answers_that_hold() -> None:
+    from kvsplice.client.modes.admission import AdmissionPolicy
+
     shipped = sorted(SHIPPED_DIR.glob("kvfp1-*.json"))
     assert shipped, f"no shipped policies under {SHIPPED_DIR}"
+    engines = []
     for path in shipped:
-        assert admits_spans(None, path.stem) is False  # judges only (crossfix), see docs
+        policy = AdmissionPolicy.from_json(path.read_text())
+        assert policy.model_fingerprint == path.stem
+        if not admits_spans(None, path.stem):
+            continue  # the HF worker's (crossfix for judges), see docs
+        engines.append(path.stem)
+        graded = policy.graded["naive"]  # admitted on graded answers, never without
+        assert graded.num_answers >= 300 and graded.tolerance_points <= 2
+        assert graded.ci95_points[0] >= -graded.tolerance_points
+    assert engines, "no shipped policy admits naive for an engine"
 
 
 def test_a_wrong_or_missing_policy_stops_the_engine_with_a_clear_error(tmp_path: Path) -> None:
@@ -45,3 +56,18 @@ def test_a_wrong_or_missing_policy_stops_the_engine_with_a_clear_error(tmp_path:
         admits_spans(str(tmp_path / "junk.json"), FINGERPRINT)
     with pytest.raises(ValueError, match="admitted_modes"):
         admits_spans(write(tmp_path, admitted_modes="naive"), FINGERPRINT)
+
+
+def test_the_shipped_engine_policy_names_what_an_engine_serving_qwen_in_float32_computes() -> None:
+    """The policy `bench vllm-graded --admit` wrote from graded answers of Qwen2.5-Coder-0.5B
+    engines in float32 is the one such an engine finds (its fingerprint, from vLLM's own
+    model config of the packaged model), and only that engine: bf16 finds none."""
+    pytest.importorskip("vllm", reason="vLLM computes what an engine serves (make vllm)")
+    from kvsplice.cli.common import DEFAULT_MODEL_CACHE
+    from kvsplice.cli.worker import model_config
+    from kvsplice.client.model.models import model_directory
+    from kvsplice.eval.bench.vllm_admission import served_fingerprint
+
+    qwen = str(model_directory(model_config("qwen2.5-coder-0.5b", DEFAULT_MODEL_CACHE)))
+    assert admits_spans(None, served_fingerprint(qwen, "float32"))
+    assert not admits_spans(None, served_fingerprint(qwen, "bfloat16"))
