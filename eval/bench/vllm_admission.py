@@ -186,16 +186,17 @@ def workload_of(report: Mapping[str, Any]) -> str:
 
 
 def report_fingerprint(reports: Sequence[Mapping[str, Any]]) -> str:
-    """The engines' fingerprint the reports record (`served_fingerprint`), else the one
-    vLLM computes for their model and dtype (needs vLLM: `.venv-vllm`)."""
+    """The engines' fingerprint the reports record (`served_fingerprint`); for reports
+    that predate it, the one vLLM computes for their model and dtype (needs vLLM:
+    `.venv-vllm`). All must agree."""
     recorded = {report.get("served_fingerprint") for report in reports}
-    if len(recorded) > 1:
-        raise ValueError(f"the reports served different models: {sorted(map(str, recorded))}")
-    (found,) = recorded
-    if found is not None:
-        return str(found)
-    report = reports[0]
-    return served_fingerprint(str(report["model_dir"]), str(report["dtype"]))
+    known = {str(found) for found in recorded if found is not None}
+    if None in recorded:
+        report = next(r for r in reports if r.get("served_fingerprint") is None)
+        known.add(served_fingerprint(str(report["model_dir"]), str(report["dtype"])))
+    if len(known) != 1:
+        raise ValueError(f"the reports served different models: {sorted(known)}")
+    return known.pop()
 
 
 def served_fingerprint(model_dir: str, dtype: str) -> str:

@@ -165,3 +165,11 @@ def test_bench_vllm_graded_admits_then_confirms_on_held_out_reports(
         main(["bench", "vllm-graded", str(calibration[0]), "--held-out", str(policy)])
     assert exited.value.code == 1
     assert "not held out" in capsys.readouterr().err
+
+
+def test_the_reports_must_have_served_one_model() -> None:
+    one = {"served_fingerprint": FINGERPRINT, "model_dir": "/m", "dtype": "float32"}
+    assert va.report_fingerprint([one, one]) == FINGERPRINT
+    other = {**one, "served_fingerprint": "kvfp1-" + "00" * 16}
+    with pytest.raises(ValueError, match="different models"):
+        va.report_fingerprint([one, other])
