@@ -27,7 +27,7 @@ from typing import Any
 
 from kvsplice.client.modes.admission import AdmissionPolicy, GradedAccuracy
 from kvsplice.client.modes.registry import SAFE_MODES
-from kvsplice.eval.bench.vllm_graded import paired_difference
+from kvsplice.eval.bench.vllm_graded import paired_cells, paired_difference
 
 # the mode a KV connector can carry (integrations.vllm.reuse_policy's SPAN_MODE)
 ENGINE_MODE = "naive"
@@ -59,12 +59,16 @@ class Verdict:
     evidence: GradedAccuracy
 
     def as_json(self) -> dict[str, Any]:
-        e = self.evidence
-        return {
-            "admitted": self.admitted, "reason": self.reason, "points": e.points,
-            "ci95_points": list(e.ci95_points), "answers": e.num_answers,
-            "problems": len(e.problems), "tolerance_points": e.tolerance_points,
-        }  # fmt: skip
+        return {"admitted": self.admitted, "reason": self.reason, **figures(self.evidence)}
+
+
+def figures(found: GradedAccuracy) -> dict[str, Any]:
+    """What a report says of graded answers: the difference, its interval, how many."""
+    return {
+        "points": found.points, "ci95_points": list(found.ci95_points),
+        "answers": found.num_answers, "problems": len(found.problems),
+        "tolerance_points": found.tolerance_points,
+    }  # fmt: skip
 
 
 def gated_label(pooled: Mapping[str, Any], label: str | None = None) -> str:
@@ -92,14 +96,9 @@ def evidence(
         for run, ref in zip(rows[label]["runs"], rows[REFERENCE]["runs"], strict=True)
         for role in sorted(run["right"])
     ]  # fmt: skip
-    return _accuracy(_cells(pairs), [run["problem"] for run in rows[label]["runs"]], rule, workload)
-
-
-def _cells(pairs: Sequence[tuple[bool, bool]]) -> tuple[int, int, int, int]:
-    both = sum(a and b for a, b in pairs)
-    mode_only = sum(a and not b for a, b in pairs)
-    recompute_only = sum(b and not a for a, b in pairs)
-    return both, mode_only, recompute_only, len(pairs) - both - mode_only - recompute_only
+    return _accuracy(
+        paired_cells(pairs), [run["problem"] for run in rows[label]["runs"]], rule, workload
+    )
 
 
 def _accuracy(

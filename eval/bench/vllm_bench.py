@@ -340,10 +340,8 @@ def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
     measures without --reuse-policy (a deployment admits it only where calibration showed
     it holds: `bench vllm-graded --admit`)."""
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
-    from kvsplice.eval.bench.vllm_admission import served_fingerprint
 
-    fingerprint = served_fingerprint(model_dir, dtype)
-    save_policy(AdmissionPolicy(fingerprint, ("dense", "exact", "naive")), path)
+    save_policy(AdmissionPolicy(_served(model_dir, dtype), ("dense", "exact", "naive")), path)
     return path
 
 
@@ -407,7 +405,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "humaneval_problem": config.problem_index,
         "graded_problems": list(config.problems),
         "graded_concurrency": config.concurrency,
-        "served_fingerprint": _served_fingerprint(config),
+        "served_fingerprint": _served(config.model_dir, config.dtype) if config.model_dir else None,
         "reuse_policy": str(config.reuse_policy)
         if config.reuse_policy
         else "written by the bench for kvsplice-gated: admits naive",
@@ -434,14 +432,11 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
 
 @functools.cache
 def _served(model_dir: str, dtype: str) -> str:
+    """What the engines store K/V under (what an admission policy for them names), computed
+    once per run: the policy the bench writes and every report written name it."""
     from kvsplice.eval.bench.vllm_admission import served_fingerprint
 
     return served_fingerprint(model_dir, dtype)
-
-
-def _served_fingerprint(config: VllmBenchConfig) -> str | None:
-    """What the engines store K/V under (what an admission policy for them names)."""
-    return _served(config.model_dir, config.dtype) if config.model_dir else None
 
 
 def print_report(report: dict[str, Any], console: Any) -> None:

@@ -113,17 +113,21 @@ def paired_difference(
     )
 
 
+def paired_cells(pairs: Sequence[tuple[bool, bool]]) -> tuple[int, int, int, int]:
+    """(both right, right here only, right there only, neither) of (here, there) answers."""
+    both = sum(here and there for here, there in pairs)
+    here_only = sum(here and not there for here, there in pairs)
+    there_only = sum(there and not here for here, there in pairs)
+    return both, here_only, there_only, len(pairs) - both - here_only - there_only
+
+
 def _figures(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
     """Accuracy and the paired difference against the reference of (here, there) answers."""
     n = len(pairs)
     right = sum(here for here, _ in pairs)
-    both = sum(here and there for here, there in pairs)
-    here_only = sum(here and not there for here, there in pairs)
-    there_only = sum(there and not here for here, there in pairs)
+    both, here_only, there_only, neither = paired_cells(pairs)
     low, high = wilson(right, n)
-    d_low, d_high = paired_difference(
-        both, here_only, there_only, n - both - here_only - there_only
-    )
+    d_low, d_high = paired_difference(both, here_only, there_only, neither)
     return {
         "right": right, "n": n, "accuracy": right / n if n else None, "ci95": [low, high],
         "vs_recompute_points": 100 * (here_only - there_only) / n if n else None,

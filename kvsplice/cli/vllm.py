@@ -165,6 +165,6 @@ def _admission(
     word = "confirms" if verdict.admitted else "does NOT confirm"
     return {
         "held_out": verdict.as_json(), "policy": str(held_out), "config": label,
-        "with_calibration": va.Verdict(verdict.admitted, "", together).as_json(),
+        "with_calibration": va.figures(together),
         "summary": f"held out: {word} {held_out} ({verdict.reason})",
     }  # fmt: skip
