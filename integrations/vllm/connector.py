@@ -113,6 +113,12 @@ class KvspliceConnector(KVConnectorBase_V1):
                 hash_block_size=getattr(kv_cache_config, "hash_block_size", None),
             )  # fmt: skip
             _warn_if_failing_requests(transfer)
+        if self.config.negative_control is not None:
+            logger.warning(
+                "kvsplice connector: NEGATIVE CONTROL %r: approximate runs are deliberately "
+                "damaged (the graded yardstick's control; never serve with it)",
+                self.config.negative_control,
+            )
         logger.info(
             "kvsplice connector (%s) -> %s namespace %r, chunks of %d tokens, fingerprint %s",
             role.name, self.config.target, self.config.namespace, self.chunk_tokens, self.fingerprint,
@@ -133,6 +139,7 @@ class KvspliceConnector(KVConnectorBase_V1):
                 self.clients, self.fingerprint, self.block_size, kv_caches, layout,
                 self.config.quant, self.config.max_pending_saves, self.faults,
                 rope=lambda: RopeSpec.from_hf_config(self._vllm_config.model_config.hf_text_config),
+                negative_control=self.config.negative_control,
             )  # fmt: skip
         except UnsupportedLayout as error:
             self._disabled = f"this worker cannot read its KV cache: {error}"

@@ -4,7 +4,8 @@ Keys (a contract): `target` (sidecar `host:port` or `unix:` path), `namespace`,
 `token`, `tls_ca`, `chunk_tokens`; and `quant`, `same_host_reads`, `staged_puts`, `save_decode`,
 `save_tails`,
 `lookup_timeout_ms`, `max_pending_saves`, `lookup_wait_ms`, `lookup_deadline_ms`,
-`token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`, `reuse_policy`. Knows nothing
+`token_env`, `token_file`, `tls_cert`, `tls_key`, `load_async`, `reuse_policy`,
+`negative_control`. Knows nothing
 of vLLM's objects.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsplice.common.segment import validate_namespace
+from kvsplice.integrations.vllm.negative_controls import NEGATIVE_CONTROLS
 
 # Only lossless payloads by default: KV that enters an engine's prefix cache must be
 # what the engine would have computed. int8 halves the bytes and is an approximation.
@@ -61,6 +63,8 @@ class ConnectorConfig:
     request asking for `{"kvsplice": {"reuse": "gated"}}` gets approximate runs: only
     when it admits `naive` for this model (None: the policy shipped for the model, else
     the safe default, which admits none: such requests then get exact reuse).
+    `negative_control` ("unrotated" or "noise"; None by default): the graded yardstick's
+    deliberately damaged approximate K/V (`negative_controls`), for benches only.
     """
 
     target: str
@@ -83,6 +87,7 @@ class ConnectorConfig:
     tls_key: str | None = None
     load_async: str = "auto"
     reuse_policy: str | None = None
+    negative_control: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target:
@@ -107,6 +112,10 @@ class ConnectorConfig:
             raise ValueError("give the token one way: token, token_env or token_file")
         if self.load_async not in LOAD_ASYNC:
             raise ValueError(f"load_async {self.load_async!r} not in {LOAD_ASYNC}")
+        if self.negative_control is not None and self.negative_control not in NEGATIVE_CONTROLS:
+            raise ValueError(
+                f"negative_control {self.negative_control!r} not in {NEGATIVE_CONTROLS}"
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together (a client certificate)")
 

@@ -1,12 +1,13 @@
 """Whether an engine may give approximate runs to requests that opt in: its admission policy.
 
-The connector can express one approximate mode: K/V a segment's sender computed, loaded
+The connector expresses one approximate mode today: K/V a segment's sender computed, loaded
 for the same tokens at new positions (`naive`: keys moved by the exact RoPE Δ, nothing
-recomputed). Modes that recompute inside a span (blend, halo, crossfix) or correct with
-anchors need the model's forward pass, which a KV connector does not run. So a request
-asking for `"gated"` gets runs only when the model's admission policy admits `naive`
-(`kvsplice bench vllm-graded --admit` found graded answers with it within a tolerance of
-recompute's); otherwise it gets exact reuse, as every other request does.
+corrected). A request asking for `"gated"` gets such runs only when a policy for the model
+admits `naive`; otherwise it gets exact reuse, as every other request does. No policy the
+package ships admits one: the graded answers naive was once admitted on could not have
+refused it (issue 50), so until the graded yardstick (`bench vllm-graded --admit`, its
+rule in `eval/bench/yardstick_rule.json`) admits a mode, engines run exact reuse unless a
+deployment names a policy of its own (`reuse_policy`).
 """
 
 from __future__ import annotations
@@ -38,14 +39,18 @@ def admits_spans(policy_path: str | None, fingerprint: str) -> bool:
     """
     path = Path(policy_path) if policy_path is not None else SHIPPED_DIR / f"{fingerprint}.json"
     if policy_path is None and not path.is_file():
-        modes: tuple[str, ...] = ("dense", "exact")
-    else:
-        modes = _admitted_modes(path, fingerprint)
+        logger.info(
+            "kvsplice: requests asking for reuse 'gated' get exact reuse only: no admission "
+            "policy ships for model %s, and none admits an approximate mode until the graded "
+            "yardstick has (docs/vllm.md, 'Approximate reuse'); reuse_policy names one",
+            fingerprint,
+        )
+        return False
+    modes = _admitted_modes(path, fingerprint)
     admitted = SPAN_MODE in modes
     logger.info(
         "kvsplice: requests asking for reuse 'gated' get %s (admission policy %s admits %s)",
-        "approximate runs (naive)" if admitted else "exact reuse only",
-        path if path.is_file() else "(default)", ", ".join(modes),
+        "approximate runs (naive)" if admitted else "exact reuse only", path, ", ".join(modes),
     )  # fmt: skip
     return admitted
 

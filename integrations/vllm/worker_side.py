@@ -9,7 +9,8 @@ of the fault, and deletes a piece that failed verification. `save` copies a chun
 blocks out and hands them to the background putter. What became of both goes back
 to the scheduler as `WorkerNews`. A load's approximate runs (`LoadSpec.spans`) are
 checked token by token against the request, their keys moved to the new positions
-(`RopeSpec.shift_layers`, exact RoPE Δ) and written after its exact pieces.
+(`RopeSpec.shift_layers`, exact RoPE Δ) and written after its exact pieces (on an engine
+started as a negative control, damaged first: `negative_controls`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.integrations.vllm.async_loads import AsyncLoads
 from kvsplice.integrations.vllm.block_layout import BlockLayout, UnsupportedLayout
 from kvsplice.integrations.vllm.chunk_putter import ChunkPutter, GatheredChunk
+from kvsplice.integrations.vllm.negative_controls import damage
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -69,8 +71,10 @@ class WorkerSide:
         max_pending_saves: int,
         faults: FaultLog,
         rope: Callable[[], RopeSpec] | None = None,
+        negative_control: str | None = None,
     ) -> None:
         self.clients = clients
+        self.negative_control = negative_control  # bench only: approximate runs damaged
         self._rope_of = rope  # the model's RoPE, read when a first approximate run is moved
         self._rope: RopeSpec | None = None
         self.fingerprint = fingerprint
@@ -159,11 +163,16 @@ class WorkerSide:
             keys, values = self._fetch_span(spec, span)
             lo, hi = span.start - position, min(span.end, spec.end) - position
             run = slice(span.offset, span.offset + hi - lo)
-            moved = keys[:, :, run].to(cache.device)
+            stored = keys[:, :, run].to(cache.device)
+            moved = stored
             if span.delta:
-                moved = self._rope_spec().shift_layers(moved.float(), span.delta)
+                moved = self._rope_spec().shift_layers(stored.float(), span.delta)
+            run_values = values[:, :, run]
+            if self.negative_control is not None:
+                seed = f"{span.segment_id}:{span.offset}:{span.start}"
+                moved, run_values = damage(self.negative_control, stored, moved, run_values, seed)
             keys_out[:, :, lo:hi].copy_(moved)
-            values_out[:, :, lo:hi].copy_(values[:, :, run])
+            values_out[:, :, lo:hi].copy_(run_values)
         first = written[0]
         num_blocks = (spec.end - position) // self.block_size
         self._scatter(spec.block_ids[first : first + num_blocks], keys_out, values_out)

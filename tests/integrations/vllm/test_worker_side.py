@@ -352,3 +352,53 @@ def test_approximate_runs_land_moved_in_a_cuda_cache() -> None:
     assert torch.equal(torch.stack([v for _, v in mine]).cpu(), torch.stack([v for _, v in theirs]))
     moved = torch.stack([k for k, _ in mine]).cpu()
     assert torch.allclose(moved, rope.shift_layers(theirs_k, 4), atol=1e-5)
+
+
+def _load_moved_run(control: str | None) -> tuple[torch.Tensor, torch.Tensor, object, WorkerSide]:
+    """Chunk 1 (positions 4..8) loaded as positions 8..12 of another request under `control`:
+    the stored keys and values, the rope, and the reader."""
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+    from kvsplice.kvmath.rope import RopeSpec
+
+    store = FakeStore()
+    writer = store_three_chunks(store)
+    rope = RopeSpec.uniform(DIM, 10_000.0, LAYERS)
+    reader = make_worker(store, seed=None, rope=rope)
+    reader.negative_control = control
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    spans = (ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),)
+    spec = LoadSpec("r", NS, FINGERPRINT, 8, 12, (5,), (7,) * 8 + TOKENS[4:8], (), spans=spans)
+    assert reader.load(spec) == set()
+    layout = synthetic_layout()
+    stored = [layout.gather(c, torch.tensor([1])) for c in writer.caches]
+    return torch.stack([k for k, _ in stored]), torch.stack([v for _, v in stored]), rope, reader
+
+
+def _written(reader: WorkerSide) -> tuple[torch.Tensor, torch.Tensor]:
+    layout = synthetic_layout()
+    got = [layout.gather(c, torch.tensor([5])) for c in reader.caches]
+    return torch.stack([k for k, _ in got]), torch.stack([v for _, v in got])
+
+
+def test_the_unrotated_control_writes_the_stored_keys_where_naive_moves_them() -> None:
+    """The negative control keeps every token right and only leaves the keys unmoved."""
+    keys, values, rope, reader = _load_moved_run("unrotated")
+    mine_k, mine_v = _written(reader)
+    assert torch.equal(mine_v, values) and torch.equal(mine_k, keys)
+    assert not torch.allclose(mine_k, rope.shift_layers(keys, 4), atol=1e-3)  # type: ignore[attr-defined]
+
+
+def test_the_noise_control_adds_a_fixed_fraction_of_each_layers_norm_the_same_each_time() -> None:
+    from kvsplice.integrations.vllm.negative_controls import NOISE_FRACTION
+
+    keys, values, rope, reader = _load_moved_run("noise")
+    mine_k, mine_v = _written(reader)
+    moved = rope.shift_layers(keys, 4)  # type: ignore[attr-defined]
+    for layer in range(LAYERS):
+        for theirs, mine in ((moved[layer], mine_k[layer]), (values[layer], mine_v[layer])):
+            relative = (mine - theirs).pow(2).mean().sqrt() / theirs.pow(2).mean().sqrt()
+            assert 0.5 * NOISE_FRACTION < float(relative) < 1.6 * NOISE_FRACTION
+    again_k, again_v = _written(_load_moved_run("noise")[3])
+    assert torch.equal(again_k, mine_k) and torch.equal(again_v, mine_v)  # seeded by the span
+    naive_k, naive_v = _written(_load_moved_run(None)[3])
+    assert torch.equal(naive_v, values) and torch.allclose(naive_k, moved, atol=1e-6)
