@@ -128,8 +128,9 @@ class AdmissionPolicy:
     dense/exact), best first; judge_drift: what its judge probes measured. cost: the
     measured cost model the risk gate prices judge routes with (None: not measured, the
     gate sends judges to the admitted judge mode unpriced). graded: mode → what graded
-    answers measured for it (a vLLM engine's `naive` is admitted on those, see
-    `kvsplice bench vllm-graded --admit`).
+    answers measured for it (older engine policies). decisions: the graded yardstick's
+    verdict per configuration graded (`kvsplice bench vllm-graded --admit`), and yardstick:
+    its workload, rule and commit, and why no mode was admitted (None: not from it).
     """
 
     model_fingerprint: str
@@ -141,6 +142,8 @@ class AdmissionPolicy:
     judge_drift: Mapping[str, JudgeDrift] = field(default_factory=dict)
     cost: CostModel | None = None
     graded: Mapping[str, GradedAccuracy] = field(default_factory=dict)
+    decisions: tuple[Mapping[str, Any], ...] = ()
+    yardstick: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not is_fingerprint(self.model_fingerprint):
@@ -230,6 +233,9 @@ class AdmissionPolicy:
             "cost": None if self.cost is None else asdict(self.cost),
             "graded": {mode: asdict(g) for mode, g in sorted(self.graded.items())},
         }
+        if self.yardstick is not None:  # the graded yardstick's (absent from other policies)
+            document["decisions"] = [dict(d) for d in self.decisions]
+            document["yardstick"] = dict(self.yardstick)
         return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -254,9 +260,11 @@ class AdmissionPolicy:
             judge_drift = {m: JudgeDrift(**d) for m, d in document.get("judge_drift", {}).items()}
             cost = document.get("cost")  # absent: not measured (older files)
             graded = {m: GradedAccuracy(**g) for m, g in document.get("graded", {}).items()}
+            decisions = tuple(dict(d) for d in document.get("decisions", ()))
             return cls(
                 document["model_fingerprint"], modes, params, document["created_at"], drift,
                 judges, judge_drift, None if cost is None else CostModel(**cost), graded,
+                decisions, document.get("yardstick"),
             )  # fmt: skip
         except (KeyError, TypeError) as error:
             raise ValueError(f"malformed admission policy: {error!r}") from error

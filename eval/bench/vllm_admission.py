@@ -1,187 +1,121 @@
-"""Admitting the approximate mode a vLLM engine can run (`naive`) by what it does to graded answers.
+"""Admitting an approximate mode for vLLM engines by the graded yardstick, and confirming it.
 
-Calibration (`calibrate`) judges a mode call by call against dense prefill: mean KL and the
-share of first tokens kept. Those bars reject K/V reused at new positions even where the
-answers it leads to are as often right (a pipeline's later agents restate rather than copy).
-An engine's mode is judged here by its answers instead: the graded runs of `bench vllm
---problems` pair each graded answer of `kvsplice-gated` (approximate reuse asked for) with
-recompute's answer to the same problem; the paired difference over all graded answers and
-its 95% interval (`vllm_graded`) decide.
+Calibration (`admit`): the graded runs of `bench vllm --workload W --problems ...` (recompute,
+exact `kvsplice`, the mode's configuration and the negative controls, in the same runs)
+are judged by `yardstick`: one decision per configuration. The engines' policy admits a
+mode (`YardstickRule.mode_configs`: `kvsplice-gated` runs `naive`) only when its decision
+admits it, every control is refused, exact is admitted, the rule file was committed before
+the runs started, and no problem of the rule's held-out draw was graded. The policy keeps
+every decision (`decisions`) and why the mode was or was not admitted (`yardstick`).
 
-The rule (`AdmissionRule`): admit when at least `min_answers` answers were graded and the
-interval's lower bound is at least `-tolerance_points`, i.e. the mode is shown to lose no more
-than the tolerance. The policy records the counts and the problems graded.
-
-Held out (`confirm`): runs of problems the calibration never graded, under the policy it
-wrote (same engine fingerprint), confirm the admission when their own interval does not
-show a loss beyond the tolerance (upper bound >= -tolerance) and calibration and held-out
-answers pooled still keep the lower bound >= -tolerance.
+Held out (`confirm`): runs of problems from the rule's held-out draw only, under the policy
+`admit` wrote (same engine fingerprint), confirm it when each admitted mode's configuration
+is admitted by the same rule on them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from kvsplice.client.modes.admission import AdmissionPolicy, GradedAccuracy
+from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.client.modes.registry import SAFE_MODES
-from kvsplice.eval.bench.vllm_graded import paired_cells, paired_difference
-
-# the mode a KV connector can carry (integrations.vllm.reuse_policy's SPAN_MODE)
-ENGINE_MODE = "naive"
-GATED = "kvsplice-gated"
-REFERENCE = "recompute"
+from kvsplice.eval.bench import yardstick as ys
+from kvsplice.eval.bench.vllm_bench_config import WORKLOAD_SIZES
 
 
-@dataclass(frozen=True)
-class AdmissionRule:
-    """Admit where at least `min_answers` graded answers show the mode losing no more than
-    `tolerance_points` against recompute (the paired 95% interval's lower bound)."""
-
-    tolerance_points: float = 2.0
-    min_answers: int = 300
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.tolerance_points <= 100:
-            raise ValueError(f"tolerance_points {self.tolerance_points} not in [0, 100]")
-        if self.min_answers < 1:
-            raise ValueError(f"min_answers {self.min_answers} < 1")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether the rule admits (or a held-out run confirms), why, and the evidence."""
-
-    admitted: bool
-    reason: str
-    evidence: GradedAccuracy
-
-    def as_json(self) -> dict[str, Any]:
-        return {"admitted": self.admitted, "reason": self.reason, **figures(self.evidence)}
-
-
-def figures(found: GradedAccuracy) -> dict[str, Any]:
-    """What a report says of graded answers: the difference, its interval, how many."""
-    return {
-        "points": found.points, "ci95_points": list(found.ci95_points),
-        "answers": found.num_answers, "problems": len(found.problems),
-        "tolerance_points": found.tolerance_points,
-    }  # fmt: skip
-
-
-def gated_label(pooled: Mapping[str, Any], label: str | None = None) -> str:
-    """The configuration judged: `label`, or the only `kvsplice-gated` one pooled."""
-    labels = [row["label"] for row in pooled["configs"]]
-    if label is not None:
-        if label not in labels:
-            raise ValueError(f"no configuration {label!r} graded (graded: {labels})")
-        return label
-    gated = [name for name in labels if name.split(" (")[0] == GATED]
-    if len(gated) != 1:
-        raise ValueError(f"name the configuration to judge (--config): graded {labels}")
-    return gated[0]
-
-
-def evidence(
-    pooled: Mapping[str, Any], label: str, rule: AdmissionRule, workload: str
-) -> GradedAccuracy:
-    """`label`'s graded answers paired with recompute's (`vllm_graded.pool`'s shape)."""
-    rows = {row["label"]: row["graded"] for row in pooled["configs"]}
-    if REFERENCE not in rows:
-        raise ValueError("no recompute runs to pair the graded answers with")
-    pairs = [
-        (run["right"][role], ref["right"][role])
-        for run, ref in zip(rows[label]["runs"], rows[REFERENCE]["runs"], strict=True)
-        for role in sorted(run["right"])
+def admit(
+    reports: Sequence[Mapping[str, Any]], pooled: Mapping[str, Any], fingerprint: str,
+    rule: ys.YardstickRule, rule_path: Path = ys.RULE_PATH,
+) -> tuple[AdmissionPolicy, str]:  # fmt: skip
+    """The engines' policy these reports decide, and a line saying what it admits and why."""
+    workload = _workload(reports)
+    graded = {run["problem"] for row in pooled["configs"] for run in row["graded"]["runs"]}
+    drawn = {_problem_id(workload, i) for i in rule.held_out(workload, WORKLOAD_SIZES[workload])}
+    if graded & drawn:
+        raise ValueError(f"the calibration graded held-out problems: {sorted(graded & drawn)[:5]}")
+    found = ys.decisions(pooled, rule)
+    why_not = ys.sensitivity(found, rule) or _rule_fixed_before(reports, rule_path)
+    by_config = {d.config: d for d in found}
+    modes = [
+        mode for config, mode in rule.mode_configs.items()
+        if why_not is None and config in by_config and by_config[config].admitted
     ]  # fmt: skip
-    return _accuracy(
-        paired_cells(pairs), [run["problem"] for run in rows[label]["runs"]], rule, workload
-    )
-
-
-def _accuracy(
-    cells: Sequence[int], problems: Sequence[str], rule: AdmissionRule, workload: str
-) -> GradedAccuracy:
-    both, mode_only, recompute_only, neither = cells
-    n = sum(cells)
-    low, high = paired_difference(both, mode_only, recompute_only, neither)
-    points = 100 * (mode_only - recompute_only) / n if n else 0.0
-    return GradedAccuracy(
-        both, mode_only, recompute_only, neither, points, (100 * low, 100 * high),
-        tuple(problems), rule.tolerance_points, workload,
+    commit = ys.rule_commit(rule_path)
+    yardstick = {
+        "workload": workload, "rule": str(rule_path), "rule_commit": commit and commit[0],
+        "sensitive": why_not is None, "why_not": why_not,
+    }  # fmt: skip
+    policy = AdmissionPolicy(
+        fingerprint, (*SAFE_MODES, *modes), created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        decisions=tuple(d.as_json() for d in found), yardstick=yardstick,
     )  # fmt: skip
-
-
-def judge(found: GradedAccuracy, rule: AdmissionRule) -> Verdict:
-    """The rule applied to calibration's graded answers."""
-    low, high = found.ci95_points
-    interval = f"{found.points:+.1f} points (95% {low:+.1f} to {high:+.1f})"
-    if found.num_answers < rule.min_answers:
-        return Verdict(False, f"{found.num_answers} graded answers < {rule.min_answers}", found)
-    if low < -rule.tolerance_points:
-        return Verdict(
-            False, f"{interval}: may lose more than {rule.tolerance_points:g} points", found
-        )
-    return Verdict(
-        True, f"{interval} on {found.num_answers} answers: loses at most "
-        f"{rule.tolerance_points:g} points", found,
-    )  # fmt: skip
-
-
-def admission_policy(fingerprint: str, verdict: Verdict) -> AdmissionPolicy:
-    """The engine's policy: `naive` admitted where the verdict admits it; its evidence kept."""
-    modes = (*SAFE_MODES, ENGINE_MODE) if verdict.admitted else SAFE_MODES
-    return AdmissionPolicy(
-        fingerprint, modes, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        graded={ENGINE_MODE: verdict.evidence},
-    )  # fmt: skip
+    what = f"admits {', '.join(modes)}" if modes else "admits exact only"
+    return policy, f"{what} for {fingerprint} ({workload}): " + (why_not or _reasons(found))
 
 
 def confirm(
-    held_out: Mapping[str, Any], policy: AdmissionPolicy, fingerprint: str,
-    label: str, rule: AdmissionRule,
-) -> tuple[Verdict, GradedAccuracy]:  # fmt: skip
-    """Whether the held-out runs `held_out` (pooled) confirm `policy`'s admission of `naive`:
-    the held-out verdict and calibration and held-out pooled."""
-    calibrated = policy.graded.get(ENGINE_MODE)
-    if calibrated is None:
-        raise ValueError("the policy records no graded answers for naive: nothing to confirm")
+    reports: Sequence[Mapping[str, Any]], pooled: Mapping[str, Any], policy: AdmissionPolicy,
+    fingerprint: str, rule: ys.YardstickRule,
+) -> tuple[bool, str, list[ys.Decision]]:  # fmt: skip
+    """Whether held-out runs confirm `policy`'s admitted modes, why, and their decisions."""
     if fingerprint != policy.model_fingerprint:
         raise ValueError(
             f"the held-out runs served {fingerprint}, the policy is {policy.model_fingerprint}'s"
         )
-    if ENGINE_MODE not in policy.admitted_modes:
-        raise ValueError("the policy does not admit naive: nothing to confirm")
-    found = evidence(held_out, label, rule, calibrated.workload)
-    seen = set(found.problems) & set(calibrated.problems)
-    if seen:
-        raise ValueError(f"not held out: the calibration graded {sorted(seen)}")
-    combined = (
-        calibrated.both + found.both, calibrated.mode_only + found.mode_only,
-        calibrated.recompute_only + found.recompute_only, calibrated.neither + found.neither,
-    )  # fmt: skip
-    pooled = _accuracy(combined, (*calibrated.problems, *found.problems), rule, found.workload)
-    low, high = found.ci95_points
-    interval = f"held out {found.points:+.1f} points (95% {low:+.1f} to {high:+.1f})"
-    together = (
-        f"with calibration {pooled.points:+.1f} (95% {pooled.ci95_points[0]:+.1f} to "
-        f"{pooled.ci95_points[1]:+.1f}) on {pooled.num_answers} answers"
-    )
-    if high < -rule.tolerance_points:
-        return Verdict(False, f"{interval}: loses more than the tolerance", found), pooled
-    if pooled.ci95_points[0] < -rule.tolerance_points:
-        return Verdict(False, f"{interval}; {together}: may lose more", found), pooled
-    return Verdict(True, f"{interval}; {together}", found), pooled
+    admitted = [m for m in policy.admitted_modes if m not in SAFE_MODES]
+    if not admitted:
+        raise ValueError("the policy admits no approximate mode: nothing to confirm")
+    workload = _workload(reports)
+    drawn = {_problem_id(workload, i) for i in rule.held_out(workload, WORKLOAD_SIZES[workload])}
+    graded = {run["problem"] for row in pooled["configs"] for run in row["graded"]["runs"]}
+    if graded - drawn:
+        raise ValueError(f"not held out (outside the rule's draw): {sorted(graded - drawn)[:5]}")
+    found = ys.decisions(pooled, rule)
+    by_config = {d.config: d for d in found}
+    configs = [c for c, mode in rule.mode_configs.items() if mode in admitted]
+    missing = [c for c in configs if c not in by_config]
+    if missing:
+        return False, f"{', '.join(missing)} not graded held out", found
+    refused = [by_config[c] for c in configs if not by_config[c].admitted]
+    if refused:
+        return False, f"{refused[0].config}: {refused[0].reason}", found
+    return True, _reasons([by_config[c] for c in configs]), found
 
 
-def workload_of(report: Mapping[str, Any]) -> str:
-    """What a `bench vllm --problems` report's answers came from, in words."""
-    return (
-        f"HumanEval, {report.get('layout')} 5-agent pipeline, {report.get('answer_tokens')}-token "
-        f"answers, {report.get('dtype')}"
+def _reasons(found: Sequence[ys.Decision]) -> str:
+    return "; ".join(
+        f"{d.config} {'admitted' if d.admitted else 'refused'}: {d.reason}" for d in found
     )
+
+
+def _workload(reports: Sequence[Mapping[str, Any]]) -> str:
+    names = {str(report.get("workload") or "humaneval") for report in reports}
+    if len(names) != 1:
+        raise ValueError(f"the reports graded different workloads: {sorted(names)}")
+    return names.pop()
+
+
+def _problem_id(workload: str, index: int) -> str:
+    return f"HumanEval/{index}" if workload == "humaneval" else f"{workload}-test-{index}"
+
+
+def _rule_fixed_before(reports: Sequence[Mapping[str, Any]], rule_path: Path) -> str | None:
+    """Why the rule cannot judge these runs (None: committed before every one started)."""
+    commit = ys.rule_commit(rule_path)
+    if commit is None:
+        return f"the rule {rule_path} is not committed as it stands: fix it in a commit first"
+    for report in reports:
+        started = report.get("started_at")
+        if started is None:
+            return "a report does not record when its run started (older than the yardstick)"
+        if datetime.fromisoformat(started) < commit[1]:
+            return (
+                f"the rule was committed ({commit[1].isoformat()}) after a run started ({started})"
+            )
+    return None
 
 
 def report_fingerprint(reports: Sequence[Mapping[str, Any]]) -> str:

@@ -44,16 +44,11 @@ from kvsplice.eval.bench.kv_transfer import (
     lmcache_transfer,
     transfer_config,
 )
-from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
+from kvsplice.eval.bench.vllm_bench_config import APPROXIMATE, CONTROLS, VllmBenchConfig
 from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
 from kvsplice.eval.bench.vllm_graded import GradedRun, grade_run, print_graded, summarize
-from kvsplice.eval.workloads.token_transcript import (
-    PIPELINE_ROLES,
-    SYSTEM_PROMPT,
-    TEAM_CONVENTIONS,
-    PersonaTranscript,
-    TokenTranscript,
-)
+from kvsplice.eval.workloads.graded_pipelines import PIPELINES
+from kvsplice.eval.workloads.token_transcript import PersonaTranscript, TokenTranscript
 from kvsplice.eval.workloads.workload import Problem
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 
@@ -113,6 +108,7 @@ def run_bench(
     (`config.problems`' problems; `warm_up_task` must be none of them)."""
     from transformers import AutoTokenizer
 
+    config_started_at(config)  # the run's start, in every report it writes
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     # NOTE: one transcript and one cache salt per repeat: a repeat never hits what an
     # earlier one stored, by chain or by content
@@ -150,9 +146,10 @@ def _transcript(
 ) -> TokenTranscript | PersonaTranscript:
     """The pipeline's prompts in `config.layout`, `label` (the run) in its standing
     instructions: after them persona-first, before them in a transcript."""
+    pipeline = PIPELINES[config.workload]
     if config.layout == "persona-first":
-        return PersonaTranscript(tokenizer, f"{TEAM_CONVENTIONS}\n\n{label}")
-    return TokenTranscript(tokenizer, f"{label} {SYSTEM_PROMPT}\n\n{TEAM_CONVENTIONS}")
+        return PersonaTranscript(tokenizer, f"{pipeline.context}\n\n{label}", pipeline.personas)
+    return TokenTranscript(tokenizer, f"{label} {pipeline.system}\n\n{pipeline.context}")
 
 
 def _graded_runs(
@@ -162,6 +159,7 @@ def _graded_runs(
     """One pipeline per problem, all under one cache salt after one un-measured warm-up (as a
     deployment that has run before), answers ending at the end of turn; each graded. Up to
     `config.concurrency` problems' pipelines run at once; the runs come back in order."""
+    pipeline = PIPELINES[config.workload]
     transcript = _transcript(config, tokenizer, "Graded runs.")
     scratch = ConfigResult("graded")
     _run_pipeline(scratch, setup, transcript, warm_up_task, config, GRADED_SALT, fixed=False)
@@ -170,7 +168,7 @@ def _graded_runs(
         own = ConfigResult("graded")
         _run_pipeline(own, setup, transcript, problem.question, config, GRADED_SALT, fixed=False)
         texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in own.outputs]
-        run = grade_run(problem, texts, own.outputs)
+        run = grade_run(pipeline, problem, texts, own.outputs, config.answer_tokens)
         run = replace(run, cached_tokens=tuple(own.agent_cached_tokens),
                       prompt_tokens=tuple(own.agent_prompt_tokens))  # fmt: skip
         logger.info("graded %s: %s", problem.problem_id, run.right)
@@ -217,7 +215,7 @@ def _run_pipeline(
     ttfts, cached, prompts = [], [], []
     answer: tuple[int, ...] = ()
     answers: list[tuple[str, tuple[int, ...]]] = []
-    for i, (role, instruction) in enumerate(PIPELINE_ROLES):
+    for i, (role, instruction) in enumerate(PIPELINES[config.workload].instructions):
         if isinstance(transcript, PersonaTranscript):
             prompt = transcript.prompt(role, task, answers, instruction)
         elif i == 0:
@@ -318,11 +316,13 @@ def _services(
     }  # fmt: skip
     if name == "kvsplice-grpc":
         extra["same_host_reads"] = False
-    if name == "kvsplice-gated":
+    if name in APPROXIMATE:
         extra["reuse_policy"] = str(
             config.reuse_policy
             or write_naive_policy(config.model_dir, config.dtype, data / "naive-policy.json")
         )
+    if name in CONTROLS:
+        extra["negative_control"] = CONTROLS[name]
     kv = kvsplice_transfer(sidecar.target, NAMESPACE, **extra)
     restart = sidecar.restart if name == "kvsplice-restarted" else (lambda: None)
     salts = [repeat_salt(r) for r in range(config.repeats)] + (
@@ -331,7 +331,7 @@ def _services(
     namespaces = [salted_namespace(NAMESPACE, salt) for salt in salts]
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, namespaces, restart),
                   bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, namespaces),
-                  kv_transfer_params=GATED if name == "kvsplice-gated" else None)  # fmt: skip
+                  kv_transfer_params=GATED if name in APPROXIMATE else None)  # fmt: skip
 
 
 def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
@@ -403,12 +403,14 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "model_dir": config.model_dir,
         "answer_tokens": config.answer_tokens,
         "humaneval_problem": config.problem_index,
+        "workload": config.workload,
+        "started_at": config_started_at(config),
         "graded_problems": list(config.problems),
         "graded_concurrency": config.concurrency,
         "served_fingerprint": _served(config.model_dir, config.dtype) if config.model_dir else None,
         "reuse_policy": str(config.reuse_policy)
         if config.reuse_policy
-        else "written by the bench for kvsplice-gated: admits naive",
+        else "written by the bench for kvsplice-gated and the controls: admits naive",
         "threads_bind": config.threads,
         "dtype": config.dtype,
         "layout": config.layout,
@@ -428,6 +430,15 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "load_avg": list(os.getloadavg()),
         "num_cpus": os.cpu_count(),
     }
+
+
+@functools.cache
+def config_started_at(config: VllmBenchConfig) -> str:
+    """When this run of the bench started (UTC, ISO 8601): the yardstick checks its rule was
+    committed before it."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @functools.cache

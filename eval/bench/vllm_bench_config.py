@@ -15,7 +15,13 @@ DEFAULT_CONFIGS = (
 )  # fmt: skip
 # kvsplice-gated: every request opts into approximate reuse, on engines whose admission
 # policy admits it (the bench writes one admitting naive for the served model).
-CONFIGS = (*DEFAULT_CONFIGS, "kvsplice-gated")
+# control-unrotated, control-noise: the same, on engines whose approximate runs are
+# deliberately damaged (the graded yardstick's negative controls, `negative_controls`).
+CONTROLS = {"control-unrotated": "unrotated", "control-noise": "noise"}
+APPROXIMATE = ("kvsplice-gated", *CONTROLS)  # configurations whose requests ask for "gated"
+CONFIGS = (*DEFAULT_CONFIGS, *APPROXIMATE)
+# test problems per workload (`graded_pipelines`): --problems index into these
+WORKLOAD_SIZES = {"humaneval": 164, "mmlu": 14_042, "gsm8k": 1_319}
 LAYOUTS = ("transcript", "persona-first")
 DTYPES = ("float32", "bfloat16", "float16")
 PREFIX_CACHING = {"on": True, "off": False}
@@ -33,7 +39,9 @@ class VllmBenchConfig:
         DEFAULT_CONFIGS,
         "Comma-separated configurations: recompute, example-connector, lmcache, kvsplice, "
         "kvsplice-grpc, kvsplice-restarted, local-apc, kvsplice-gated (every request asks "
-        "for approximate reuse; the engines' policy admits naive). recompute comes first.",
+        "for approximate reuse; the engines' policy admits naive), control-unrotated and "
+        "control-noise (the same with approximate K/V deliberately damaged: keys left "
+        "unmoved, or noise at 25% of each layer's RMS). recompute comes first.",
         csv=True,
     )
     layout: str = flag(
@@ -48,13 +56,20 @@ class VllmBenchConfig:
     problem_index: int = flag(
         129, "HumanEval problem index (129: the longest).", name="problem", min=0, max=163
     )
+    workload: str = flag(
+        "humaneval",
+        "What --problems grades: humaneval (code run against the tests; the judge's PASS/FAIL "
+        "against the reviser's result), mmlu (letters; the judge picks between the solver's "
+        "and the reviser's answers) or gsm8k (final numbers; the judge likewise).",
+        choices=tuple(WORKLOAD_SIZES),
+    )
     problems: tuple[int, ...] = flag(
         (),
-        "HumanEval problem indices to grade (comma-separated): after its timed repeats each "
+        "Problem indices into --workload's test split to grade (comma-separated; MMLU: the "
+        "order of its test records, ids mmlu-test-<index>): after its timed repeats each "
         "configuration runs the pipeline once per problem (answers end at the end of turn or "
-        "--answer-tokens); the solver's and reviser's code runs against the problem's tests, "
-        "the judge's PASS/FAIL is checked against the reviser's result.",
-        csv=True, min=0, max=163,
+        "--answer-tokens).",
+        csv=True, min=0, max=14_041,
     )  # fmt: skip
     concurrency: int = flag(
         1,
@@ -116,8 +131,15 @@ class VllmBenchConfig:
         for name in ("out_json", "work_dir", "reuse_policy"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
-        if self.reuse_policy is not None and "kvsplice-gated" not in self.configs:
+        if self.reuse_policy is not None and not set(APPROXIMATE) & set(self.configs):
             raise ValueError("--reuse-policy is kvsplice-gated's: add it to --configs")
+        if self.workload not in WORKLOAD_SIZES:
+            raise ValueError(f"workload {self.workload!r} not in {tuple(WORKLOAD_SIZES)}")
+        size = WORKLOAD_SIZES[self.workload]
+        if any(not 0 <= p < size for p in self.problems):
+            raise ValueError(f"problems {self.problems}: {self.workload} has {size} (0-{size - 1})")
+        if self.workload != "humaneval" and self.repeats:
+            raise ValueError(f"--workload {self.workload} grades --problems: set --repeats 0")
         unknown = set(self.configs) - set(CONFIGS)
         if unknown or not self.configs:
             raise ValueError(f"configs {sorted(unknown)} not in {CONFIGS}")

@@ -1,10 +1,13 @@
 """Grading the answers of `kvsplice bench vllm --problems`: accuracy per configuration.
 
 Owns what one graded pipeline run is worth and what a configuration's runs add up to. A
-run is the 5-agent pipeline on one HumanEval problem (`PIPELINE_ROLES`); its `solver` and
-`reviser` answers are code, run against the problem's tests (`passes_tests`), and its
-`judge` answers PASS or FAIL about the reviser's solution, right when it matches that
-solution's test result. A configuration's figures are each role's accuracy with n and a
+run is the 5-agent pipeline of a workload (`graded_pipelines`) on one problem, its graded
+roles graded by the workload: HumanEval's code run against the problem's tests and its
+judge's PASS/FAIL against the reviser's result; MMLU's and GSM8K's answers against the
+reference, their judge (which selects between the solver's and the reviser's answers)
+counted only on problems where recompute's two candidates were one right, one wrong
+(`judge_graded`). Each answer records whether it hit the token cap (`truncated`). The
+by-problem yardstick that admits a mode is `yardstick`'s. A configuration's figures are each role's accuracy with n and a
 95% Wilson interval, and against `recompute`'s runs of the same problems the paired
 difference in points with its 95% interval (`paired_difference`: Newcombe's score interval
 for paired proportions) and how many runs each got right alone; `all` pools the three
@@ -15,29 +18,26 @@ Running the pipelines is `vllm_bench`'s.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvsplice.eval.workloads.humaneval import passes_tests
-from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
+from kvsplice.eval.workloads.graded_pipelines import JUDGE, ROLES, GradedPipeline, judge_answer
 from kvsplice.eval.workloads.workload import Problem
 
-CODE_ROLES = ("solver", "reviser")
-JUDGE_ROLE = "judge"
-JUDGED_ROLE = "reviser"  # whose solution the judge's verdict is about
-GRADED = (*CODE_ROLES, JUDGE_ROLE)
-_VERDICT = re.compile(r"\b(PASS|FAIL)\b")
-_ROLES = tuple(role for role, _ in PIPELINE_ROLES)
+JUDGE_ROLE = JUDGE
+GRADED = ("solver", "reviser", JUDGE)
+_ROLES = ROLES
 
 
 @dataclass(frozen=True)
 class GradedRun:
     """One problem's pipeline: whether each graded role got it right (`right`, by role),
-    the judge's verdict as read (None: neither word), the agents' outputs as tokens, and
+    the judge's answer as read (None: none found), the agents' outputs as tokens, and
     per agent the prompt tokens loaded from outside the engine and the prompt's length, and
-    the answers as read (`answers`, in role order: what a reader checks a grade against)."""
+    the answers as read (`answers`, in role order: what a reader checks a grade against);
+    `judge_graded`: whether this run's candidates make its judge gradable; `truncated`:
+    per agent, whether its answer hit the token cap."""
 
     problem_id: str
     right: dict[str, bool]
@@ -46,28 +46,35 @@ class GradedRun:
     cached_tokens: tuple[int, ...] = ()
     prompt_tokens: tuple[int, ...] = ()
     answers: tuple[str, ...] = ()
+    judge_graded: bool = True
+    truncated: tuple[bool, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
             "problem": self.problem_id, "right": self.right, "judge_verdict": self.verdict,
+            "judge_graded": self.judge_graded,
+            "truncated": dict(zip(_ROLES[: len(self.truncated)], self.truncated, strict=True)),
             "cached_tokens": list(self.cached_tokens), "prompt_tokens": list(self.prompt_tokens),
             "answers": dict(zip(_ROLES[: len(self.answers)], self.answers, strict=True)),
         }  # fmt: skip
 
 
 def grade_run(
-    problem: Problem, texts: Sequence[str], outputs: Sequence[Sequence[int]]
-) -> GradedRun:
-    """Grade one pipeline run: `texts` (and their token ids, `outputs`) in role order."""
+    pipeline: GradedPipeline, problem: Problem, texts: Sequence[str],
+    outputs: Sequence[Sequence[int]], answer_tokens: int | None = None,
+) -> GradedRun:  # fmt: skip
+    """Grade one pipeline run: `texts` (and their token ids, `outputs`) in role order; an
+    answer of `answer_tokens` tokens (the cap) counts as truncated."""
     if len(texts) != len(_ROLES) or len(outputs) != len(_ROLES):
         raise ValueError(f"a pipeline run has {len(_ROLES)} answers, got {len(texts)}")
     answer = dict(zip(_ROLES, texts, strict=True))
-    right = {role: passes_tests(problem, answer[role]) for role in CODE_ROLES}
-    found = _VERDICT.search(answer[JUDGE_ROLE])
-    verdict = found.group(1) if found else None
-    right[JUDGE_ROLE] = verdict is not None and (verdict == "PASS") == right[JUDGED_ROLE]
+    right, judge_graded = pipeline.grade(problem, answer)
     outputs_ids = tuple(tuple(o) for o in outputs)
-    return GradedRun(problem.problem_id, right, verdict, outputs_ids, answers=tuple(texts))
+    truncated = tuple(answer_tokens is not None and len(o) >= answer_tokens for o in outputs_ids)
+    return GradedRun(
+        problem.problem_id, right, judge_answer(pipeline, answer[JUDGE]), outputs_ids,
+        answers=tuple(texts), judge_graded=judge_graded, truncated=truncated,
+    )  # fmt: skip
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -136,13 +143,25 @@ def _figures(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def role_pairs(
+    here: Sequence[dict[str, Any]], there: Sequence[dict[str, Any]]
+) -> dict[str, list[tuple[bool, bool]]]:
+    """Per graded role, (here right, there right) of each problem's runs (`as_json`'s form,
+    `there` the reference): the judge only where the reference's judge was gradable."""
+    return {
+        role: [
+            (a["right"][role], b["right"][role]) for a, b in zip(here, there, strict=True)
+            if role != JUDGE or b.get("judge_graded", True)
+        ]
+        for role in GRADED
+    }  # fmt: skip
+
+
 def _role_figures(
-    here: Sequence[dict[str, bool]], there: Sequence[dict[str, bool]]
+    here: Sequence[dict[str, Any]], there: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Per graded role and pooled over them (`all`), from the runs' `right` maps."""
-    pairs = {
-        role: [(a[role], b[role]) for a, b in zip(here, there, strict=True)] for role in GRADED
-    }
+    """Per graded role and pooled over them (`all`), from the runs (`as_json`'s form)."""
+    pairs = role_pairs(here, there)
     roles = {role: _figures(pairs[role]) for role in GRADED}
     roles["all"] = _figures([pair for role in GRADED for pair in pairs[role]])
     return roles
@@ -160,14 +179,14 @@ def summarize(runs: Sequence[GradedRun], reference: Sequence[GradedRun]) -> dict
         for a, b in zip(run.outputs, ref.outputs, strict=True)
     ]  # fmt: skip
     return {
-        "roles": _role_figures([r.right for r in runs], [r.right for r in reference]),
+        "roles": _role_figures([r.as_json() for r in runs], [r.as_json() for r in reference]),
         "outputs_equal_recompute": sum(equal),
         "outputs": len(equal),
         "runs": [r.as_json() for r in runs],
     }
 
 
-POOLED_SETUP = ("model_dir", "dtype", "layout", "answer_tokens", "chunk_tokens")
+POOLED_SETUP = ("model_dir", "dtype", "layout", "answer_tokens", "chunk_tokens", "workload")
 
 
 def pool(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -204,7 +223,7 @@ def pool(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         pooled.append({
             "label": label, "name": label,
             "graded": {
-                "roles": _role_figures([r["right"] for r in rows], [r["right"] for r in reference]),
+                "roles": _role_figures(rows, reference),
                 "outputs_equal_recompute": outputs[label][0], "outputs": outputs[label][1],
                 "runs": rows,
             },

@@ -8,8 +8,8 @@ template renders the turn markup, so this works for any chat model's tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 _MARK = "\u2063kvsplice-answer\u2063"
@@ -124,6 +124,7 @@ class PersonaTranscript:
 
     tokenizer: Any  # a transformers tokenizer with a chat template
     context: str = TEAM_CONVENTIONS
+    personas: Mapping[str, str] = field(default_factory=lambda: PERSONAS)
 
     def prompt(
         self, role: str, task: str, answers: Sequence[tuple[str, Sequence[int]]], instruction: str
@@ -131,7 +132,7 @@ class PersonaTranscript:
         quoted = "".join(f"The {name} wrote:\n{self._text(ids)}\n\n" for name, ids in answers)
         user = f"{self.context}\n\nThe task:\n{task}\n\n{quoted}{instruction}"
         messages = [
-            {"role": "system", "content": PERSONAS[role]},
+            {"role": "system", "content": self.personas[role]},
             {"role": "user", "content": user},
         ]
         text = self.tokenizer.apply_chat_template(

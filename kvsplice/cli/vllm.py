@@ -58,17 +58,19 @@ def bench_vllm(**values: Any) -> None:
         fail("vLLM is not installed here: run it from .venv-vllm (make vllm)")
     from kvsplice.client.model.models import model_directory
     from kvsplice.eval.bench.vllm_bench import print_report, run_bench
-    from kvsplice.eval.workloads.humaneval import load_humaneval
+    from kvsplice.eval.bench.vllm_bench_config import WORKLOAD_SIZES
+    from kvsplice.eval.workloads.graded_pipelines import PIPELINES
 
     model_dir = str(model_directory(model_config(values["model"], values["model_cache"])))
     config = bench_config(VllmBenchConfig, values, model_dir=model_dir)
-    used = {config.problem_index, *config.problems}
-    problems = load_humaneval(limit=max(used) + 2)
-    task = problems[config.problem_index].question
-    # persona-first's warm-up: a problem neither timed nor graded
-    other = problems[next(i for i in range(len(problems)) if i not in used)].question
-    graded = [problems[i] for i in config.problems]
-    report = run_bench(config, task, warm_up_task=other, graded=graded)
+    pipeline = PIPELINES[config.workload]
+    timed = {config.problem_index} if config.workload == "humaneval" else set()
+    used = timed | set(config.problems)
+    # the warm-up runs (persona-first's, the graded runs'): a problem neither timed nor graded
+    other = next(i for i in range(WORKLOAD_SIZES[config.workload]) if i not in used)
+    warm_up, *graded = pipeline.problems([other, *config.problems])
+    task = pipeline.problems([config.problem_index])[0].question if timed else warm_up.question
+    report = run_bench(config, task, warm_up_task=warm_up.question, graded=graded)
     print_report(report, console())
 
 
@@ -84,36 +86,33 @@ def bench_vllm_graded(
         Path | None,
         typer.Option(
             "--admit",
-            help="Write the engines' admission policy here: naive admitted where "
-            "the graded answers show it losing at most --tolerance-points against recompute.",
+            help="Write the engines' admission policy here, with the graded yardstick's "
+            "decision per configuration (`decisions`): a mode is admitted only where its "
+            "configuration is, every negative control is refused and exact is admitted.",
         ),
     ] = None,
     held_out: Annotated[
         Path | None,
         typer.Option(
             "--held-out",
-            help="An admission policy --admit wrote: check that these reports, "
-            "of problems its calibration never graded, confirm it.",
+            help="An admission policy --admit wrote: check that these reports, of the "
+            "rule's held-out problems, confirm the modes it admits.",
         ),
     ] = None,
-    tolerance_points: Annotated[
-        float, typer.Option(help="Accuracy points the admitted mode may lose.", min=0, max=100)
-    ] = 2.0,
-    min_answers: Annotated[
-        int, typer.Option(help="Graded answers --admit needs at least.", min=1)
-    ] = 300,
-    config: Annotated[
-        str | None,
+    rule: Annotated[
+        Path | None,
         typer.Option(
-            "--config", help="The configuration judged (default: the kvsplice-gated one)."
+            "--rule",
+            help="The yardstick's rule (default: the committed "
+            "eval/bench/yardstick_rule.json; it must be committed before the runs).",
         ),
     ] = None,
 ) -> None:
     """Pool the graded answers of several `bench vllm --problems` runs (same model, dtype,
-    layout, answer length; disjoint problems): accuracy per role and over all graded
-    answers, each configuration's difference from recompute with its 95% interval; with
-    --admit, the engines' admission policy those answers decide; with --held-out, whether
-    runs of other problems confirm one."""
+    layout, answer length, workload; disjoint problems): accuracy per role, each
+    configuration's difference from recompute; with --admit, the yardstick's decisions and
+    the engines' admission policy they give; with --held-out, whether held-out runs confirm
+    one."""
     from kvsplice.eval.bench.vllm_graded import pool, print_graded
 
     if admit is not None and held_out is not None:
@@ -125,46 +124,68 @@ def bench_vllm_graded(
         fail(f"cannot pool {', '.join(map(str, reports))}: {exc!r}")
     pooled["files"] = [str(path) for path in reports]
     if admit is not None or held_out is not None:
-        pooled["admission"] = _admission(loaded, pooled, admit, held_out, config,
-                                         tolerance_points, min_answers)  # fmt: skip
+        pooled["admission"] = _admission(loaded, pooled, admit, held_out, rule)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(pooled, indent=2))
     print_graded(pooled["configs"], console())
     console().print(f"{pooled['problems']} problems from {pooled['reports']} reports")
     if "admission" in pooled:
+        _print_decisions(pooled["admission"]["decisions"])
         console().print(pooled["admission"]["summary"])
 
 
 def _admission(
     loaded: list[dict[str, Any]], pooled: dict[str, Any], admit: Path | None,
-    held_out: Path | None, config: str | None, tolerance_points: float, min_answers: int,
+    held_out: Path | None, rule_path: Path | None,
 ) -> dict[str, Any]:  # fmt: skip
     """--admit's policy (written) or --held-out's confirmation, as the pooled JSON's
     `admission`."""
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
     from kvsplice.eval.bench import vllm_admission as va
+    from kvsplice.eval.bench import yardstick as ys
 
     try:
-        rule = va.AdmissionRule(tolerance_points, min_answers)
-        label = va.gated_label(pooled, config)
+        path = rule_path or ys.RULE_PATH
+        rule = ys.load_rule(path)
         fingerprint = va.report_fingerprint(loaded)
         if admit is not None:
-            verdict = va.judge(va.evidence(pooled, label, rule, va.workload_of(loaded[0])), rule)
-            save_policy(va.admission_policy(fingerprint, verdict), admit)
-            what = "admits naive" if verdict.admitted else "admits exact only"
+            policy, summary = va.admit(loaded, pooled, fingerprint, rule, path)
+            save_policy(policy, admit)
             return {
-                "calibration": verdict.as_json(), "policy": str(admit), "config": label,
-                "summary": f"{admit} {what} for {fingerprint}: {verdict.reason}",
+                "decisions": list(policy.decisions), "yardstick": policy.yardstick,
+                "policy": str(admit), "summary": f"{admit} {summary}",
             }  # fmt: skip
         assert held_out is not None
         policy = AdmissionPolicy.from_json(held_out.read_text())
-        verdict, together = va.confirm(pooled, policy, fingerprint, label, rule)
+        confirmed, why, found = va.confirm(loaded, pooled, policy, fingerprint, rule)
     except (OSError, ValueError, KeyError) as exc:
         fail(f"cannot decide admission: {exc}")
-    word = "confirms" if verdict.admitted else "does NOT confirm"
+    word = "confirms" if confirmed else "does NOT confirm"
     return {
-        "held_out": verdict.as_json(), "policy": str(held_out), "config": label,
-        "with_calibration": va.figures(together),
-        "summary": f"held out: {word} {held_out} ({verdict.reason})",
+        "decisions": [d.as_json() for d in found], "policy": str(held_out),
+        "confirmed": confirmed, "summary": f"held out: {word} {held_out} ({why})",
     }  # fmt: skip
+
+
+def _print_decisions(decisions: list[dict[str, Any]]) -> None:
+    from kvsplice.eval.report.tables import figures_table
+
+    columns = (
+        "config",
+        "admitted",
+        "points (95%)",
+        "problems",
+        "discordant",
+        "recompute acc.",
+        "reason",
+    )
+    table = figures_table(columns, ("config", "reason"), title="the graded yardstick")
+    for d in decisions:
+        low, high = d["ci95"]
+        accuracy = " ".join(f"{role} {100 * a:.0f}%" for role, a in d["recompute_accuracy"].items())
+        table.add_row(
+            d["config"], "yes" if d["admitted"] else "no", f"{d['points']:+.1f} ({low:+.1f} to {high:+.1f})",
+            str(d["problems"]), str(d["discordant"]), accuracy, d["reason"],
+        )  # fmt: skip
+    console().print(table)

@@ -40,7 +40,7 @@ FLAGS = {
         "--no-grpc-lookups", "--tmp-dir", "--json", "--log-level",
     ],
     ("bench", "vllm"): [
-        "--json", "--configs", "--layout", "--answer-tokens", "--problem", "--problems", "--concurrency", "--threads", "--dtype", "--repeats",
+        "--json", "--configs", "--layout", "--answer-tokens", "--problem", "--workload", "--problems", "--concurrency", "--threads", "--dtype", "--repeats",
         "--prefix-caching", "--save-decode", "--no-save-decode", "--chunk-tokens", "--save-tails",
         "--no-save-tails", "--load-async",
         "--reuse-policy", "--work-dir",

@@ -24,6 +24,7 @@ from kvsplice.eval.bench.vllm_graded import (
     summarize,
     wilson,
 )
+from kvsplice.eval.workloads.graded_pipelines import PIPELINES
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
 from kvsplice.eval.workloads.workload import Problem
 
@@ -46,7 +47,7 @@ def _texts(solver: str, reviser: str, judge: str) -> list[str]:
 
 def _run(solver: str, reviser: str, judge: str, outputs: Any = None):  # type: ignore[no-untyped-def]
     texts = _texts(solver, reviser, judge)
-    return grade_run(PROBLEM, texts, outputs or [(i,) for i in range(5)])
+    return grade_run(PIPELINES["humaneval"], PROBLEM, texts, outputs or [(i,) for i in range(5)])
 
 
 def test_code_answers_are_run_against_the_tests_and_the_verdict_against_the_reviser() -> None:
@@ -61,7 +62,7 @@ def test_code_answers_are_run_against_the_tests_and_the_verdict_against_the_revi
 
 def test_a_run_needs_every_agents_answer() -> None:
     with pytest.raises(ValueError, match="5 answers"):
-        grade_run(PROBLEM, ["a", "b"], [(1,), (2,)])
+        grade_run(PIPELINES["humaneval"], PROBLEM, ["a", "b"], [(1,), (2,)])
 
 
 def test_wilson_interval() -> None:
