@@ -302,3 +302,55 @@ def test_bench_vllm_graded_pools_files_and_names_a_bad_one(
     assert exited.value.code == 1
     err = capsys.readouterr().err
     assert "cannot pool" in err and "broken.json" in err and "Traceback" not in err
+
+
+class _McEngine:
+    """MMLU's pipeline scripted: the solver answers B (right), the reviser C, the judge B;
+    every answer but the judge's runs to the token cap."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def complete(self, prompt_ids: list[int], **request: Any) -> Completion:
+        from kvsplice.eval.workloads.graded_pipelines import PIPELINES as pipelines
+
+        self.requests.append(request)
+        text = "".join(chr(i) for i in prompt_ids)
+        roles = pipelines["mmlu"].instructions
+        role = max(roles, key=lambda r: text.rfind(r[1]))[0]
+        answer = {"solver": "Answer: B", "reviser": "Answer: C", "judge": "Answer: B"}.get(
+            role, "n"
+        )
+        ids = tuple(ord(c) for c in answer)
+        if role != "judge":
+            ids = (ids + (32,) * request["max_tokens"])[: request["max_tokens"]]
+        return Completion(ids, 0.01, 0.02, len(prompt_ids), 7)
+
+
+def test_an_mmlu_workload_grades_letters_its_judge_between_candidates_and_truncation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
+    engine = _McEngine()
+    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
+    config = VllmBenchConfig(
+        out_json=tmp_path / "r.json", layout="persona-first", answer_tokens=32, problems=(7,),
+        workload="mmlu", repeats=0,
+    )  # fmt: skip
+    problem = Problem("mmlu-test-7", "Q?\nA. a\nB. b\nC. c\nD. d", "B")
+    (run,) = vllm_bench._graded_runs(setup, _Tokenizer(), [problem], "warm", config)
+    assert run.right == {"solver": True, "reviser": False, "judge": True} and run.judge_graded
+    assert run.verdict == "B"
+    assert run.as_json()["truncated"] == {
+        "planner": True, "solver": True, "critic": True, "reviser": True, "judge": False
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="mmlu has 14042"):
+        VllmBenchConfig(
+            out_json=tmp_path / "r.json", problems=(14_042,), workload="mmlu", repeats=0
+        )
+    with pytest.raises(ValueError, match="--repeats 0"):
+        VllmBenchConfig(out_json=tmp_path / "r.json", problems=(1,), workload="mmlu")
+    assert VllmBenchConfig(
+        out_json=tmp_path / "r.json", configs=("recompute", "control-unrotated", "control-noise"),
+        problems=(1,), workload="gsm8k", repeats=0,
+    ).configs[1:] == ("control-unrotated", "control-noise")  # fmt: skip
