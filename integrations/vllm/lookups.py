@@ -2,10 +2,11 @@
 
 vLLM lets a connector answer "ask again next step" (`None`) while it finds out what an
 external cache holds. `Lookups.poll` starts the lookup on a small thread pool, waits
-for it at most `wait_s` the first time it is asked (a healthy sidecar answers within
-a millisecond or two, so most requests are scheduled in the step they arrive), and
-afterwards never blocks: `None` until the answer is there, a miss once `timeout_s`
-has passed. Every fault is a miss, counted by `FaultLog` and fed to the `Breaker`.
+for it the first time it is asked (a healthy sidecar answers within a millisecond or two,
+so most requests are scheduled in the step they arrive), and afterwards never blocks:
+`None` until the answer is there, a miss once `timeout_s` has passed. The first-time waits
+share one budget per scheduler step (`wait_s`, renewed by `new_step`): 16 new requests
+against a slow sidecar stall their step by `wait_s`, not 16 times it. Every fault is a miss, counted by `FaultLog` and fed to the `Breaker`.
 An answer (`Found`) is the exact stored prefix and, for a request that opted into
 approximate reuse, the runs of stored segments that continue it (`span_cover`).
 """
@@ -75,8 +76,10 @@ class Lookups:
         self.faults = faults
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kvsplice-lookup")
         self._pending: dict[str, _Pending] = {}
+        self._step_deadline: float | None = None  # this step's first waits end then
         self.num_lookups = 0
         self.num_deferred = 0
+        self.waited_s = 0.0  # the first-time waits granted, summed (what the steps could stall)
 
     def poll(self, request_id: str, query: LookupQuery, token_ids: Sequence[int]) -> Found | None:
         """The lookup's answer, MISS on any fault, or None: not answered yet, ask again.
@@ -93,7 +96,8 @@ class Lookups:
             pending = _Pending(query, future, time.monotonic())
             self._pending[request_id] = pending
             self.num_lookups += 1
-            wait_s = self.wait_s
+            wait_s = self._step_budget()
+            self.waited_s += wait_s
         try:
             lookup = pending.future.result(timeout=wait_s)
         except FutureTimeout:
@@ -106,6 +110,17 @@ class Lookups:
             return MISS
         del self._pending[request_id]
         return lookup
+
+    def new_step(self) -> None:
+        """A scheduler step ended: the next one's first-time waits share a fresh `wait_s`."""
+        self._step_deadline = None
+
+    def _step_budget(self) -> float:
+        """What is left of this step's wait budget (the whole `wait_s` for its first lookup)."""
+        now = time.monotonic()
+        if self._step_deadline is None:
+            self._step_deadline = now + self.wait_s
+        return max(0.0, self._step_deadline - now)
 
     def forget(self, request_id: str) -> None:
         """The request finished (or was aborted) before its lookup was asked for again."""

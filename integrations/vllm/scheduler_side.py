@@ -303,6 +303,7 @@ class SchedulerSide:
     def build_step(
         self, scheduler_output: Any
     ) -> tuple[list[LoadSpec], list[SaveSpec], list[RequestStart]]:
+        self.lookups.new_step()
         loads, self._async_loads = self._async_loads, []
         starts: list[RequestStart] = []
         computed: list[tuple[_Tracked, int]] = []
