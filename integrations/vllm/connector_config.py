@@ -44,9 +44,9 @@ class ConnectorConfig:
     more (`SchedulerSide._tail`); the full chunk is stored when it fills.
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
-    Lookups run off the scheduler loop: a new request waits for its lookup at most
-    `lookup_wait_ms` in the step it arrives, is asked about again in later steps,
-    and is served without the sidecar once `lookup_deadline_ms` passed with no answer
+    Lookups run off the scheduler loop: the new requests of a step wait for their lookups
+    at most `lookup_wait_ms` together (one budget per step), are asked about again in later
+    steps, and are served without the sidecar once `lookup_deadline_ms` passed with no answer
     (`lookup_timeout_ms` is one RPC's deadline, retries included).
     The tenant's token: `token` (it then shows in vLLM's logged config), or better
     `token_env` (the name of an environment variable) or `token_file` (a path).
