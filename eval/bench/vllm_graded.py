@@ -231,6 +231,11 @@ def pool(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"configs": pooled, "problems": len(reference), "reports": len(reports)}
 
 
+def _points(value: float | None, spec: str) -> str:
+    """A difference in points, signed; "—" where nothing was graded."""
+    return "—" if value is None else format(value, "+" + spec)
+
+
 def print_graded(rows: Sequence[dict[str, Any]], console: Any) -> None:
     """Each configuration's accuracy per graded role (95% interval), the difference from
     recompute per role, and over all graded answers with its 95% interval (recompute's
@@ -251,12 +256,12 @@ def print_graded(rows: Sequence[dict[str, Any]], console: Any) -> None:
             f"{r['right']}/{r['n']} ({100 * r['ci95'][0]:.0f}-{100 * r['ci95'][1]:.0f}%)"
             for r in (roles[role] for role in GRADED)
         ]
-        points = " / ".join(f"{roles[role]['vs_recompute_points']:+.0f}" for role in GRADED)
+        points = " / ".join(_points(roles[role]["vs_recompute_points"], ".0f") for role in GRADED)
         pooled = roles["all"]
         low, high = pooled["vs_recompute_ci95_points"]
         overall = (
             f"{pooled['right']}/{pooled['n']}" if row["label"] == "recompute"
-            else f"{pooled['vs_recompute_points']:+.1f} ({low:+.1f} to {high:+.1f})"
+            else f"{_points(pooled['vs_recompute_points'], '.1f')} ({low:+.1f} to {high:+.1f})"
         )  # fmt: skip
         equal = f"{graded['outputs_equal_recompute']}/{graded['outputs']}"
         table.add_row(row["label"], *cells, points, overall, equal)
