@@ -28,6 +28,11 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvsplice.integrations.vllm.block_layout import UnsupportedLayout, check_supported, layout_for
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig
+from kvsplice.integrations.vllm.connector_stats import (
+    KvspliceConnectorStats,
+    KvsplicePromMetrics,
+    interval,
+)
 from kvsplice.integrations.vllm.engine_fingerprint import (
     ROPE_KEYS,
     effective_fingerprint,
@@ -100,6 +105,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._disabled_reported = False
         self._load_errors: set[int] = set()
         self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
+        self._stats_seen: dict[str, int] = {}  # the totals at the last get_kv_connector_stats
         if role == KVConnectorRole.SCHEDULER:
             approximate = admits_spans(self.config.reuse_policy, self.fingerprint)
             self.scheduler = SchedulerSide(
@@ -213,6 +219,46 @@ class KvspliceConnector(KVConnectorBase_V1):
         if self.scheduler is not None:
             self.scheduler.lookups.close()
         self.clients.close()
+
+    # ---- stats (vLLM's logged KV transfer metrics and /metrics) ---------------------------
+
+    def get_kv_connector_stats(self) -> KvspliceConnectorStats | None:
+        """This half's counters since the last call (vLLM adds the halves and workers up)."""
+        totals = self._stat_totals()
+        stats = interval(totals, self._stats_seen)
+        self._stats_seen = totals
+        return None if stats.is_empty() else stats
+
+    def _stat_totals(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        if self.scheduler is not None:
+            side, breaker = self.scheduler, self.scheduler.lookups.breaker
+            totals.update(
+                lookups=side.num_lookups, promised_exact_tokens=side.num_promised_exact_tokens,
+                promised_approximate_tokens=side.num_promised_approximate_tokens,
+                breaker_trips=breaker.num_trips, breaker_open=int(breaker.is_open),
+            )  # fmt: skip
+        if self.worker is not None:
+            w = self.worker
+            totals.update(
+                loaded_tokens=w.num_loaded_tokens, failed_loads=w.num_failed_loads,
+                stored_chunks=w.num_stored_chunks, failed_saves=w.num_failed_saves,
+                withheld_saves=w.num_withheld_saves,
+            )  # fmt: skip
+        return totals
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KvspliceConnectorStats | None:
+        return KvspliceConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: VllmConfig, metric_types: dict[Any, Any], labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvsplicePromMetrics:  # fmt: skip
+        return KvsplicePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- scheduler side ----------------------------------------------------------------
 

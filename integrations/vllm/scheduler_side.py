@@ -129,6 +129,8 @@ class SchedulerSide:
         self._bad_segments: dict[str, float] = {}
         self.disabled: str | None = None
         self.num_hit_tokens = 0
+        self.num_promised_exact_tokens = 0  # of num_hit_tokens: from exact chain links
+        self.num_promised_approximate_tokens = 0  # and from approximate runs
         self.num_faults_seen = 0  # load faults absorbed: the worker withholds saves until then
 
     @property
@@ -294,6 +296,8 @@ class SchedulerSide:
         tracked.num_exact_tokens = exact_end - start
         tracked.num_approximate_tokens = end - exact_end
         tracked.num_promised_runs = len(spans)
+        self.num_promised_exact_tokens += tracked.num_exact_tokens
+        self.num_promised_approximate_tokens += tracked.num_approximate_tokens
         if tracked.load_async:  # NOTE: the request is not scheduled until its load ends
             self._async_loads.append(load)
         else:

@@ -88,6 +88,8 @@ class WorkerSide:
         self.num_loaded_tokens = 0
         self.num_failed_loads = 0
         self.num_withheld_saves = 0
+        self.num_stored_chunks = 0  # acknowledged by the sidecar
+        self.num_failed_saves = 0
         self._loaded_runs: dict[str, list[ReusedRun]] = {}  # request id -> this step's load
         self._news = WorkerNews()
         # NOTE: guards news, faults and taints: async loads fail on the loader thread
@@ -253,6 +255,10 @@ class WorkerSide:
 
     def _put_outcome(self, spec: SaveSpec, stored: bool) -> None:
         with self._news_lock:
+            if stored:
+                self.num_stored_chunks += 1
+            else:
+                self.num_failed_saves += 1
             (self._news.acked if stored else self._news.failed).append((spec.namespace, spec.key))
 
     def _runs(self, spec: LoadSpec, end: int) -> list[ReusedRun]:

@@ -133,6 +133,17 @@ def test_a_fresh_engine_loads_every_full_block_and_answers_token_exactly(
     )
     assert stats["num_hit_tokens"] - before == external
     assert stats["hit_tokens_by_source"].get("in_place", 0) >= external  # same host: in place
+    # kvsplice's own counters in vLLM's /metrics (get_kv_connector_stats) agree with both
+    ours = wait_for(
+        engines["b"].counters,
+        lambda c: _delta(c, counters_before, "vllm:kvsplice_loaded_tokens_total") >= external,
+        timeout_s=30.0,
+        interval_s=0.5,
+    )
+    assert _delta(ours, counters_before, "vllm:kvsplice_loaded_tokens_total") == external
+    assert _delta(ours, counters_before, "vllm:kvsplice_promised_exact_tokens_total") == external
+    assert _delta(ours, counters_before, "vllm:kvsplice_lookups_total") >= 1
+    assert _delta(ours, counters_before, "vllm:kvsplice_failed_loads_total") == 0
 
 
 def _delta(now: dict[str, float], before: dict[str, float], name: str) -> float:
