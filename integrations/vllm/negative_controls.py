@@ -24,9 +24,9 @@ NEGATIVE_CONTROLS = (UNROTATED, NOISE)
 # NOTE: fixed before any graded run (issue 50). Measured afterwards on real spans (Qwen2.5-
 # Coder-0.5B, MMLU persona-first user turns after two personas; scripts/measure_span_drift.py,
 # docs/span-drift-qwen-mmlu-2026-12-01.json): naive's own error against in-context K/V is
-# 2-6% in the first third of the layers, ~12% (K and V) in the last third, 26% at most (V),
-# so this control is about twice naive's error where naive's is largest: a yardstick that
-# cannot refuse it cannot bound naive either.
+# K 2% -> 12% with depth, V 6% -> 20% (26% at worst), so this control is damage of naive's
+# order (1.3-2.5x by thirds of the layers): a yardstick that cannot refuse it cannot bound
+# naive either.
 NOISE_FRACTION = 0.25
 
 
