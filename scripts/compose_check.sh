@@ -107,7 +107,7 @@ stop_daemon() {
   fi
   wait "$dockerd_pid" 2>/dev/null || true
   started_daemon=0
-  say "stopped the Docker daemon it started (pid $dockerd_pid)"
+  step "stopped the Docker daemon it started (pid $dockerd_pid)"
 }
 
 cleanup() {
