@@ -252,8 +252,11 @@ step "docker compose build: kvsplice (from its wheel), valkey, prometheus"
 logged compose-build compose build kvsplice valkey prometheus
 say "images:"
 image_sizes
-[ "$(docker image inspect -f '{{.Config.User}}' kvsplice:latest)" = kvsplice ] \
-  || fail "kvsplice:latest does not run as the user kvsplice"
+for image in kvsplice:latest kvsplice-local/valkey:8.0-bookworm kvsplice-local/prometheus:2.42-bookworm; do
+  user=$(docker image inspect -f '{{.Config.User}}' "$image")
+  case "$user" in "" | root | 0) fail "$image runs as root" ;; esac
+  say "  $image runs as $user"
+done
 
 step "docker compose up -d kvsplice (and valkey, which it waits for)"
 brought_up=1
