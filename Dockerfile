@@ -1,9 +1,11 @@
-# syntax=docker/dockerfile:1
 # kvsplice images (docs/operations.md):
 #   docker build -t kvsplice .                                 -> the store sidecar (default, last stage)
 #   docker build --target worker -t kvsplice-worker .          -> the example inference worker
 #   docker build --target vllm-worker -t kvsplice-vllm .       -> vLLM (CPU) with the kvsplice connector
 # The sidecar installs the base package only: the server never imports torch.
+# No `# syntax=` line: the builder's own Dockerfile frontend (BuildKit, Docker >= 20.10) has
+# everything used here, and fetching another would need a registry (make compose-check).
+# Without one, PYTHON_IMAGE can be a local image: docker-compose.local.yml, deploy/local.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 

