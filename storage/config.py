@@ -67,7 +67,7 @@ class LMDBTierConfig:
         "(0: every commit).", name="lmdb-sync-interval-ms", min=0,
     )  # fmt: skip
     max_unsynced_bytes: int = flag(
-        64 * MIB, "A put that leaves more unsynced than this fsyncs before it is acknowledged.",
+        256 * MIB, "A put that leaves more unsynced than this fsyncs before it is acknowledged.",
         name="lmdb-max-unsynced-mib", mib=True, min=1,
     )  # fmt: skip
     writemap: bool = flag(
