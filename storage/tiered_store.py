@@ -158,7 +158,8 @@ class TieredStore:
     def put(self, meta: SegmentMeta, payload: Payload) -> None:
         """Store `payload` under (namespace, context_key), replacing any previous record.
 
-        Raises `InvalidRequest` if size or checksum disagree with `meta`;
+        Raises `InvalidRequest` if size or checksum disagree with `meta` (a
+        `VerifiedPayload`'s size only: its receiver hashed it, the record carries that);
         `ResourceExhausted` if the namespace quota (after evicting the namespace's
         own unleased LRU segments) or the durable tier (after evicting any
         unleased LRU segments) cannot fit it. Once the durable tier holds the
