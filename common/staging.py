@@ -2,10 +2,12 @@
 
 A client on the sidecar's host writes a put's payload into a file of the sidecar's
 staging directory (`/dev/shm` by default: memory, not disk) and sends only the header
-and the file's name; the sidecar reads the bytes with one copy and treats them exactly
+and the file's name; the sidecar maps the file (no copy) and treats the bytes exactly
 as streamed ones (size, checksum, fingerprint, tenant checks all hold). Streaming 60 MB
 of float32 K/V over loopback gRPC costs ~0.5 CPU-seconds between the two processes;
-the file costs two copies.
+the file costs the client's copy into it and the store's copy out of it. The client
+leaves `HEAD_ROOM_NBYTES` before the payload: the sidecar's private (copy-on-write)
+mapping writes a record header there, so header and payload are one value uncopied.
 
 Owns the file names (who made a file, so a dead client's leftovers can be swept) and
 the sidecar's read. The client's side is `client.store.put_staging`.
@@ -13,6 +15,7 @@ the sidecar's read. The client's side is `client.store.put_staging`.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import secrets
@@ -27,6 +30,7 @@ DEFAULT_STAGING_DIR = "/dev/shm"
 _PREFIX = "kvsplice-staging-"
 # NOTE: the random part makes a name unguessable: a client cannot name another's file.
 _NAME = re.compile(rf"^{_PREFIX}(\d+)-[0-9a-f]{{32}}$")
+HEAD_ROOM_NBYTES = 64 * 1024  # before a staged payload: room for its record's header
 STALE_AFTER_S = 60.0  # a dead writer's file is left alone this long (clock skew, pid reuse)
 
 
@@ -46,9 +50,17 @@ def default_staging_dir() -> str:
     return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else ""
 
 
-def read_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> bytes:
-    """The `nbytes` at `offset` of staging file `name`, read once (StagingUnreadable if
-    the name is not a staging name, the file is not a regular file or is too short)."""
+def map_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> memoryview:
+    """Staging file `name` up to the `nbytes` at `offset`, mapped privately: the payload is
+    `[offset:]`, what is before it writable scratch (copy-on-write: the file never
+    changes). StagingUnreadable if the name is not a staging name, the file is not a
+    regular file or is too short.
+
+    NOTE: the pages are the client's until the sidecar writes one: a client that changes
+    its payload after sending the put stores a record that fails verification on every
+    read (a miss); one that truncates the file kills the sidecar (SIGBUS), which a
+    process of the sidecar's own user (the file is 0600) could do by other means anyway.
+    """
     if not staging_dir:
         raise StagingUnreadable("this sidecar takes no staged puts (no staging directory)")
     if not _NAME.match(name):
@@ -67,12 +79,10 @@ def read_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> bytes:
                 f"staged payload {path} holds {info.st_size} bytes, "
                 f"{nbytes} wanted at offset {offset}"
             )
-        data = os.pread(fd, nbytes, offset)
+        mapped = mmap.mmap(fd, offset + nbytes, access=mmap.ACCESS_COPY)
     finally:
-        os.close(fd)
-    if len(data) != nbytes:  # truncated between fstat and read
-        raise StagingUnreadable(f"staged payload {path} shrank while being read")
-    return data
+        os.close(fd)  # the mapping stays
+    return memoryview(mapped)  # unmapped once no view of it is left
 
 
 def sweep_stale(staging_dir: str | None, now_s: float | None = None) -> int:

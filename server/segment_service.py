@@ -17,8 +17,6 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import xxhash
-
 from kvsplice.common.errors import (
     AlreadyExists,
     CorruptPayload,
@@ -34,6 +32,7 @@ from kvsplice.common.keys import (
     root_key,
 )
 from kvsplice.common.namespace_stats import NamespaceStats
+from kvsplice.common.payload_buffer import PayloadBuffer
 from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
@@ -43,6 +42,7 @@ from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.pressure import NamespacePressure
+from kvsplice.storage.segment_codec import VerifiedPayload, payload_digest
 from kvsplice.storage.tiered_store import StoredSegment, TieredStore
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,11 @@ class SimilarQuery:
     left_context_ids: tuple[int, ...] = ()
     parent_key: bytes | None = None
     limit: int = 0
+
+
+def _flat(payload: bytes | memoryview) -> memoryview:
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def check_namespace(namespace: str) -> str:
@@ -203,20 +208,23 @@ class SegmentService:
         self.index(stored)
         return stored
 
-    def write(self, meta: SegmentMeta, payload: bytes | memoryview) -> SegmentMeta:
+    def write(self, meta: SegmentMeta, payload: bytes | memoryview | PayloadBuffer) -> SegmentMeta:
         """Verify `payload` against `meta` and store it (thread-safe); returns the stored meta.
 
         Keys are immutable: a key that holds another segment raises AlreadyExists; the
         same segment again is a no-op returning the stored meta. Index it with `index`.
+        The payload is hashed here, once: the store carries this checksum to the record.
         """
         meta = self.check_header(meta)
-        if len(payload) != meta.payload_nbytes:
+        received = payload if isinstance(payload, PayloadBuffer) else PayloadBuffer(_flat(payload))
+        if len(received) != meta.payload_nbytes:
             raise CorruptPayload(
-                f"received {len(payload)} payload bytes, header says {meta.payload_nbytes}"
+                f"received {len(received)} payload bytes, header says {meta.payload_nbytes}"
             )
-        if xxhash.xxh3_64_intdigest(payload) != meta.checksum:
+        if payload_digest(received.view) != meta.checksum:
             raise CorruptPayload(f"payload checksum mismatch for segment {meta.segment_id}")
-        existing = self._store.put_if_absent(meta, payload)
+        verified = VerifiedPayload(received.buffer, received.offset)
+        existing = self._store.put_if_absent(meta, verified)
         if existing is None:
             return meta
         if any(getattr(existing, f) != getattr(meta, f) for f in _IDENTITY_FIELDS):

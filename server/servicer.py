@@ -72,7 +72,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._auth = authenticator or Authenticator()
         self._uploads = uploads or UploadBudget()
         staging_dir = "" if data_plane is None else data_plane.staging_dir
-        self._read_staged = functools.partial(staging.read_staged, staging_dir)
+        self._read_staged = functools.partial(staging.map_staged, staging_dir)
 
     def _allow(self, context: aio.ServicerContext, namespace: str, write: bool = False) -> str:
         """`namespace`, checked, if the caller's tenant may use it (PERMISSION_DENIED if not)."""

@@ -8,10 +8,12 @@ start and stop only; the store is the ordinary `EmbeddedStore` with an LMDB tier
 from __future__ import annotations
 
 import multiprocessing
+import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from kvsplice.common.staging import DEFAULT_STAGING_DIR
+from kvsplice.storage.config import LMDBTierConfig
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -30,6 +32,7 @@ class SidecarSpec:
     sweep_interval_s: float = 60.0  # how often expired segments are removed
     admin: bool = False  # serve the admin API on a free loopback port (`admin_url`)
     staging_dir: str | None = DEFAULT_STAGING_DIR  # staged puts (`common.staging`); None: off
+    lmdb: LMDBTierConfig | None = None  # the whole tier config; None: from the fields above
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -49,6 +52,10 @@ class SidecarProcess:
         self.target = ""
         self.admin_url: str | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
     def start(self) -> str:
         self._process.start()
         if not self._conn.poll(START_TIMEOUT_S):
@@ -60,6 +67,11 @@ class SidecarProcess:
             raise message
         self.target, self.admin_url = message
         return self.target
+
+    def cpu_seconds(self) -> float:
+        """The child's process CPU time so far (user + system, every thread of it)."""
+        self._conn.send("cpu")
+        return float(self._conn.recv())
 
     def stop(self) -> None:
         if self._process.is_alive():
@@ -80,9 +92,11 @@ class SidecarProcess:
 def _serve(spec: SidecarSpec, conn: Connection) -> None:
     from kvsplice.server.config import SegmentServiceConfig, ServerConfig
     from kvsplice.server.embedded import EmbeddedStore
-    from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig
+    from kvsplice.storage.config import MemoryTierConfig, StoreConfig
 
-    lmdb = LMDBTierConfig(spec.lmdb_path, map_size_bytes=spec.map_size_bytes, sync=spec.lmdb_sync)
+    lmdb = spec.lmdb or LMDBTierConfig(
+        spec.lmdb_path, map_size_bytes=spec.map_size_bytes, sync=spec.lmdb_sync
+    )
     memory = None if spec.memory_bytes is None else MemoryTierConfig(max_bytes=spec.memory_bytes)
     service = SegmentServiceConfig()
     if spec.max_payload_nbytes is not None:
@@ -105,7 +119,8 @@ def _serve(spec: SidecarSpec, conn: Connection) -> None:
         raise
     try:
         conn.send((store.target, store.admin_url))
-        conn.recv()  # "stop", or EOFError when the parent went away
+        while conn.recv() == "cpu":  # until "stop", or EOFError when the parent went away
+            conn.send(time.process_time())
     except EOFError:
         pass
     finally:

@@ -58,13 +58,50 @@ class LMDBTierConfig:
         name="lmdb-map-size-mib", mib=True, min=1, cli_default=4096 * MIB,
     )  # fmt: skip
     compress: bool = flag(False, "zstd on the LMDB tier (rarely pays on int8 KV).")
-    sync: bool = flag(True, "fsync every LMDB commit.", name="lmdb-sync")
+    sync: bool = flag(
+        True, "fsync what the LMDB tier commits (per commit, or per sync window).",
+        name="lmdb-sync",
+    )  # fmt: skip
+    sync_interval_ms: float = flag(
+        100.0, "LMDB fsync window: commits are fsynced together at most this often "
+        "(0: every commit).", name="lmdb-sync-interval-ms", min=0,
+    )  # fmt: skip
+    max_unsynced_bytes: int = flag(
+        256 * MIB, "A put that leaves more unsynced than this fsyncs before it is acknowledged.",
+        name="lmdb-max-unsynced-mib", mib=True, min=1,
+    )  # fmt: skip
+    writemap: bool = flag(
+        True, "Write LMDB records straight into its map (no staging copy of the pages).",
+        name="lmdb-writemap",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError(f"path {self.path!r} is empty")
         if self.map_size_bytes < 64 * 1024:
             raise ValueError(f"map_size_bytes {self.map_size_bytes} is below 64 KiB")
+        if not (math.isfinite(self.sync_interval_ms) and self.sync_interval_ms >= 0):
+            raise ValueError(f"sync_interval_ms {self.sync_interval_ms!r} must be finite, >= 0")
+        if self.max_unsynced_bytes < 1:
+            raise ValueError(f"max_unsynced_bytes {self.max_unsynced_bytes} must be >= 1")
+
+    @property
+    def grouped_sync(self) -> bool:
+        """Commits are fsynced together by a sync window, not one by one."""
+        return self.sync and self.sync_interval_ms > 0
+
+
+def describe_durability(config: LMDBTierConfig) -> str:
+    """What an acknowledged put of this tier survives, in one line (bench JSON, logs)."""
+    pages = "writemap" if config.writemap else "no writemap"
+    if not config.sync:
+        return f"no fsync (page cache; fsync at close), {pages}"
+    if not config.grouped_sync:
+        return f"fsync every commit, {pages}"
+    return (
+        f"fsync every {config.sync_interval_ms:g} ms or "
+        f"{config.max_unsynced_bytes / MIB:g} MiB unsynced, {pages}"
+    )
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
@@ -128,6 +165,9 @@ class StoreConfig:
 
     A namespace's quota is `namespace_quota_bytes[ns]`, else `default_quota_bytes`
     (None: no quota). Quotas cap the bytes of segment records (meta + payload).
+    `cache_puts`: a segment put is copied into the cache tiers above the durable one too;
+    off, they hold what reads promote (a same-host reader reads LMDB's map in place,
+    so a memory copy of every put would be a second resident copy nobody reads).
     """
 
     memory: MemoryTierConfig | None = None
@@ -137,6 +177,10 @@ class StoreConfig:
     default_quota_bytes: int | None = flag(
         None, "Per-namespace byte quota.", name="quota-mib", mib=True, min=1
     )
+    cache_puts: bool = flag(
+        False, "Also copy each put into the memory tier above LMDB (else reads promote).",
+        name="memory-cache-puts",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.memory is None and self.lmdb is None:

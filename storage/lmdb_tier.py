@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 
 import lmdb
@@ -22,8 +23,9 @@ from kvsplice.common.errors import (
     ResourceExhausted,
     StoreUnavailable,
 )
-from kvsplice.storage.config import LMDBTierConfig
-from kvsplice.storage.record import body_prefix, open_record, seal
+from kvsplice.storage.config import LMDBTierConfig, describe_durability
+from kvsplice.storage.lmdb_sync import SyncWindow
+from kvsplice.storage.record import SealedRecord, as_record, body_prefix, open_record
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
@@ -74,23 +76,44 @@ class LMDBTier:
             os.close(self._lock_fd)
             raise
         self._db = self._env.open_db(DB_NAME)
+        self._window = (
+            SyncWindow(
+                lambda: self._env.sync(True),
+                config.sync_interval_ms / 1e3,
+                config.max_unsynced_bytes,
+                name,
+            )
+            if config.grouped_sync
+            else None
+        )
+        logger.info("%s at %s: %s", name, config.path, describe_durability(config))
 
     @staticmethod
     def _open_env(config: LMDBTierConfig) -> lmdb.Environment:
+        map_size = config.map_size_bytes + map_headroom_bytes(config.map_size_bytes)
+        per_commit = config.sync and not config.grouped_sync
         return lmdb.open(
             config.path,
-            map_size=config.map_size_bytes + map_headroom_bytes(config.map_size_bytes),
+            map_size=map_size,
             subdir=True,
             max_dbs=1,
-            sync=config.sync,
-            metasync=config.sync,
+            sync=per_commit,
+            metasync=per_commit,
+            writemap=config.writemap and _disk_holds_map(config.path, map_size),
             readahead=False,  # random reads of large values; readahead only evicts page cache
             lock=True,
             max_readers=MAX_READERS,
         )
 
-    def put(self, key: bytes, value: bytes | memoryview) -> None:
-        record = seal(value, compress=self._config.compress)
+    @property
+    def sync_window(self) -> SyncWindow | None:
+        """The fsync window (None: fsync per commit, or none at all)."""
+        return self._window
+
+    def put(self, key: bytes, value: bytes | memoryview | SealedRecord) -> None:
+        # NOTE: a `SealedRecord` is stored as it is: txn.put copies it once, straight into
+        # the map under writemap; it is not hashed here (its receiver verified its payload).
+        record = as_record(value, self._config.compress)
         self._check_open()
         if self.used_bytes() + len(record) > self._config.map_size_bytes:
             raise ResourceExhausted(
@@ -107,6 +130,8 @@ class LMDBTier:
             ) from exc
         except lmdb.BadValsizeError as exc:
             raise InvalidRequest(f"{self.name}: key of {len(key)} bytes is too long") from exc
+        if self._window is not None:
+            self._window.committed(len(record))
         self._counters.add(puts=1, bytes_in=len(value))
 
     def get(self, key: bytes) -> bytes | memoryview | None:
@@ -184,10 +209,12 @@ class LMDBTier:
             return
         self._closed = True
         try:
-            if not self._config.sync:
+            if self._window is not None:
+                self._window.close()  # its last fsync
+            elif not self._config.sync:
                 self._env.sync(True)
-            self._env.close()
         finally:
+            self._env.close()
             os.close(self._lock_fd)  # closing the descriptor releases the lock
 
     def stats(self) -> TierStats:
@@ -237,6 +264,20 @@ def _lock_directory(path: str) -> int:
             f"LMDB directory {path} is in use by another kvsplice process ({lock_path} is locked)"
         ) from exc
     return fd
+
+
+def _disk_holds_map(path: str, map_nbytes: int) -> bool:
+    """Whether the disk under `path` can back the whole map. NOTE: under writemap LMDB sizes
+    its data file to the map (sparse); a write into a hole the disk cannot fill is SIGBUS,
+    not an error, so writemap is used only where the disk holds the whole map."""
+    data_file = os.path.join(path, "data.mdb")
+    allocated = os.stat(data_file).st_blocks * 512 if os.path.exists(data_file) else 0
+    if shutil.disk_usage(path).free + allocated >= map_nbytes:
+        return True
+    logger.warning(
+        "%s: the disk cannot hold a %d-byte map: LMDB writes without writemap", path, map_nbytes
+    )
+    return False
 
 
 def _verifies(raw: bytes | memoryview) -> bool:

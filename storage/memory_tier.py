@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from kvsplice.common.errors import CorruptPayload, ResourceExhausted, StoreUnavailable
 from kvsplice.storage.config import MemoryTierConfig
 from kvsplice.storage.eviction import make_order
-from kvsplice.storage.record import body_prefix, open_record, seal
+from kvsplice.storage.record import SealedRecord, as_record, body_prefix, open_record
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class MemoryTier:
         self._counters = TierCounters()
         self._closed = False
 
-    def put(self, key: bytes, value: bytes | memoryview) -> None:
-        record = seal(value, compress=self._config.compress)
+    def put(self, key: bytes, value: bytes | memoryview | SealedRecord) -> None:
+        record = bytes(as_record(value, self._config.compress))  # kept past this call
         if len(record) > self._config.max_bytes:
             raise ResourceExhausted(
                 f"{self.name}: record of {len(record)} bytes exceeds the budget "

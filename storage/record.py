@@ -2,6 +2,9 @@
 
 Layout (little-endian, 32-byte header): magic "KVSR" | version u8 | flags u8 |
 reserved u16 | stored_len u64 | raw_len u64 | xxh3_64(stored body) u64 | body.
+A split record (flag 0x02, never compressed) covers its body in two parts, so that a
+tail whose xxh3-64 arrived with it is never hashed again to seal it: the checksum field
+covers body[head_len:], and the raw_len field holds head_len u32 | xxh3_64(head) low u32.
 Owns sealing and verification only; what the body means belongs to the caller.
 """
 
@@ -20,6 +23,9 @@ from kvsplice.common.errors import CorruptPayload
 MAGIC = b"KVSR"
 VERSION = 1
 FLAG_ZSTD = 0x01
+FLAG_SPLIT = 0x02
+_KNOWN_FLAGS = FLAG_ZSTD | FLAG_SPLIT
+_HEAD_CHECKSUM_MASK = 0xFFFFFFFF
 HEADER = struct.Struct("<4sBBHQQQ")
 HEADER_NBYTES = HEADER.size
 # Level 1: on int8 KV, levels 1-9 reach the same ratio (~1.02) and level 1 is ~2x faster.
@@ -35,11 +41,17 @@ class RecordHeader:
     flags: int
     stored_nbytes: int
     raw_nbytes: int
-    checksum: int
+    checksum: int  # of the stored body; of its tail after `head_nbytes` in a split record
+    head_nbytes: int = 0
+    head_checksum: int = 0  # xxh3-64 of the head, low 32 bits (split records)
 
     @property
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_ZSTD)
+
+    @property
+    def split(self) -> bool:
+        return bool(self.flags & FLAG_SPLIT)
 
     @property
     def record_nbytes(self) -> int:
@@ -69,6 +81,36 @@ def seal(body: bytes | memoryview, compress: bool = False) -> bytes:
     return header + stored
 
 
+@dataclass(frozen=True)
+class SealedRecord:
+    """A whole record (header, then body) that a tier stores as it is, sealed by
+    `split_prefix`; `len()` is its body's size, as for a body handed to `seal`."""
+
+    record: bytes | memoryview
+
+    def __len__(self) -> int:
+        return len(self.record) - HEADER_NBYTES
+
+
+def split_prefix(head: bytes, tail_nbytes: int, tail_checksum: int) -> bytes:
+    """Header and `head` of a split record whose body is `head` + a tail of `tail_nbytes`
+    bytes with xxh3-64 `tail_checksum` (the caller vouches for it: the tail is not read)."""
+    head_checksum = xxhash.xxh3_64_intdigest(head) & _HEAD_CHECKSUM_MASK
+    header = HEADER.pack(
+        MAGIC, VERSION, FLAG_SPLIT, 0, len(head) + tail_nbytes,
+        (len(head) << 32) | head_checksum, tail_checksum,
+    )  # fmt: skip
+    return header + head
+
+
+def as_record(value: bytes | memoryview | SealedRecord, compress: bool) -> bytes | memoryview:
+    """The record a tier stores for `value`: a `SealedRecord` as it is (re-sealed only
+    where the tier compresses), anything else sealed."""
+    if not isinstance(value, SealedRecord):
+        return seal(value, compress=compress)
+    return seal(open_record(value.record), compress=True) if compress else value.record
+
+
 def read_header(raw: bytes | memoryview) -> RecordHeader:
     """Parse and sanity-check the header at the start of `raw` (which may be a prefix)."""
     if len(raw) < HEADER_NBYTES:
@@ -78,8 +120,15 @@ def read_header(raw: bytes | memoryview) -> RecordHeader:
         raise CorruptPayload(f"bad record magic {bytes(magic)!r}")
     if version != VERSION:
         raise CorruptPayload(f"unknown record version {version}")
-    if flags & ~FLAG_ZSTD or reserved:
+    if flags & ~_KNOWN_FLAGS or flags == _KNOWN_FLAGS or reserved:
         raise CorruptPayload(f"unknown record flags {flags:#x} / reserved bits {reserved:#x}")
+    if flags & FLAG_SPLIT:
+        head_nbytes, head_checksum = raw_nbytes >> 32, raw_nbytes & _HEAD_CHECKSUM_MASK
+        if head_nbytes > stored_nbytes:
+            raise CorruptPayload(f"split record's head of {head_nbytes} bytes > {stored_nbytes}")
+        return RecordHeader(
+            flags, stored_nbytes, stored_nbytes, checksum, head_nbytes, head_checksum
+        )
     if not flags & FLAG_ZSTD and stored_nbytes != raw_nbytes:
         raise CorruptPayload(f"raw record stores {stored_nbytes} bytes but claims {raw_nbytes}")
     if raw_nbytes > _MAX_BODY_NBYTES:
@@ -96,6 +145,9 @@ def open_record(raw: bytes | memoryview) -> bytes | memoryview:
     if len(raw) != header.record_nbytes:
         raise CorruptPayload(f"record holds {len(raw)} bytes, header says {header.record_nbytes}")
     stored = memoryview(raw)[HEADER_NBYTES:]
+    if header.split:
+        _verify_split(stored, header)
+        return stored
     if xxhash.xxh3_64_intdigest(stored) != header.checksum:
         raise CorruptPayload("record checksum mismatch")
     if not header.compressed:
@@ -107,6 +159,14 @@ def open_record(raw: bytes | memoryview) -> bytes | memoryview:
     if len(body) != header.raw_nbytes:
         raise CorruptPayload(f"body decodes to {len(body)} bytes, header says {header.raw_nbytes}")
     return body
+
+
+def _verify_split(body: memoryview, header: RecordHeader) -> None:
+    head, tail = body[: header.head_nbytes], body[header.head_nbytes :]
+    if xxhash.xxh3_64_intdigest(head) & _HEAD_CHECKSUM_MASK != header.head_checksum:
+        raise CorruptPayload("record head checksum mismatch")
+    if xxhash.xxh3_64_intdigest(tail) != header.checksum:
+        raise CorruptPayload("record checksum mismatch")
 
 
 def body_prefix(raw: bytes | memoryview, max_nbytes: int) -> bytes:

@@ -16,7 +16,14 @@ from typing import Any, cast
 
 from kvsplice.common.errors import CorruptPayload, StoreUnavailable
 from kvsplice.storage.config import RedisTierConfig
-from kvsplice.storage.record import HEADER_NBYTES, body_prefix, open_record, read_header, seal
+from kvsplice.storage.record import (
+    HEADER_NBYTES,
+    SealedRecord,
+    as_record,
+    body_prefix,
+    open_record,
+    read_header,
+)
 from kvsplice.storage.redis_connection import (
     TAG_NBYTES,
     Client,
@@ -69,8 +76,8 @@ class RedisTier:
         except StoreUnavailable:
             self._used_nbytes = 0  # degraded at start; counted from here on
 
-    def put(self, key: bytes, value: bytes | memoryview) -> None:
-        record = seal(value, compress=self._config.compress)
+    def put(self, key: bytes, value: bytes | memoryview | SealedRecord) -> None:
+        record = bytes(as_record(value, self._config.compress))  # kept past this call
         ttl_ms = None if self._config.ttl_s is None else max(1, int(self._config.ttl_s * 1000))
         name = self._full(key)
 

@@ -15,6 +15,7 @@ from kvsplice.common.errors import ResourceExhausted
 from kvsplice.storage.catalog import Catalog, CatalogEntry
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.pressure import PressureCounters
+from kvsplice.storage.record import SealedRecord
 from kvsplice.storage.shared_catalog import Removed, SharedCatalog
 from kvsplice.storage.shared_tier import SharedTier
 from kvsplice.storage.tier_stack import TierStack
@@ -75,7 +76,7 @@ class RoomMaker:
         return victims
 
     def write_durable(
-        self, key: bytes, body: bytes, removed: Removed, namespace: str | None = None
+        self, key: bytes, body: bytes | SealedRecord, removed: Removed, namespace: str | None = None
     ) -> None:
         """Put into the durable tier, evicting while it is full: fair share first (see
         `Catalog.fair_victims`), so a writer never silently empties another namespace.

@@ -20,6 +20,7 @@ import xxhash
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.storage.record import SealedRecord, split_prefix
 
 # 2: kind and exact are fields (1 wrote them as labels; still read)
 META_VERSION = 2
@@ -70,8 +71,40 @@ def decode_meta(raw: bytes | memoryview) -> SegmentMeta:
         raise CorruptPayload(f"segment meta does not decode: {exc}") from exc
 
 
-def payload_view(meta: SegmentMeta, payload: bytes | memoryview) -> memoryview:
-    """`payload` as flat bytes; `InvalidRequest` unless its size and xxh3-64 match `meta`."""
+@dataclass(frozen=True)
+class VerifiedPayload:
+    """A payload whose xxh3-64 its receiver checked against `meta.checksum` (the one
+    hash of a put), in `buffer[offset:]`. `buffer[:offset]` is writable scratch: a record's
+    header written there joins the payload into one value without copying it."""
+
+    buffer: memoryview  # flat bytes; writable where `offset` > 0
+    offset: int = 0
+
+    @property
+    def view(self) -> memoryview:
+        return self.buffer[self.offset :]
+
+    def __len__(self) -> int:
+        return self.buffer.nbytes - self.offset
+
+
+Payload = bytes | memoryview | VerifiedPayload
+
+
+def payload_digest(payload: bytes | memoryview) -> int:
+    """The checksum a segment's meta carries for its payload: xxh3-64 of its bytes."""
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+def payload_view(meta: SegmentMeta, payload: Payload) -> memoryview:
+    """`payload` as flat bytes; `InvalidRequest` unless its size and xxh3-64 match `meta`
+    (a `VerifiedPayload` is not hashed again: its size is checked)."""
+    if isinstance(payload, VerifiedPayload):
+        if len(payload) != meta.payload_nbytes:
+            raise InvalidRequest(
+                f"payload holds {len(payload)} bytes, meta says {meta.payload_nbytes}"
+            )
+        return payload.view
     try:
         view = memoryview(payload)
     except TypeError as exc:
@@ -81,16 +114,36 @@ def payload_view(meta: SegmentMeta, payload: bytes | memoryview) -> memoryview:
     view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
     if view.nbytes != meta.payload_nbytes:
         raise InvalidRequest(f"payload holds {view.nbytes} bytes, meta says {meta.payload_nbytes}")
-    if xxhash.xxh3_64_intdigest(view) != meta.checksum:
+    if payload_digest(view) != meta.checksum:
         raise InvalidRequest("payload checksum does not match meta.checksum (xxh3-64)")
     return view
 
 
 def encode_segment(meta: SegmentMeta, payload: bytes | memoryview) -> bytes:
     """The record body holding `meta` and `payload`."""
+    return b"".join((segment_head(meta), payload))
+
+
+def segment_head(meta: SegmentMeta) -> bytes:
+    """The start of a segment's body: everything before its payload."""
     meta_raw = encode_meta(meta)
-    header = _BODY_HEADER.pack(len(meta_raw), xxhash.xxh3_64_intdigest(meta_raw))
-    return b"".join((header, meta_raw, payload))
+    return _BODY_HEADER.pack(len(meta_raw), xxhash.xxh3_64_intdigest(meta_raw)) + meta_raw
+
+
+def sealed_segment(meta: SegmentMeta, payload: Payload) -> tuple[SealedRecord, bytes]:
+    """The record of `meta` and its `payload` (checked by `payload_view`), and its head.
+
+    Split (`record.split_prefix`): the payload's digest is `meta.checksum`, never hashed
+    again. Built in place where `payload` has room before it, else copied once.
+    """
+    view = payload_view(meta, payload)
+    head = segment_head(meta)
+    prefix = split_prefix(head, len(view), meta.checksum)
+    if isinstance(payload, VerifiedPayload) and payload.offset >= len(prefix):
+        start = payload.offset - len(prefix)
+        payload.buffer[start : payload.offset] = prefix
+        return SealedRecord(payload.buffer[start:]), head
+    return SealedRecord(b"".join((prefix, view))), head
 
 
 def meta_span(head: bytes | memoryview) -> int:

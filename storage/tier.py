@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Protocol
 
+from kvsplice.storage.record import SealedRecord
+
 EvictionCallback = Callable[[bytes], None]
 
 
@@ -43,8 +45,9 @@ class StorageTier(Protocol):
 
     name: str
 
-    def put(self, key: bytes, value: bytes | memoryview) -> None:
-        """Store `value` under `key`, replacing any previous value atomically."""
+    def put(self, key: bytes, value: bytes | memoryview | SealedRecord) -> None:
+        """Store `value` under `key`, replacing any previous value atomically (a
+        `SealedRecord` is stored as the record it already is)."""
         ...
 
     def get(self, key: bytes) -> bytes | memoryview | None:

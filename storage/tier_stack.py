@@ -10,11 +10,13 @@ import logging
 from collections.abc import Callable, Sequence
 
 from kvsplice.common.errors import ResourceExhausted
+from kvsplice.storage.record import SealedRecord
 from kvsplice.storage.tier import StorageTier
 
 logger = logging.getLogger(__name__)
 
 Body = bytes | memoryview
+Value = Body | SealedRecord  # what a put hands a tier
 
 
 class TierStack:
@@ -30,7 +32,7 @@ class TierStack:
         self.durable = self.tiers[-1]
         self.caches = self.tiers[:-1]
 
-    def fill_caches(self, key: bytes, body: Body, num_levels: int | None = None) -> None:
+    def fill_caches(self, key: bytes, body: Value, num_levels: int | None = None) -> None:
         """Write `body` into the first `num_levels` caches (all by default).
 
         A cache that cannot fit it drops its copy instead: an older version
@@ -43,8 +45,15 @@ class TierStack:
                 logger.debug("%s does not cache %s: %s", cache.name, key.hex(), exc)
                 cache.delete(key)
 
-    def get(self, key: bytes, is_current: Callable[[Body], bool]) -> Body | None:
-        """The body from the fastest tier holding it, promoted into the tiers above.
+    def get(
+        self,
+        key: bytes,
+        is_current: Callable[[Body], bool],
+        as_value: Callable[[Body], Value] = lambda body: body,
+    ) -> Body | None:
+        """The body from the fastest tier holding it, promoted into the tiers above
+        as `as_value(body)` (a caller that knows how can hand them a sealed record: the
+        body was verified on its way out, so sealing it need not hash it again).
 
         A cached body that `is_current` rejects (a stale version) is dropped.
         """
@@ -56,7 +65,8 @@ class TierStack:
                 logger.info("%s held a stale version of %s; dropped", tier.name, key.hex())
                 tier.delete(key)
                 continue
-            self.fill_caches(key, body, num_levels=level)
+            if level:
+                self.fill_caches(key, as_value(body), num_levels=level)
             return body
         return None
 

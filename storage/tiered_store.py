@@ -31,11 +31,13 @@ from kvsplice.storage.catalog_loader import load_catalog
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.keyspace import segment_key
 from kvsplice.storage.pressure import NamespacePressure, PressureCounters
+from kvsplice.storage.record import SealedRecord
 from kvsplice.storage.room_maker import RoomMaker
 from kvsplice.storage.segment_codec import (
-    encode_segment,
+    Payload,
+    VerifiedPayload,
     meta_digest,
-    payload_view,
+    sealed_segment,
     segment_payload,
 )
 from kvsplice.storage.segment_events import SharedEvent
@@ -121,6 +123,7 @@ class TieredStore:
         shared: SharedTier | None = None,
     ) -> None:
         self._stack = TierStack(tiers)
+        self._cache_puts = config.cache_puts
         self._shared = shared
         self._clock = clock
         self._lock = threading.Lock()
@@ -152,10 +155,11 @@ class TieredStore:
 
     # -- segments -------------------------------------------------------------
 
-    def put(self, meta: SegmentMeta, payload: bytes | memoryview) -> None:
+    def put(self, meta: SegmentMeta, payload: Payload) -> None:
         """Store `payload` under (namespace, context_key), replacing any previous record.
 
-        Raises `InvalidRequest` if size or checksum disagree with `meta`;
+        Raises `InvalidRequest` if size or checksum disagree with `meta` (a
+        `VerifiedPayload`'s size only: its receiver hashed it, the record carries that);
         `ResourceExhausted` if the namespace quota (after evicting the namespace's
         own unleased LRU segments) or the durable tier (after evicting any
         unleased LRU segments) cannot fit it. Once the durable tier holds the
@@ -171,7 +175,7 @@ class TieredStore:
         if self._shared is not None:
             self._shared.publish_put(key)
 
-    def put_if_absent(self, meta: SegmentMeta, payload: bytes | memoryview) -> SegmentMeta | None:
+    def put_if_absent(self, meta: SegmentMeta, payload: Payload) -> SegmentMeta | None:
         """`put`, unless the key holds a live segment: then nothing is written and its meta
         is returned (the check and the write happen under the key's lock)."""
         key, body, entry = _record_of(meta, payload)
@@ -375,7 +379,9 @@ class TieredStore:
         finally:
             self._notify(removed)
 
-    def _put_locked(self, key: bytes, body: bytes, entry: CatalogEntry, removed: Removed) -> None:
+    def _put_locked(
+        self, key: bytes, body: SealedRecord, entry: CatalogEntry, removed: Removed
+    ) -> None:
         victims = self._room.reserve_quota(key, entry)
         try:
             self._room.evict(victims, "quota", removed)
@@ -385,7 +391,10 @@ class TieredStore:
         finally:
             with self._lock:
                 self._catalog.unreserve(entry.meta.namespace, entry.body_nbytes)
-        self._stack.fill_caches(key, body)
+        if self._cache_puts:
+            self._stack.fill_caches(key, body)
+        else:
+            self._stack.drop_cached(key)  # an older version must not outlive this one
 
     def _read(self, key: bytes, namespace: str, lease: bool) -> StoredSegment | None:
         removed: Removed = []
@@ -410,8 +419,12 @@ class TieredStore:
         entry = self._live_entry(key, removed)
         if entry is None:
             return self._read_through(key, removed, arrived)
-        digest = entry.meta_digest
-        body = self._stack.get(key, is_current=lambda b: digest_or_none(b) == digest)
+        digest, meta = entry.meta_digest, entry.meta
+        body = self._stack.get(
+            key,
+            is_current=lambda b: digest_or_none(b) == digest,
+            as_value=lambda b: sealed_segment(meta, VerifiedPayload(segment_payload(b, meta)))[0],
+        )
         if body is None and self._shared_reads is not None:
             fetched = self._shared_reads.fetch(key, entry, removed)
             if fetched is UNREACHABLE:
@@ -497,8 +510,8 @@ class TieredStore:
         self._listeners.removed([meta for meta, _ in removed])
 
 
-def _record_of(meta: SegmentMeta, payload: bytes | memoryview) -> tuple[bytes, bytes, CatalogEntry]:
-    """The tier key, the encoded body and the catalog entry of a segment to store."""
-    body = encode_segment(meta, payload_view(meta, payload))
+def _record_of(meta: SegmentMeta, payload: Payload) -> tuple[bytes, SealedRecord, CatalogEntry]:
+    """The tier key, the sealed record and the catalog entry of a segment to store."""
+    record, head = sealed_segment(meta, payload)
     key = segment_key(meta.namespace, meta.context_key)
-    return key, body, CatalogEntry(meta, len(body), meta_digest(body))
+    return key, record, CatalogEntry(meta, len(record), meta_digest(head))

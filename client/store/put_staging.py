@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 
 from kvsplice.client.store.store_types import DataPlaneInfo
 from kvsplice.common.host import host_id
-from kvsplice.common.staging import new_name
+from kvsplice.common.staging import HEAD_ROOM_NBYTES, new_name
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,15 @@ class PutStaging:
             return
         try:
             view = memoryview(payload).cast("B")
+            offset = HEAD_ROOM_NBYTES  # the sidecar writes the record's header there
             try:
-                target = self._reserve(view.nbytes)
+                target = self._reserve(offset + view.nbytes)
             except OSError as error:  # the folder is full (or gone): this put streams
                 logger.warning("cannot stage a %d-byte put (%s): streaming it", view.nbytes, error)
                 yield None
                 return
-            target[: view.nbytes] = view
-            yield self._name, 0
+            target[offset : offset + view.nbytes] = view
+            yield self._name, offset
         finally:
             self._lock.release()
 

@@ -31,6 +31,7 @@ from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.eval.bench.store_config import StoreBenchConfig
 from kvsplice.eval.bench.store_paths import PathRow, bench_read_paths
+from kvsplice.eval.bench.store_put_path import PutPathRow, bench_put_path
 from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import (
@@ -143,6 +144,8 @@ class StoreBenchResult:
     num_cpus: int
     seconds: float
     paths: tuple[PathRow, ...] = ()
+    put_path: tuple[PutPathRow, ...] = ()
+    put_path_load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # load average before it
 
 
 def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
@@ -150,6 +153,10 @@ def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
     start_s, load_before = time.perf_counter(), os.getloadavg()
     warn_if_busy()
     with tempfile.TemporaryDirectory(prefix="kvsplice-bench-store-", dir=config.tmp_dir) as tmp:
+        put_path_load = os_load(os.getloadavg())
+        put_path = bench_put_path(
+            config.put_path_sizes_mib, config.repeats, Path(tmp), CLIENT_CONFIG, config.seed
+        )
         paths = bench_read_paths(
             config.path_sizes_mib,
             config.repeats,
@@ -173,6 +180,8 @@ def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
         num_cpus=os.cpu_count() or 0,
         seconds=time.perf_counter() - start_s,
         paths=tuple(paths),
+        put_path=tuple(put_path),
+        put_path_load=put_path_load,
     )
 
 

@@ -14,7 +14,8 @@ class StoreBenchConfig:
     """What to measure. `tmp_dir` holds the LMDB environments (None: the system temp dir).
 
     `path_sizes_mib`: segment sizes read through each read path (`bench_store_paths`;
-    empty: none). `lmdb_sync` True is the LMDB tier's durable default (fsync on every commit). Lookup
+    empty: none); `put_path_sizes_mib`: sizes put staged until committed (`store_put_path`,
+    at the LMDB tier's default durability; empty: none). `lmdb_sync` True is the LMDB tier's durable default (fsync on every commit). Lookup
     stores of more than `max_grpc_populated_segments` are preloaded in-process into LMDB
     and indexed by the server's start-up rebuild instead of put one by one through gRPC.
     `json_path`: where the CLI also writes the result (None: nowhere); paths are `str`, as the
@@ -26,6 +27,9 @@ class StoreBenchConfig:
     )
     path_sizes_mib: tuple[int, ...] = flag(
         (8, 32, 128), "Sizes in MiB read same-host and over gRPC ('' : none).", csv=True, min=1
+    )
+    put_path_sizes_mib: tuple[int, ...] = flag(
+        (8, 32), "Sizes in MiB put staged until committed in LMDB ('' : none).", csv=True, min=1
     )
     repeats: int = flag(5, "Timed runs per size.", min=1)
     lookup_counts: tuple[int, ...] = flag(
@@ -45,8 +49,10 @@ class StoreBenchConfig:
     def __post_init__(self) -> None:
         if not self.sizes_mib or min(self.sizes_mib) < 1:
             raise ValueError(f"sizes_mib {self.sizes_mib} must be non-empty and >= 1")
-        if self.path_sizes_mib and min(self.path_sizes_mib) < 1:
-            raise ValueError(f"path_sizes_mib {self.path_sizes_mib} must all be >= 1")
+        for name in ("path_sizes_mib", "put_path_sizes_mib"):
+            sizes = getattr(self, name)
+            if sizes and min(sizes) < 1:
+                raise ValueError(f"{name} {sizes} must all be >= 1")
         if self.repeats < 1:
             raise ValueError(f"repeats {self.repeats} must be >= 1")
         if any(count < 1 for count in self.lookup_counts):

@@ -36,7 +36,7 @@ FLAGS = {
         "--log-level",
     ],
     ("bench", "store"): [
-        "--sizes-mib", "--path-sizes-mib", "--repeats", "--lookup-counts", "--grpc-lookups",
+        "--sizes-mib", "--path-sizes-mib", "--put-path-sizes-mib", "--repeats", "--lookup-counts", "--grpc-lookups",
         "--no-grpc-lookups", "--tmp-dir", "--json", "--log-level",
     ],
     ("bench", "vllm"): [

@@ -36,7 +36,9 @@ def make_segment(i: int, nbytes: int, **fields: object) -> tuple[SegmentMeta, by
 def start(path: Path, memory_mib: int = 1, lmdb_mib: int = 4) -> EmbeddedStore:
     config = loopback_config(str(path), memory_bytes=memory_mib * MIB, admin_port=0)
     lmdb = LMDBTierConfig(path=str(path), map_size_bytes=lmdb_mib * MIB, sync=False)
-    store = EmbeddedStore(replace(config, store=replace(config.store, lmdb=lmdb)))
+    # Puts cached in the memory tier too: these tests count each tier's hits and evictions.
+    store_config = replace(config.store, lmdb=lmdb, cache_puts=True)
+    store = EmbeddedStore(replace(config, store=store_config))
     store.start()
     return store
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsplice.common.errors import CorruptPayload
-from kvsplice.storage.record import HEADER_NBYTES, body_prefix, open_record, read_header, seal
+from kvsplice.storage.record import (
+    HEADER_NBYTES,
+    body_prefix,
+    open_record,
+    read_header,
+    seal,
+    split_prefix,
+)
 
 
 @settings(max_examples=50, deadline=None)
@@ -55,3 +63,17 @@ def test_bad_magic_is_corrupt() -> None:
     record = b"XXXX" + seal(b"abc")[4:]
     with pytest.raises(CorruptPayload, match="magic"):
         open_record(record)
+
+
+def test_a_split_record_verifies_head_and_tail_and_refuses_any_flipped_byte() -> None:
+    head, tail = b"meta" * 50, bytes(range(256)) * 40
+    record = split_prefix(head, len(tail), xxhash.xxh3_64_intdigest(tail)) + tail
+    header = read_header(record)
+    assert header.split and not header.compressed and header.head_nbytes == len(head)
+    assert bytes(open_record(record)) == head + tail
+    assert body_prefix(record, len(head)) == head
+    for offset in (0, HEADER_NBYTES + 3, HEADER_NBYTES + len(head) + 5, len(record) - 1):
+        flipped = bytearray(record)
+        flipped[offset] ^= 0x01
+        with pytest.raises(CorruptPayload):
+            open_record(bytes(flipped))

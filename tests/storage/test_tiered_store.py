@@ -46,13 +46,20 @@ def make_rig(tmp_path: Path):
     opened: list[TieredStore] = []
 
     def make(
-        memory_bytes: int = 1 << 20, map_size_bytes: int = 8 << 20, compress: bool = False, **quotas
+        memory_bytes: int = 1 << 20,
+        map_size_bytes: int = 8 << 20,
+        compress: bool = False,
+        cache_puts: bool = True,
+        **quotas,
     ) -> Rig:
         lmdb_config = LMDBTierConfig(
             str(tmp_path / "db"), map_size_bytes=map_size_bytes, compress=compress, sync=False
         )
         config = StoreConfig(
-            memory=MemoryTierConfig(max_bytes=memory_bytes), lmdb=lmdb_config, **quotas
+            memory=MemoryTierConfig(max_bytes=memory_bytes),
+            lmdb=lmdb_config,
+            cache_puts=cache_puts,
+            **quotas,
         )
         memory, lmdb = MemoryTier(config.memory), LMDBTier(config.lmdb)
         clock = FakeClock()
@@ -82,6 +89,18 @@ def test_put_writes_through_every_tier(rig: Rig, make_segment) -> None:
     assert rig.memory.contains(key_of(meta)) and rig.lmdb.contains(key_of(meta))
     stored = rig.store.get(NS, meta.context_key)
     assert stored.meta == meta and bytes(stored.payload) == payload
+
+
+def test_by_default_a_put_lives_in_lmdb_alone_until_a_read_promotes_it(
+    make_rig, make_segment
+) -> None:
+    rig = make_rig(cache_puts=False)
+    meta, payload = make_segment()
+    rig.store.put(meta, payload)
+    assert not rig.memory.contains(key_of(meta)) and rig.lmdb.contains(key_of(meta))
+    assert bytes(rig.store.get(NS, meta.context_key).payload) == payload
+    assert rig.memory.contains(key_of(meta))  # promoted by the read
+    assert not StoreConfig(memory=MemoryTierConfig(max_bytes=1)).cache_puts  # the default
 
 
 def test_a_lower_tier_hit_is_promoted(rig: Rig, make_segment) -> None:

@@ -23,7 +23,7 @@ from kvsplice.client.store import store_wire as wire
 from kvsplice.client.store.put_staging import MIN_STAGED_NBYTES, PutStaging
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.common.staging import STALE_AFTER_S, new_name, read_staged, sweep_stale
+from kvsplice.common.staging import STALE_AFTER_S, map_staged, new_name, sweep_stale
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 
@@ -104,8 +104,9 @@ def test_staged_bytes_are_verified_like_streamed_ones(
         tampered[12345] ^= 0xFF
         with staging.staged(bytes(tampered)) as where:
             assert where is not None
-            assert status(where[0]) is grpc.StatusCode.DATA_LOSS
-            assert status(where[0], offset=1) is grpc.StatusCode.NOT_FOUND  # runs past the end
+            assert status(*where) is grpc.StatusCode.DATA_LOSS
+            past_end = os.path.getsize(staging_dir / where[0]) - len(payload) + 1
+            assert status(where[0], past_end) is grpc.StatusCode.NOT_FOUND  # runs past the end
         for name in ("../../etc/passwd", "lmdb", new_name()):  # not ours / not a name / absent
             assert status(name) is grpc.StatusCode.NOT_FOUND, name
         link = staging_dir / new_name()
@@ -113,7 +114,7 @@ def test_staged_bytes_are_verified_like_streamed_ones(
             assert where is not None
             link.symlink_to(staging_dir / where[0])
             assert status(link.name) is grpc.StatusCode.NOT_FOUND  # never followed
-            assert status(where[0]) is grpc.StatusCode.OK  # the file itself is fine
+            assert status(*where) is grpc.StatusCode.OK  # the file itself is fine
         link.unlink()
     staging.close()
     with StoreClient(sidecar.target, NAMESPACE, config=STREAMED) as client:
@@ -174,15 +175,18 @@ def test_the_files_of_dead_clients_are_swept_and_live_ones_kept(tmp_path: Path) 
     assert sweep_stale("") == 0 and sweep_stale(None) == 0
 
 
-def test_read_staged_refuses_what_is_not_a_staging_file(tmp_path: Path) -> None:
+def test_map_staged_refuses_what_is_not_a_staging_file(tmp_path: Path) -> None:
     from kvsplice.common.staging import StagingUnreadable
 
     good = tmp_path / new_name()
     good.write_bytes(b"0123456789")
-    assert read_staged(str(tmp_path), good.name, 2, 5) == b"23456"
+    mapped = map_staged(str(tmp_path), good.name, 2, 5)
+    assert bytes(mapped[2:]) == b"23456"
+    mapped[:2] = b"ab"  # the room before the payload is private: the file stays as it was
+    assert good.read_bytes() == b"0123456789"
     (tmp_path / (name := new_name())).mkdir()
     for args in ((good.name, 8, 5), (name, 0, 1), ("x", 0, 1), (f"../{good.name}", 0, 1)):
         with pytest.raises(StagingUnreadable):
-            read_staged(str(tmp_path), *args)
+            map_staged(str(tmp_path), *args)
     with pytest.raises(StagingUnreadable, match="no staged puts"):
-        read_staged("", good.name, 0, 1)
+        map_staged("", good.name, 0, 1)

@@ -28,6 +28,7 @@ from kvsplice.eval.bench.store import (
     transfer_server_config,
 )
 from kvsplice.eval.bench.store_paths import READ_PATHS, PathRow
+from kvsplice.eval.bench.store_put_path import PutPathRow
 from kvsplice.eval.report.store_render import (
     render_store_bench,
     store_bench_from_json,
@@ -59,6 +60,8 @@ def make_result() -> StoreBenchResult:
         num_cpus=2,
         seconds=42.0,
         paths=(PathRow("same-host", 8, 0.001, 0.0008), PathRow("grpc", 8, 0.01, 0.0008)),
+        put_path=(PutPathRow(8, 10, 0.004, 0.001, 0.02, 0.01, "fsync every 100 ms"),),
+        put_path_load=(1.1, 2.1, 3.1),
     )
 
 
@@ -115,6 +118,24 @@ def test_json_round_trips_and_carries_derived_figures() -> None:
     ]  # fmt: skip
 
 
+def test_put_path_json_holds_the_six_contract_figures_and_the_load() -> None:
+    data = json.loads(json.dumps(store_bench_to_json(make_result())))
+    (row,) = data["put_path"]
+    assert set(row) == {
+        "size_mib", "gb_per_s", "memcpy_gb_per_s", "sidecar_cpu_s_per_gb",
+        "client_cpu_s_per_gb", "durability",
+    }  # fmt: skip
+    gb = 8 * MIB / 1e9
+    assert row["gb_per_s"] == pytest.approx(gb / 0.004)
+    assert row["memcpy_gb_per_s"] == pytest.approx(gb / 0.001)
+    assert row["sidecar_cpu_s_per_gb"] == pytest.approx(0.02 / (10 * gb))  # CPU over 10 puts
+    assert row["client_cpu_s_per_gb"] == pytest.approx(0.01 / (10 * gb))
+    assert data["put_path_targets"]["met"] == [
+        {"size_mib": 8, "ratio": False, "sidecar_cpu": True}
+    ]  # 25% of memcpy; 0.24 s/GB
+    assert data["put_path_loadavg"] == [1.1, 2.1, 3.1]
+
+
 def test_render_shows_each_row_and_its_verdict() -> None:
     text = render_text(make_result())
     assert "839" in text  # MB/s of the 8 MiB get
@@ -148,6 +169,7 @@ def test_tiny_run_end_to_end_has_complete_positive_rows(tmp_path: Path) -> None:
     config = StoreBenchConfig(
         sizes_mib=(1,), repeats=1, lookup_counts=(200, 60), tmp_dir=str(tmp_path),
         num_queries=20, max_grpc_populated_segments=100, path_sizes_mib=(1,),
+        put_path_sizes_mib=(1,),
     )  # fmt: skip
     result = run_store_bench(config)
     assert {(r.tier, r.operation, r.size_mib) for r in result.transfers} == {
@@ -156,6 +178,8 @@ def test_tiny_run_end_to_end_has_complete_positive_rows(tmp_path: Path) -> None:
     for transfer in result.transfers:
         assert min(transfer.seconds, transfer.copyto_seconds, transfer.mb_per_s) > 0
     assert [(r.path, r.size_mib) for r in result.paths] == [(p, 1) for p in READ_PATHS]
+    assert [r.size_mib for r in result.put_path] == [1]
+    assert all(min(r.seconds, r.memcpy_seconds, r.sidecar_cpu_s) > 0 for r in result.put_path)
     assert all(min(r.seconds, r.copyto_seconds) > 0 for r in result.paths)
     assert {(r.path, r.kind, r.num_segments) for r in result.lookups} == {
         (path, kind, count)
