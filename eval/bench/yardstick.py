@@ -97,6 +97,7 @@ class Decision:
     truncated_share: float
     loaded_share: float | None  # prompt tokens of agents 2-5 loaded from outside the engine
     problems_for_half_width: int | None  # problems this discordance needs for ±tolerance
+    jcr: float | None = None  # share of gradable judges answering as recompute's judge did
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -106,6 +107,7 @@ class Decision:
             "graded_roles": list(self.graded_roles), "truncated_share": self.truncated_share,
             "loaded_share_agents_2_5": self.loaded_share,
             "problems_for_half_width": self.problems_for_half_width,
+            "jcr_vs_recompute": self.jcr,
         }  # fmt: skip
 
 
@@ -131,7 +133,7 @@ def decide(
         reason = f"{points:+.1f} points (95% {ci[0]:+.1f} to {ci[1]:+.1f}) on {len(differences)} problems"
     return Decision(
         config, admitted, reason, points, ci, len(differences), discordant, accuracy, roles,
-        truncated, loaded_share(runs), needed,
+        truncated, loaded_share(runs), needed, judge_consistency(runs, reference),
     )  # fmt: skip
 
 
@@ -187,6 +189,18 @@ def bootstrap(differences: Sequence[float], rule: YardstickRule) -> tuple[float,
     tail = (1 - rule.level) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return 100 * float(low), 100 * float(high)
+
+
+def judge_consistency(
+    runs: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]]
+) -> float | None:
+    """JCR against recompute's judge: where its judge was gradable, the share of problems
+    whose judge gave the same answer (a letter, a number, PASS/FAIL) as recompute's."""
+    pairs = [
+        (run.get("judge_verdict"), ref.get("judge_verdict"))
+        for run, ref in zip(runs, reference, strict=True) if ref.get("judge_graded", True)
+    ]  # fmt: skip
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
 
 
 def truncated_share(runs: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> float:

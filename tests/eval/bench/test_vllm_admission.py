@@ -70,7 +70,7 @@ def _runs(
     return [
         {
             "problem": f"mmlu-test-{first + i}", "right": dict(zip(ROLES, r, strict=True)),
-            "judge_graded": judge_always or r[0] != r[1], "truncated": dict.fromkeys(ROLES, truncated),
+            "judge_graded": judge_always or r[0] != r[1], "judge_verdict": "B" if r[2] else "C", "truncated": dict.fromkeys(ROLES, truncated),
             "cached_tokens": [0, 300, 300, 300, 300], "prompt_tokens": [400] * 5,
         }
         for i, r in enumerate(rights)
@@ -140,6 +140,7 @@ def test_exact_is_admitted_the_damaged_controls_refused_and_naive_decided_by_its
 ) -> None:
     found = {d.config: d for d in ys.decisions(_pooled(_all_configs()), _rule())}
     assert found["kvsplice"].admitted and found["kvsplice"].ci95 == (0.0, 0.0)
+    assert found["kvsplice"].jcr == 1.0
     for control in ("control-unrotated", "control-noise"):
         assert not found[control].admitted and found[control].points < -2, found[control].reason
     gated = found["kvsplice-gated"]
@@ -185,6 +186,13 @@ def test_too_few_problems_truncated_answers_and_a_wide_interval_are_refused() ->
     wide = ys.decide("kvsplice-gated", _runs(noisy), _runs(many), _rule())
     assert not wide.admitted and abs(wide.points) < 1 and wide.ci95[0] < -2
     assert wide.problems_for_half_width is not None and wide.problems_for_half_width > 150
+
+
+def test_jcr_counts_judges_answering_as_recompute_s_where_gradable() -> None:
+    reference = [(True, False, True)] * 50 + [(True, True, True)] * 50  # gradable: the first 50
+    flipped = [(s, r, not j) if i % 2 else (s, r, j) for i, (s, r, j) in enumerate(reference)]
+    found = ys.decide("x", _runs(flipped), _runs(reference), _rule())
+    assert found.jcr == 0.5
 
 
 def test_the_interval_is_by_problem_not_by_answer() -> None:
