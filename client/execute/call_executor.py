@@ -50,10 +50,6 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
-# Slots a spliced cache keeps past the prompt for the first generated tokens (written in
-# place, as the prompt's computed tail is); later ones concatenate (`ReservedLayer`).
-SPARE_DECODE_TOKENS = 64
-
 
 class CallExecutor:
     """Prefill, decode and read back K/V on one model (batch 1), whatever the plan."""
@@ -158,8 +154,7 @@ class CallExecutor:
                 with timed(timings, "prefill_s"):
                     logits = self.forward(ids, group[0].start, cache)
             else:
-                num_spare = plan.num_tokens - group[-1].end + SPARE_DECODE_TOKENS
-                self._append_reused(cache, group, timings, num_spare)
+                self._append_reused(cache, group, timings)
         assert logits is not None  # `splices_only` guarantees a computed last span
         with timed(timings, "first_decode_s"):
             first = int(torch.argmax(logits))
@@ -167,24 +162,17 @@ class CallExecutor:
         return ExecutionState(reuse, cache, logits, [first], plan.num_tokens)
 
     def _append_reused(
-        self,
-        cache: DynamicCache,
-        spans: Sequence[PlanSpan],
-        timings: CallTimings,
-        num_spare_tokens: int = 0,
+        self, cache: DynamicCache, spans: Sequence[PlanSpan], timings: CallTimings
     ) -> None:
         """Append consecutive reused spans, each moved by its own Δ, to every layer of `cache`.
 
-        Each span is written once (`decode_into`) into one fresh [L, 1, H_kv, T + spare, D]
-        buffer per K and V, which empty cache layers then hold as they are (`install_layers`),
-        their `num_spare_tokens` slots left for the tokens computed after them: the cache
-        never aliases a tier's tensors (the local tier hands out what it holds), and a
-        forward over it writes only its own tokens.
+        Each span is written once (`decode_into`) into one fresh [L, 1, H_kv, T, D] buffer
+        per K and V, which empty cache layers then hold as they are: the cache never
+        aliases a tier's tensors (the local tier hands out what it holds).
         """
         layout, model = self._layout, self._model
         num_tokens = sum(span.num_tokens for span in spans)
-        capacity = num_tokens + num_spare_tokens
-        shape = (layout.num_layers, 1, layout.num_kv_heads, capacity, layout.head_dim)
+        shape = (layout.num_layers, 1, layout.num_kv_heads, num_tokens, layout.head_dim)
         with timed(timings, "splice_s"):
             keys = torch.empty(shape, dtype=model.dtype, device=model.device)
             values = torch.empty_like(keys)
@@ -196,7 +184,7 @@ class CallExecutor:
                 keys_out, values_out = keys[:, 0, :, rows], values[:, 0, :, rows]
                 decode_into(span.kv, self._rope, span.delta, keys_out, values_out, self._staging)
                 target += span.num_tokens
-            install_layers(cache, keys, values, num_tokens)
+            install_layers(cache, keys, values)
 
 
 def takes_splice_path(plan: CallPlan) -> bool:

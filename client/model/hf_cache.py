@@ -93,68 +93,24 @@ def append_layers(
         cache.update(keys[offset].unsqueeze(0), values[offset].unsqueeze(0), layer_start + offset)
 
 
-def install_layers(
-    cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor, num_tokens: int | None = None
-) -> None:
+def install_layers(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor) -> None:
     """Append K/V to every layer of a batch-1 cache, without copying them into empty layers.
 
-    keys, values: [L, 1, H_kv, T_cap, D], contiguous per layer (e.g. one buffer the caller
-    wrote in place), of which the first `num_tokens` (all by default) hold K/V. An empty
-    plain `DynamicLayer` becomes a `ReservedLayer` over them (`cache.update` would
-    concatenate onto an empty tensor: a second full copy), whose later updates write into
-    the spare `T_cap - num_tokens` slots; other layers (holding tokens already, or sliding
-    windows, which crop) take the valid tokens through `cache.update`.
+    keys, values: [L, 1, H_kv, T, D], contiguous per layer (e.g. one buffer the caller
+    wrote in place). An empty plain `DynamicLayer` takes views of them (`cache.update`
+    would concatenate onto an empty tensor: a second full copy); other layers (holding
+    tokens already, or sliding windows, which crop) go through `cache.update`.
     """
-    num_tokens = keys.shape[-2] if num_tokens is None else num_tokens
     for layer_idx in range(keys.shape[0]):
         layer_keys, layer_values = keys[layer_idx], values[layer_idx]
         if layer_idx >= len(cache.layers):  # a full-length cache creates layers on update
             cache.update(layer_keys[:, :, :0], layer_values[:, :, :0], layer_idx)
         layer = cache.layers[layer_idx]
         if type(layer) is DynamicLayer and layer.get_seq_length() == 0:
-            cache.layers[layer_idx] = ReservedLayer(layer_keys, layer_values, num_tokens)
+            layer.lazy_initialization(layer_keys, layer_values)
+            layer.keys, layer.values = layer_keys, layer_values
         else:
-            valid = slice(0, num_tokens)
-            cache.update(layer_keys[:, :, valid], layer_values[:, :, valid], layer_idx)
-
-
-class ReservedLayer(DynamicLayer):
-    """A `DynamicLayer` over buffers with spare slots: updates that fit are written into them.
-
-    keys, values: [1, H_kv, T_cap, D] buffers whose first `num_tokens` hold K/V; `self.keys`
-    and `self.values` are views of their valid tokens, as `DynamicLayer`'s are the whole
-    tensors. NOTE: a forward over a plain `DynamicLayer` concatenates the whole cache with
-    its new tokens, one full copy of every reused K/V per forward; here a forward writes
-    only its own tokens. An update past the spare slots, or after someone replaced the views
-    (`truncate`, `crop`), concatenates as `DynamicLayer` does.
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, num_tokens: int) -> None:
-        super().__init__()
-        if not 0 <= num_tokens <= keys.shape[-2]:
-            raise ValueError(f"num_tokens {num_tokens} not in [0, {keys.shape[-2]}]")
-        self.lazy_initialization(keys, values)
-        self._key_buffer, self._value_buffer = keys, values
-        self.keys, self.values = keys[:, :, :num_tokens], values[:, :, :num_tokens]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
-        if not self._views_of_buffers() or end > self._key_buffer.shape[-2]:
-            return super().update(key_states, value_states, *args, **kwargs)
-        self._key_buffer[:, :, start:end].copy_(key_states)
-        self._value_buffer[:, :, start:end].copy_(value_states)
-        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def _views_of_buffers(self) -> bool:
-        if not self.is_initialized or self.keys is None or self.values is None:
-            return False  # reset: `DynamicLayer.update` starts it again
-        return (
-            self.keys.data_ptr() == self._key_buffer.data_ptr()
-            and self.values.data_ptr() == self._value_buffer.data_ptr()
-        )
+            cache.update(layer_keys, layer_values, layer_idx)
 
 
 def append_layer_runs(

@@ -160,10 +160,6 @@ def plan_position_only(
             if prefix and span.end > builder.covered_until:
                 break  # straddling the exact prefix's end: computed, and the rest after it
             continue  # inside the exact prefix, or straddling its end: computed
-        if span.start >= len(prompt.token_ids) - 1:
-            # NOTE: the last token is always computed (`CallPlan.tiled`), so a span holding
-            # only it reuses nothing: asking the store for it would be a wasted round trip.
-            break
         tokens = prompt.token_ids[span.start : span.end]
         role = span_role(span)
         if role == "question" and question == "context":

@@ -63,8 +63,7 @@ def fetch_segment(
     store: StoreClient, key: str | bytes, *, fingerprint: str, timings: CallTimings
 ) -> FetchedSegment | None:
     """Get and verify one segment (checksum, fingerprint, agreement with its meta); None on
-    a miss or a payload that fails verification. Nothing is decoded here, and the bytes
-    are hashed once (by the store client's get)."""
+    a miss or a payload that fails verification. Nothing is decoded here."""
     with timed(timings, "fetch_s"):
         found = store.get_segment(key, model_fingerprint=fingerprint)
     if found is None:
@@ -72,9 +71,7 @@ def fetch_segment(
     meta, payload = found
     with timed(timings, "decode_s"):
         try:
-            # NOTE: `get_segment` matched these very bytes to the checksum in their meta (over
-            # gRPC or in place), so the payload's own checksum would hash them a second time.
-            kv = decode_stored(payload, expect_fingerprint=fingerprint, verified=True)
+            kv = decode_stored(payload, expect_fingerprint=fingerprint)
         except CorruptPayload as error:  # a corrupt payload is a miss, never a splice
             logger.warning(
                 "segment %s failed verification (%s); computing instead", meta.segment_id, error

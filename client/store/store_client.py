@@ -22,7 +22,6 @@ from cachetools import LRUCache
 
 from kvsplice.client.store import store_wire as wire
 from kvsplice.client.store.put_staging import MIN_STAGED_NBYTES, PutStaging
-from kvsplice.client.store.rpc_counter import RpcCounter
 from kvsplice.client.store.same_host import SameHostPath
 from kvsplice.client.store.store_channel import open_channel
 from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
@@ -156,7 +155,12 @@ class StoreClient:
         self.config = config or StoreClientConfig()
         self.counters = ClientCounters()
         options = [*self.config.channel_options(), SINGLE_THREADED_STREAMS]
-        self._bind_channel(open_channel(target, options, tls))
+        self._channel = open_channel(target, options, tls)
+        self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
+        # NOTE: types-grpcio lacks grpcio's private `_registered_method` keyword (the
+        # generated stubs pass it too): the ignores are for that stub gap only.
+        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
+        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._metadata = bearer_metadata(token)
         self._warning = DegradedWarning(target, self.config.warn_interval_s)
         # One retry policy per deadline the idempotent calls use, built once; each call
@@ -181,7 +185,6 @@ class StoreClient:
         other = copy.copy(self)
         other.namespace = checked_namespace(namespace)
         other.counters = ClientCounters()
-        other._bind_channel(self._raw_channel)
         other._same_host = _UNASKED if self.config.same_host_reads else None
         other._owns_staging = False
         other._served_lock = threading.Lock()
@@ -189,22 +192,6 @@ class StoreClient:
         other._reporter = ReuseReporter(other._send_report, self.config.report_interval_s)
         other._owns_channel = False
         return other
-
-    @property
-    def rpcs(self) -> dict[str, int]:
-        """RPCs this client started so far, by method (each attempt; `rpc_counter`)."""
-        return self._rpc_counter.snapshot()
-
-    def _bind_channel(self, raw_channel: grpc.Channel) -> None:
-        """Talk over `raw_channel` through a counter of this client's own."""
-        self._raw_channel = raw_channel
-        self._rpc_counter = RpcCounter()
-        self._channel = grpc.intercept_channel(raw_channel, self._rpc_counter)
-        self._stub = store_pb2_grpc.SegmentStoreStub(self._channel)
-        # NOTE: types-grpcio lacks grpcio's private `_registered_method` keyword (the
-        # generated stubs pass it too): the ignores are for that stub gap only.
-        self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
-        self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
 
     def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
         """Store `payload` under `meta`; True once the store holds a segment under its key

@@ -3,15 +3,12 @@ dense prefill and memcpy.
 
 Owns the measurement and its rows; the CLI renders them. Per length and thread count it
 times, in one run on one machine: the engine's dense prefill of the prompt; the engine's
-call reusing the prompt's context from an embedded store (lookups, the read, checks and
-checksum, the splice, the last token's forward: its TTFT; the store runs in this process,
-where LMDB cannot be opened twice, so the read goes over loopback gRPC), and within it the splice
+call reusing the prompt's context from an embedded store (lookups, in-place read, checks
+and checksum, the splice, the last token's forward: its TTFT), and within it the splice
 stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written into
 them); the former two-step decode (dequantize, then shift, then copy into the cache); and
 `numpy.copyto` of the same fp32 K/V bytes. The context was stored by a call that placed
-it at `CAPTURE_POSITION`, so the reuse call (`naive`) shifts every key. Each row also has
-the reuse call's median per stage (`STAGES`) and, from one more call, its counts
-(`eval.measure.call_counts`: RPCs, forwards, bytes torch wrote), which load cannot move.
+it at `CAPTURE_POSITION`, so the reuse call (`naive`) shifts every key.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -35,8 +32,6 @@ from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.eval.measure.call_counts import count_call
-from kvsplice.eval.measure.environment import cpu_name
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
@@ -52,15 +47,6 @@ DECODE_TARGET_RATIO = 0.5  # the engine's splice vs memcpy of the same fp32 byte
 REUSE_TARGET_SPEEDUP = 40.0  # the engine's dense prefill over its reuse call, at 1,024 tokens
 TARGET_NUM_TOKENS = 1024
 FIRST_TOKEN = GenerationConfig(max_new_tokens=1, ignore_stop=True)
-# The reuse call's stages, each the sum of these `CallTimings` fields; "other" is the rest of
-# its TTFT (planning, the policy's own work).
-STAGES = {
-    "lookup": ("lookup_s",),  # LookupPrefix, FindSimilar
-    "read": ("fetch_s",),  # GetSegment: the bytes, checked against their meta's checksum
-    "verify": ("decode_s",),  # the payload's layout and fingerprint
-    "splice": ("splice_s", "shift_s"),  # fresh buffers, fused dequantize + shift + write
-    "forward": ("prefill_s", "base_prefill_s", "first_decode_s"),  # the last token's forward
-}
 
 
 @dataclass(frozen=True)
@@ -76,9 +62,6 @@ class CoreBenchRow:
     decode_s: float  # that call's splice stage: fresh buffers, fused dequantize + shift + write
     two_step_decode_s: float  # the former path: dequantize, shift, then copy into the cache
     memcpy_s: float
-    stages_s: dict[str, float] = field(default_factory=dict)  # the reuse call's, `STAGES`
-    counts: dict[str, Any] = field(default_factory=dict)  # one reuse call's `CallCounts`
-    load_average: list[float] = field(default_factory=list)  # once the row was measured
 
     @property
     def reuse_speedup_vs_dense(self) -> float:
@@ -205,27 +188,15 @@ def _bench(
     prompt = _prompt(_context(engine.loaded, num_tokens), [1])
     dense_s = _median(lambda: engine.dense_reference(prompt, FIRST_TOKEN), repeats)
     reuse = _reuse_calls(engine, prompt, repeats)
-    _, counts = count_call(engine, lambda: engine.run(prompt, FIRST_TOKEN))  # untimed
     two_step_s, _ = median_seconds(_two_step_decode(engine.loaded, payload), repeats)
     memcpy_s, _ = median_seconds(_copyto(kv_nbytes), repeats)
     row = CoreBenchRow(
         num_tokens, num_threads, len(payload), kv_nbytes, dense_s,
         statistics.median(o.ttft_s for o in reuse),
         statistics.median(o.timings.splice_s for o in reuse), two_step_s, memcpy_s,
-        stage_medians(reuse), counts.to_dict(), load_average(),
     )  # fmt: skip
     logger.info("bench core: %s", row)
     return row
-
-
-def stage_medians(outcomes: Sequence[CallOutcome]) -> dict[str, float]:
-    """Median seconds per `STAGES` stage over `outcomes`, and "other": the rest of the TTFT."""
-    per_call = []
-    for outcome in outcomes:
-        timings = outcome.timings.to_dict()
-        stages = {name: sum(timings[f] for f in fields) for name, fields in STAGES.items()}
-        per_call.append(stages | {"other": outcome.ttft_s - sum(stages.values())})
-    return {name: statistics.median(c[name] for c in per_call) for name in per_call[0]}
 
 
 def _median(call: Callable[[], CallOutcome], repeats: int) -> float:
@@ -277,8 +248,6 @@ def core_bench_to_json(rows: Sequence[CoreBenchRow]) -> dict[str, Any]:
             "decode_ratio_to_memcpy": DECODE_TARGET_RATIO,
             "reuse_speedup_vs_dense": REUSE_TARGET_SPEEDUP,
         },
-        "stages": {name: list(fields) for name, fields in STAGES.items()},
-        "cpu": cpu_name(),
         "num_cpus": os.cpu_count() or 0,
         "load_average": load_average(),
         "busy_machine_warning": busy_machine_warning(load_average(), os.cpu_count() or 1),
@@ -292,33 +261,21 @@ def render_core_bench(rows: Sequence[CoreBenchRow]) -> Table:
         caption=(
             "reuse call = ReuseEngine's TTFT reusing the context (lookups, read, checks, "
             "splice, last token); splice = that call's splice stage (fresh buffers, fused "
-            "dequantize + shift + write); l/r/v/s/f = that call's lookup / read / verify / "
-            "splice / forward; RPCs = its round trips to the store; two-step = the former "
-            "decode; memcpy = numpy.copyto "
+            "dequantize + shift + write); two-step = the former decode; memcpy = numpy.copyto "
             "of the same fp32 K/V bytes. Targets at 1,024 "
             f"tokens: splice >= {DECODE_TARGET_RATIO:.0%} of memcpy, reuse call >= "
             f"{REUSE_TARGET_SPEEDUP:.0f}x dense."
         ),
     )
     for column in ("tokens", "threads", "payload", "dense prefill", "reuse call", "speedup",
-                   "l/r/v/s/f ms", "RPCs", "splice/memcpy", "two-step/memcpy", "memcpy GB/s",
-                   "targets", "load"):  # fmt: skip
+                   "splice/memcpy", "two-step/memcpy", "memcpy GB/s", "targets"):  # fmt: skip
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row.num_tokens), str(row.num_threads), f"{row.payload_nbytes / 1e6:.2f} MB",
             f"{row.dense_prefill_s * 1e3:.1f} ms", f"{row.reuse_s * 1e3:.2f} ms",
-            f"{row.reuse_speedup_vs_dense:.0f}x", _stage_cell(row),
-            str(row.counts.get("num_rpcs", "-")), f"{row.decode_ratio_to_memcpy:.0%}",
+            f"{row.reuse_speedup_vs_dense:.0f}x", f"{row.decode_ratio_to_memcpy:.0%}",
             f"{row.two_step_ratio_to_memcpy:.0%}", f"{row.kv_nbytes / row.memcpy_s / 1e9:.2f}",
             {None: "-", True: "met", False: "missed"}[row.targets_met],
-            f"{row.load_average[0]:.1f}" if row.load_average else "-",
         )  # fmt: skip
     return table
-
-
-def _stage_cell(row: CoreBenchRow) -> str:
-    names = ("lookup", "read", "verify", "splice", "forward")
-    if not row.stages_s:
-        return "-"
-    return "/".join(f"{row.stages_s[name] * 1e3:.0f}" for name in names)

@@ -29,15 +29,13 @@ def make_tiny_llama(
     hidden_size: int = 64,
     num_layers: int = 2,
     max_positions: int = 4096,
-    attn_implementation: str = "eager",
 ) -> LlamaForCausalLM:
-    """A random Llama (4 query / 2 KV heads: GQA, eager attention unless told, eval) seeded
-    by `seed`."""
+    """A random Llama (4 query / 2 KV heads: GQA, eager attention, eval) seeded by `seed`."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, rope_theta=10000.0, attn_implementation=attn_implementation,
+        max_position_embeddings=max_positions, rope_theta=10000.0, attn_implementation="eager",
     )  # fmt: skip
     return LlamaForCausalLM(config).to(dtype).eval()
 
