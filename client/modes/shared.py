@@ -160,6 +160,8 @@ def plan_position_only(
             if prefix and span.end > builder.covered_until:
                 break  # straddling the exact prefix's end: computed, and the rest after it
             continue  # inside the exact prefix, or straddling its end: computed
+        if span.start == len(prompt.token_ids) - 1:
+            break  # the prompt's last token alone: always computed, so nothing to look up
         tokens = prompt.token_ids[span.start : span.end]
         role = span_role(span)
         if role == "question" and question == "context":

@@ -3,12 +3,16 @@ dense prefill and memcpy.
 
 Owns the measurement and its rows; the CLI renders them. Per length and thread count it
 times, in one run on one machine: the engine's dense prefill of the prompt; the engine's
-call reusing the prompt's context from an embedded store (lookups, in-place read, checks
-and checksum, the splice, the last token's forward: its TTFT), and within it the splice
-stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written into
-them); the former two-step decode (dequantize, then shift, then copy into the cache); and
-`numpy.copyto` of the same fp32 K/V bytes. The context was stored by a call that placed
-it at `CAPTURE_POSITION`, so the reuse call (`naive`) shifts every key.
+call reusing the prompt's context from a sidecar in another process on this host, as a
+worker next to its sidecar runs (lookups, the in-place read, checks and checksum, the
+splice, the last token's forward: its TTFT), stage by stage (`stages_s`), and within it the
+splice stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written
+into them); the former two-step decode (dequantize, then shift, then copy into the cache);
+`numpy.copyto` of the same fp32 K/V bytes; and the floor no reuse call can go under: the
+bare HF forward of one token over a cache of the same length (`forward_floor_s`), whose
+ratio to dense prefill bounds the speedup on this machine. `counts` (`core_counts`) is what
+one call did. The context was stored by a call that placed it at `CAPTURE_POSITION`, so the
+reuse call (`naive`) shifts every key.
 """
 
 from __future__ import annotations
@@ -29,13 +33,17 @@ from rich.table import Table
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
+from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, truncate
+from kvsplice.client.model.lm_head import fp32_head
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
+from kvsplice.eval.bench.core_counts import CallCounts, count_call
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storage.config import LMDBTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,10 @@ DECODE_TARGET_RATIO = 0.5  # the engine's splice vs memcpy of the same fp32 byte
 REUSE_TARGET_SPEEDUP = 40.0  # the engine's dense prefill over its reuse call, at 1,024 tokens
 TARGET_NUM_TOKENS = 1024
 FIRST_TOKEN = GenerationConfig(max_new_tokens=1, ignore_stop=True)
+LMDB_MAP_BYTES = 1 << 30
+# The reuse call's stages (`CallTimings`) before its first token, as `stages_s` reports them.
+CALL_STAGES = ("lookup_s", "fetch_s", "decode_s", "shift_s", "splice_s", "prefill_s",
+               "first_decode_s")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,10 +74,18 @@ class CoreBenchRow:
     decode_s: float  # that call's splice stage: fresh buffers, fused dequantize + shift + write
     two_step_decode_s: float  # the former path: dequantize, shift, then copy into the cache
     memcpy_s: float
+    forward_floor_s: float  # the bare HF forward of one token over a cache of `num_tokens`
+    stages_s: dict[str, float]  # the reuse call's median seconds by stage; "other": the rest
+    counts: CallCounts  # what one reuse call did (round trips, forwards, reads)
 
     @property
     def reuse_speedup_vs_dense(self) -> float:
         return self.dense_prefill_s / self.reuse_s
+
+    @property
+    def ceiling_speedup_vs_dense(self) -> float:
+        """Dense prefill over the bare one-token forward: no reuse call here can beat it."""
+        return self.dense_prefill_s / self.forward_floor_s
 
     @property
     def decode_ratio_to_memcpy(self) -> float:
@@ -104,24 +124,29 @@ def run_core_bench(
         raise ValueError(f"thread_counts {tuple(thread_counts)} must be non-empty and positive")
     warn_if_busy()
     rows = []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedStore(loopback_config(f"{tmp}/lmdb")) as store,
-    ):
+    with tempfile.TemporaryDirectory() as tmp, _sidecar(tmp) as sidecar:
         for num_tokens in lengths:
             namespace = f"bench-core-{num_tokens}"
-            _store_context(loaded, StoreClient(store.target, namespace), num_tokens)
-            engine = ReuseEngine(
-                loaded, REUSE_MODE, StoreClient(store.target, namespace),
+            _store_context(loaded, StoreClient(sidecar.target, namespace), num_tokens)
+            with ReuseEngine(
+                loaded, REUSE_MODE, StoreClient(sidecar.target, namespace),
                 EngineConfig(quant="int8", store_segments=False, async_store=False),
-            )  # fmt: skip
-            payload, kv_nbytes = _captured_payload(loaded, num_tokens)
-            for num_threads in thread_counts:
-                with torch_threads(num_threads):
-                    rows.append(
-                        _bench(engine, num_tokens, num_threads, payload, kv_nbytes, repeats)
-                    )
+            ) as engine:  # fmt: skip
+                payload, kv_nbytes = _captured_payload(loaded, num_tokens)
+                for num_threads in thread_counts:
+                    with torch_threads(num_threads):
+                        rows.append(
+                            _bench(engine, sidecar, num_tokens, num_threads, payload,
+                                   kv_nbytes, repeats)
+                        )  # fmt: skip
     return rows
+
+
+def _sidecar(tmp: str) -> SidecarProcess:
+    """The sidecar as deployed beside a worker: another process on this host, LMDB at its
+    shipped durability, reads in place; its admin API answers `/metrics` for the counts."""
+    lmdb = LMDBTierConfig(f"{tmp}/lmdb", map_size_bytes=LMDB_MAP_BYTES)
+    return SidecarProcess(SidecarSpec(lmdb.path, LMDB_MAP_BYTES, admin=True, lmdb=lmdb))
 
 
 @contextmanager
@@ -179,6 +204,7 @@ def _captured_payload(loaded: LoadedModel, num_tokens: int) -> tuple[bytes, int]
 
 def _bench(
     engine: ReuseEngine,
+    sidecar: SidecarProcess,
     num_tokens: int,
     num_threads: int,
     payload: bytes,
@@ -190,10 +216,12 @@ def _bench(
     reuse = _reuse_calls(engine, prompt, repeats)
     two_step_s, _ = median_seconds(_two_step_decode(engine.loaded, payload), repeats)
     memcpy_s, _ = median_seconds(_copyto(kv_nbytes), repeats)
+    floor_s, _ = median_seconds(_bare_forward(engine.loaded, num_tokens), repeats)
     row = CoreBenchRow(
         num_tokens, num_threads, len(payload), kv_nbytes, dense_s,
         statistics.median(o.ttft_s for o in reuse),
-        statistics.median(o.timings.splice_s for o in reuse), two_step_s, memcpy_s,
+        statistics.median(o.timings.splice_s for o in reuse), two_step_s, memcpy_s, floor_s,
+        call_stages(reuse), reuse_call_counts(engine, prompt, sidecar),
     )  # fmt: skip
     logger.info("bench core: %s", row)
     return row
@@ -212,6 +240,51 @@ def _reuse_calls(engine: ReuseEngine, prompt: ChatPrompt, repeats: int) -> list[
     if any(o.num_reused_tokens != expected for o in outcomes):
         raise RuntimeError(f"the reuse call did not reuse the stored {expected}-token context")
     return outcomes
+
+
+def call_stages(outcomes: Sequence[CallOutcome]) -> dict[str, float]:
+    """Median seconds of each stage before the first token; "other": the TTFT's remainder."""
+    stages = {
+        stage: statistics.median(o.timings.to_dict()[stage] for o in outcomes)
+        for stage in CALL_STAGES
+    }
+    return stages | {"other": statistics.median(o.ttft_s for o in outcomes) - sum(stages.values())}
+
+
+def reuse_call_counts(
+    engine: ReuseEngine, prompt: ChatPrompt, sidecar: SidecarProcess
+) -> CallCounts:
+    """What one more reuse call of `prompt` does (`core_counts.count_call`)."""
+    if engine.store is None or sidecar.admin_url is None:
+        raise ValueError("counting needs the engine's store and the sidecar's admin API")
+    store = engine.store
+    return count_call(
+        lambda: engine.run(prompt, FIRST_TOKEN), engine.loaded.model, sidecar.admin_url,
+        lambda: store.counters.num_same_host_reads,
+    )  # fmt: skip
+
+
+def _bare_forward(loaded: LoadedModel, num_tokens: int) -> Callable[[], object]:
+    """One token's forward over a `num_tokens` cache by HF alone (the decoder, then the fp32
+    head; no kvsplice code): the floor under any reuse call's last-token forward."""
+    decoder, head = loaded.model.get_decoder(), fp32_head(loaded.model)
+    ids = torch.as_tensor([_context(loaded, num_tokens)])
+    cache = full_length_cache()
+    with torch.inference_mode():
+        decoder(input_ids=ids, **cache_kwarg(decoder, cache), use_cache=True)
+    token, position = torch.tensor([[1]]), torch.tensor([[num_tokens]])
+
+    def run() -> object:
+        with torch.inference_mode():
+            out = decoder(
+                input_ids=token, position_ids=position, **cache_kwarg(decoder, cache),
+                use_cache=True,
+            )  # fmt: skip
+            logits = head(out.last_hidden_state[0, -1])
+        truncate(cache, num_tokens)
+        return logits
+
+    return run
 
 
 def _two_step_decode(loaded: LoadedModel, payload: bytes) -> Callable[[], object]:
@@ -239,10 +312,15 @@ def _copyto(nbytes: int) -> Callable[[], None]:
 
 def core_bench_to_json(rows: Sequence[CoreBenchRow]) -> dict[str, Any]:
     """`{"rows": [...], ...}`: every field of each row plus its derived ratios."""
-    derived = ("reuse_speedup_vs_dense", "decode_ratio_to_memcpy", "two_step_ratio_to_memcpy",
-               "reuse_ratio_to_memcpy", "targets_met")  # fmt: skip
+    derived = ("reuse_speedup_vs_dense", "ceiling_speedup_vs_dense", "decode_ratio_to_memcpy",
+               "two_step_ratio_to_memcpy", "reuse_ratio_to_memcpy", "targets_met")  # fmt: skip
     return {
-        "rows": [asdict(row) | {name: getattr(row, name) for name in derived} for row in rows],
+        "rows": [
+            asdict(row)
+            | {"counts": row.counts.to_dict()}
+            | {name: getattr(row, name) for name in derived}
+            for row in rows
+        ],
         "targets": {
             "num_tokens": TARGET_NUM_TOKENS,
             "decode_ratio_to_memcpy": DECODE_TARGET_RATIO,
