@@ -143,6 +143,7 @@ def cross_tenant_calls(stub: Any, victim: SegmentMeta) -> dict[str, Callable[[An
         "Delete": lambda md: stub.Delete(pb.DeleteRequest(namespace=ns, context_key=key), metadata=md),
         "Stats": lambda md: stub.Stats(pb.StatsRequest(namespace=ns), metadata=md),
         "DescribeDataPlane": lambda md: stub.DescribeDataPlane(pb.DescribeDataPlaneRequest(namespace=ns), metadata=md),
+        "ReportReuse": lambda md: stub.ReportReuse(pb.ReportReuseRequest(namespace=ns, num_calls=1, num_prompt_tokens=8), metadata=md),
     }  # fmt: skip
 
 
@@ -220,6 +221,7 @@ def valid_messages(meta: SegmentMeta, payload: bytes) -> dict[str, list[bytes]]:
         "Delete": [pb.DeleteRequest(namespace=ns, context_key=bytes(16)).SerializeToString()],
         "Stats": [pb.StatsRequest(namespace=ns).SerializeToString()],
         "DescribeDataPlane": [pb.DescribeDataPlaneRequest(namespace=ns).SerializeToString()],
+        "ReportReuse": [pb.ReportReuseRequest(namespace=ns, num_calls=1, num_prompt_tokens=8, num_grpc_hit_tokens=4).SerializeToString()],
     }  # fmt: skip
 
 
