@@ -6,7 +6,8 @@ Measures what issue 16 asks to show: (1) two tenants, every RPC and admin endpoi
 at the other's namespace; (2) N malformed requests across every RPC (statuses, tracebacks,
 log growth, data intact); (3) a stalled upload against the default idle timeout; (4) NaN/inf
 TTLs and expiry; stalled 64 MiB uploads and a 64 MiB put beside health checks; (5) a full LMDB shared by two tenants; (6) SIGKILL mid-load and restart.
-Prints one summary line per check and writes the figures as JSON.
+Prints one summary line per check and writes the figures as JSON. The sidecar under audit
+is `hostile_sidecar`'s, the hostile requests `hostile_requests`'.
 """
 
 from __future__ import annotations
@@ -14,136 +15,40 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hostile_requests import cross_tenant_calls, malformed, send_raw, valid_messages
+from hostile_sidecar import (
+    CHANNEL_OPTIONS,
+    TOKENS,
+    Sidecar,
+    bearer,
+    code_of,
+    free_port,
+    read_payload,
+    rss_mib,
+    segment,
+)
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests, with_payload_digest
-from kvsplice.common.keys import root_key
-from kvsplice.common.segment import SegmentMeta, chained_meta
+from kvsplice.client.store.store_wire import meta_to_header, put_requests
+from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
-from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME
+from kvsplice.server.servicer import RPC_METHODS
 from kvsplice.server.tenants import token_sha256
 
-FINGERPRINT = "kvfp1-" + "7" * 32
-TOKENS = {"team-a": "audit-token-a", "team-b": "audit-token-b"}
-KVSPLICE = [sys.executable, "-c", "from kvsplice.cli import main; main()"]
-# One 4 MiB chunk plus framing, as the real clients allow (`store_config.max_message_nbytes`).
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def bearer(namespace: str | None) -> tuple[tuple[str, str], ...]:
-    return () if namespace is None else (("authorization", f"Bearer {TOKENS[namespace]}"),)
-
-
-def segment(namespace: str, tokens: tuple[int, ...], payload: bytes, **extra: Any) -> SegmentMeta:
-    meta = chained_meta(namespace, FINGERPRINT, root_key(FINGERPRINT), tokens, 0, 30, **extra)
-    return with_payload_digest(meta, payload)
-
-
-class Sidecar:
-    """`kvsplice serve` in a subprocess, its log in a file."""
-
-    def __init__(self, workdir: Path, *flags: str, admin: bool = True, port: int = 0) -> None:
-        self.port, self.admin_port = port or free_port(), free_port()
-        self.target = f"127.0.0.1:{self.port}"
-        self.log_path = workdir / f"serve-{self.port}.log"
-        admin_listen = f"127.0.0.1:{self.admin_port}" if admin else "off"
-        command = [*KVSPLICE, "serve", "--listen", self.target, "--admin-listen", admin_listen]
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [*command, *flags], stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy()
-        )
-        self.wait_serving()
-
-    def wait_serving(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                try:
-                    health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    return
-                except grpc.RpcError:
-                    time.sleep(0.1)
-        raise TimeoutError(f"{self.target} never served")
-
-    def is_serving(self) -> bool:
-        with grpc.insecure_channel(self.target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=5
-            )
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        self.process.send_signal(sig)
-        self.process.wait(60)
-        self._log.close()
-
-
-def code_of(call: Callable[[], object]) -> grpc.StatusCode:
-    try:
-        call()
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    return grpc.StatusCode.OK
-
-
-def read_payload(stub: Any, meta: SegmentMeta, namespace: str | None = None) -> bytes | None:
-    request = pb.GetSegmentRequest(namespace=meta.namespace, context_key=meta.context_key)
-    try:
-        replies = list(
-            stub.GetSegment(request, metadata=bearer(namespace or meta.namespace), timeout=10)
-        )
-    except grpc.RpcError:
-        return None
-    return b"".join(r.chunk for r in replies[1:])
-
-
 # -- 1. two tenants -------------------------------------------------------------------
-
-
-def cross_tenant_calls(stub: Any, victim: SegmentMeta) -> dict[str, Callable[[Any], object]]:
-    ns, key = victim.namespace, victim.context_key
-    forged_payload = b"attacker bytes" * 100
-    forged = segment(ns, victim.token_ids, forged_payload)
-    fp = FINGERPRINT
-    return {
-        "PutSegment": lambda md: stub.PutSegment(put_requests(forged, forged_payload, 4096), metadata=md),
-        "GetSegment": lambda md: list(stub.GetSegment(pb.GetSegmentRequest(namespace=ns, context_key=key), metadata=md)),
-        "LookupPrefix": lambda md: stub.LookupPrefix(pb.LookupPrefixRequest(namespace=ns, model_fingerprint=fp, token_ids=victim.token_ids), metadata=md),
-        "FindSimilar": lambda md: stub.FindSimilar(pb.FindSimilarRequest(namespace=ns, model_fingerprint=fp, token_ids=victim.token_ids), metadata=md),
-        "PutAnchor": lambda md: stub.PutAnchor(iter([pb.PutAnchorRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_id="a", base_payload=b"x", num_tokens=1)]), metadata=md),
-        "GetAnchors": lambda md: list(stub.GetAnchors(pb.GetAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p"), metadata=md)),
-        "TouchAnchors": lambda md: stub.TouchAnchors(pb.TouchAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_ids=["a"]), metadata=md),
-        "Delete": lambda md: stub.Delete(pb.DeleteRequest(namespace=ns, context_key=key), metadata=md),
-        "Stats": lambda md: stub.Stats(pb.StatsRequest(namespace=ns), metadata=md),
-        "DescribeDataPlane": lambda md: stub.DescribeDataPlane(pb.DescribeDataPlaneRequest(namespace=ns), metadata=md),
-    }  # fmt: skip
 
 
 def audit_tenants(workdir: Path) -> dict[str, Any]:
@@ -203,77 +108,6 @@ def audit_tenants(workdir: Path) -> dict[str, Any]:
 
 
 # -- 2. malformed requests ---------------------------------------------------------------
-
-
-def valid_messages(meta: SegmentMeta, payload: bytes) -> dict[str, list[bytes]]:
-    ns, fp, key = meta.namespace, FINGERPRINT, meta.context_key
-    put = [pb.PutSegmentRequest(header=meta_to_header(meta)).SerializeToString()]
-    put += [pb.PutSegmentRequest(chunk=payload).SerializeToString()]
-    return {
-        "PutSegment": put,
-        "GetSegment": [pb.GetSegmentRequest(namespace=ns, context_key=key).SerializeToString()],
-        "LookupPrefix": [pb.LookupPrefixRequest(namespace=ns, model_fingerprint=fp, token_ids=[1, 2, 3]).SerializeToString()],
-        "FindSimilar": [pb.FindSimilarRequest(namespace=ns, model_fingerprint=fp, token_ids=[1, 2], text="x", limit=3).SerializeToString()],
-        "PutAnchor": [pb.PutAnchorRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_id="a", base_payload=b"b" * 64, agent_payloads={"g": b"o"}, num_tokens=4).SerializeToString()],
-        "GetAnchors": [pb.GetAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", include_payloads=True).SerializeToString()],
-        "TouchAnchors": [pb.TouchAnchorsRequest(namespace=ns, model_fingerprint=fp, placeholder_id="p", anchor_ids=["a"]).SerializeToString()],
-        "Delete": [pb.DeleteRequest(namespace=ns, context_key=bytes(16)).SerializeToString()],
-        "Stats": [pb.StatsRequest(namespace=ns).SerializeToString()],
-        "DescribeDataPlane": [pb.DescribeDataPlaneRequest(namespace=ns).SerializeToString()],
-    }  # fmt: skip
-
-
-HOSTILE_HEADERS: list[dict[str, Any]] = [
-    {"ttl_s": math.nan}, {"ttl_s": math.inf}, {"ttl_s": -5.0}, {"namespace": "team-a\n"},
-    {"left_tail_ids": [2**40]}, {"token_ids": [-1]}, {"start_position": 2**62},
-    {"layer_start": -3}, {"layer_end": 2**30}, {"payload_nbytes": 2**60}, {"payload_nbytes": -1},
-    {"boundary_layers": [2**30]}, {"context_key": b"short"}, {"model_fingerprint": "kvfp1-\u00e9" * 5},
-    {"labels": [pb.Label(key="", value="v" * 5000)]}, {"index_text": "\ud7ff" * 100},
-]  # fmt: skip
-
-
-def malformed(
-    rng: random.Random, method: str, valid: list[bytes], meta: SegmentMeta
-) -> list[bytes]:
-    """One malformed request for `method`: garbage, a damaged valid one, or hostile fields."""
-    kind = rng.randrange(4)
-    first = valid[0]
-    if kind == 0:  # raw garbage
-        frames = [rng.randbytes(rng.randint(0, 200))]
-    elif kind == 1:  # truncated
-        frames = [first[: rng.randint(0, max(len(first) - 1, 0))] + b"\x0a\xff\xff\xff\x0f"]
-    elif kind == 2:  # bit flips
-        data = bytearray(first)
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-        frames = [bytes(data)]
-    else:  # hostile values in a well-formed message
-        header = meta_to_header(meta)
-        for name, value in rng.choice(HOSTILE_HEADERS).items():
-            if isinstance(value, list):
-                del getattr(header, name)[:]
-                getattr(header, name).extend(value)
-            else:
-                setattr(header, name, value)
-        if method == "PutSegment":
-            return [pb.PutSegmentRequest(header=header).SerializeToString(), *valid[1:]]
-        frames = [header.SerializeToString()]  # a header where the method wants its request
-    return frames + valid[1:] if method == "PutSegment" else frames
-
-
-def send_raw(channel: grpc.Channel, method: str, frames: list[bytes], md: tuple) -> grpc.StatusCode:  # type: ignore[type-arg]
-    path = f"/{SERVICE_NAME}/{method}"
-    rpc = pb.DESCRIPTOR.services_by_name["SegmentStore"].methods_by_name[method]
-    try:
-        if rpc.client_streaming:
-            channel.stream_unary(path)(iter(frames), timeout=10, metadata=md)
-        elif rpc.server_streaming:
-            list(channel.unary_stream(path)(frames[0], timeout=10, metadata=md))
-        else:
-            channel.unary_unary(path)(frames[0], timeout=10, metadata=md)
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    return grpc.StatusCode.OK
 
 
 def audit_malformed(workdir: Path, num_requests: int) -> dict[str, Any]:
@@ -357,13 +191,6 @@ def audit_stall_and_ttl(workdir: Path) -> dict[str, Any]:
         "ttl_status": ttl_codes,
         "ttl_1s_segment_present_then_expired": present_before and expired,
     }
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
 
 
 def audit_exhaustion(workdir: Path) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from kvsplice.server.admin_models import (
     TierOverview,
 )
 from kvsplice.server.anchor_service import AnchorService
-from kvsplice.server.segment_service import SegmentService, check_namespace
+from kvsplice.server.request_checks import check_namespace
+from kvsplice.server.segment_service import SegmentService
 from kvsplice.server.store_collector import EVICTION_REASONS, eviction_counts
 from kvsplice.storage.tiered_store import TieredStore
 

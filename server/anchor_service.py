@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from kvsplice.common.errors import InvalidRequest, ResourceExhausted
 from kvsplice.index.anchor_pool import AnchorEntry, AnchorPool, AnchorPoolConfig, AnchorPools
 from kvsplice.server.config import SegmentServiceConfig
-from kvsplice.server.segment_service import check_fingerprint, check_namespace
+from kvsplice.server.request_checks import check_fingerprint, check_namespace
 from kvsplice.storage.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)

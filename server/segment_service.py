@@ -1,7 +1,7 @@
 """The store's domain layer: validate, store, index, look up, count. No gRPC here.
 
-Owns the request rules (sizes, token ranges, chained keys, fingerprints, immutable keys)
-and keeps the indexes in step with the store. Event loop only, like the indexes, except
+Applies the request rules (`request_checks`), keeps keys immutable and the indexes in
+step with the store. Event loop only, like the indexes, except
 `write` and `get` (store I/O, thread-safe): removals seen on other threads are handed
 to the loop before the indexes hear of them.
 """
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvsplice.common.errors import (
     AlreadyExists,
@@ -23,22 +21,22 @@ from kvsplice.common.errors import (
     FingerprintMismatch,
     InvalidRequest,
 )
-from kvsplice.common.keys import (
-    KEY_NBYTES,
-    MAX_TOKEN_ID,
-    content_key,
-    context_key,
-    is_fingerprint,
-    root_key,
-)
+from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.payload_buffer import PayloadBuffer
 from kvsplice.common.reuse_report import ReuseReport
-from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentMeta, validate_namespace
+from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
 from kvsplice.server.admin_models import SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.server.request_checks import (
+    check_fingerprint,
+    check_header,
+    check_key,
+    check_namespace,
+    check_token_ids,
+)
 from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.pressure import NamespacePressure
@@ -48,9 +46,6 @@ from kvsplice.storage.tiered_store import StoredSegment, TieredStore
 logger = logging.getLogger(__name__)
 
 _NO_USAGE = NamespaceUsage(segments=0, bytes=0, hits=0, misses=0)
-MAX_POSITION = MAX_TOKEN_ID  # a segment ends at or before this position
-MAX_TTL_S = 10 * 365 * 86400.0
-MAX_LABEL_CHARS = 256
 # What makes two puts of one key the same segment (created_at_s and ttl_s may differ).
 _IDENTITY_FIELDS = (
     "model_fingerprint", "parent_key", "content_key", "token_ids", "start_position",
@@ -74,43 +69,6 @@ class SimilarQuery:
 def _flat(payload: bytes | memoryview) -> memoryview:
     view = memoryview(payload)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def check_namespace(namespace: str) -> str:
-    try:
-        return validate_namespace(namespace)
-    except ValueError as error:
-        raise InvalidRequest(str(error)) from error
-
-
-def check_fingerprint(fingerprint: str) -> str:
-    if not is_fingerprint(fingerprint):
-        raise InvalidRequest(f"model_fingerprint {fingerprint[:64]!r} is not kvfp1-<32 hex>")
-    return fingerprint
-
-
-def check_ttl(ttl_s: float) -> float | None:
-    """A wire TTL (0: the server's default) as the meta's `ttl_s`; NaN, inf, < 0 are refused."""
-    if not (math.isfinite(ttl_s) and 0 <= ttl_s <= MAX_TTL_S):
-        raise InvalidRequest(f"ttl_s {ttl_s!r} must be finite and in [0, {MAX_TTL_S:.0f}]")
-    return ttl_s or None
-
-
-def check_key(name: str, key: bytes) -> bytes:
-    if len(key) != KEY_NBYTES:
-        raise InvalidRequest(f"{name} must be {KEY_NBYTES} bytes, got {len(key)}")
-    return key
-
-
-def check_token_ids(name: str, token_ids: Sequence[int], max_tokens: int) -> tuple[int, ...]:
-    """`token_ids` as a tuple if it holds at most `max_tokens` ids in [0, 2**31)."""
-    if len(token_ids) > max_tokens:
-        raise InvalidRequest(f"{name} holds {len(token_ids)} tokens > limit {max_tokens}")
-    ids = tuple(token_ids)
-    if ids and not (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID):
-        bad = next(t for t in ids if not 0 <= t <= MAX_TOKEN_ID)
-        raise InvalidRequest(f"{name}: token id {bad} out of range [0, {MAX_TOKEN_ID}]")
-    return ids
 
 
 class SegmentService:
@@ -168,39 +126,7 @@ class SegmentService:
 
     def check_header(self, meta: SegmentMeta) -> SegmentMeta:
         """Validate a put's header before its payload arrives; returns it as it will be stored."""
-        limits = self.config
-        check_token_ids("token_ids", meta.token_ids, limits.max_segment_tokens)
-        check_token_ids("left_tail_ids", meta.left_tail_ids, MAX_LEFT_TAIL)
-        if meta.end_position > MAX_POSITION:
-            raise InvalidRequest(
-                f"start_position {meta.start_position} + {meta.num_tokens} tokens > {MAX_POSITION}"
-            )
-        if meta.ttl_s is not None:
-            check_ttl(meta.ttl_s)
-        if any(
-            not (0 < len(k) <= MAX_LABEL_CHARS and len(v) <= MAX_LABEL_CHARS)
-            for k, v in meta.labels
-        ):
-            raise InvalidRequest(
-                f"labels: keys must hold 1..{MAX_LABEL_CHARS} chars, values <= that"
-            )
-        if not 0 < meta.payload_nbytes <= limits.max_payload_nbytes:
-            raise InvalidRequest(
-                f"payload_nbytes {meta.payload_nbytes} not in [1, {limits.max_payload_nbytes}]"
-            )
-        if meta.layer_end > limits.max_layers or any(
-            b >= limits.max_layers for b in meta.boundary_layers
-        ):
-            raise InvalidRequest(f"layers must be < {limits.max_layers}")
-        if len(meta.index_text) > limits.max_index_text_chars:
-            raise InvalidRequest(
-                f"index_text holds {len(meta.index_text)} chars > {limits.max_index_text_chars}"
-            )
-        if len(meta.labels) > limits.max_labels:
-            raise InvalidRequest(f"{len(meta.labels)} labels > limit {limits.max_labels}")
-        _check_chain(meta)
-        ttl_s = meta.ttl_s if meta.ttl_s is not None else limits.default_ttl_s
-        return replace(meta, ttl_s=ttl_s, created_at_s=time.time())
+        return check_header(meta, self.config)
 
     def put(self, meta: SegmentMeta, payload: bytes) -> SegmentMeta:
         """`write` then `index`: on the event loop, for callers without a thread to spare."""
@@ -502,17 +428,3 @@ def similar_hit_tokens(matches: Sequence[SimilarMatch], num_queried: int) -> int
     """
     num_exact = max((m.meta.num_tokens for m in matches if m.exact_tokens), default=0)
     return min(num_exact, num_queried)
-
-
-def _check_chain(meta: SegmentMeta) -> None:
-    """Keys must be the hashes of the tokens they name (else a writer could poison a key)."""
-    if context_key(meta.parent_key, meta.token_ids) != meta.context_key:
-        raise InvalidRequest(
-            f"context_key {meta.segment_id} is not context_key(parent_key, token_ids)"
-        )
-    if content_key(meta.token_ids) != meta.content_key:
-        raise InvalidRequest("content_key is not content_key(token_ids)")
-    if meta.parent_key == root_key(meta.model_fingerprint) and meta.start_position != 0:
-        raise InvalidRequest(
-            f"a segment chained from the root starts at 0, not {meta.start_position}"
-        )

@@ -30,7 +30,8 @@ from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.data_plane import DataPlane
 from kvsplice.server.interceptors import bearer_of
 from kvsplice.server.metrics import StoreMetrics
-from kvsplice.server.segment_service import SegmentService, check_namespace, similar_hit_tokens
+from kvsplice.server.request_checks import check_namespace
+from kvsplice.server.segment_service import SegmentService, similar_hit_tokens
 from kvsplice.server.tenants import Authenticator
 from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.tiered_store import StoredSegment

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvsplice.storage.tiered_store import StoreStats
+from kvsplice.storage.store_stats import StoreStats
 
 PREFIX = "kvsplice"
 # capacity: byte budget (LRU/LFU); ttl: expired; quota: namespace quota;

@@ -4,7 +4,7 @@ namespace quotas, capacity eviction and removal notifications.
 Owns key scoping, the locking discipline and who is told that a segment is gone;
 bytes at rest belong to the tiers, bookkeeping to `Catalog`, making room (quota
 reservations, capacity evictions) to `RoomMaker`, reads through to the shared tier
-to `SharedReads`.
+to `SharedReads`, the shape of its statistics to `store_stats`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import reduce
 
 import xxhash
 
-from kvsplice.common.errors import (
-    CorruptPayload,
-    InvalidRequest,
-)
+from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.blob_store import BlobStore
 from kvsplice.storage.catalog import CatalogEntry, NamespaceUsage
@@ -50,15 +46,12 @@ from kvsplice.storage.store_listeners import (
     RemovalListener,
     StoreListeners,
 )
-from kvsplice.storage.tier import StorageTier, TierStats
+from kvsplice.storage.store_stats import REMOVAL_REASONS, StoreStats, tier_views
+from kvsplice.storage.tier import StorageTier
 from kvsplice.storage.tier_stack import TierStack
 
 logger = logging.getLogger(__name__)
 
-# delete: asked for; ttl: expired; quota/capacity: evicted for room;
-# lost: the durable tier no longer held it (failed verification, or evicted on its own);
-# shared: another sidecar removed it (told by the shared tier's events).
-REMOVAL_REASONS = ("delete", "ttl", "quota", "capacity", "lost", "shared")
 # Removals the other sidecars are told about (a local loss or a remote removal is not one).
 _SHARED_REASONS = frozenset({"delete", "ttl", "quota", "capacity"})
 _NUM_STRIPES = 64
@@ -68,26 +61,6 @@ _NUM_STRIPES = 64
 class StoredSegment:
     meta: SegmentMeta
     payload: bytes | memoryview  # exactly meta.payload_nbytes bytes, verified
-
-
-@dataclass(frozen=True)
-class TierUsage:
-    """How full one tier is now (`capacity_bytes` None: no fixed bound known)."""
-
-    used_bytes: int
-    capacity_bytes: int | None
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    tiers: Mapping[str, TierStats]
-    total: TierStats
-    num_segments: int
-    stored_bytes: int  # segment bodies (meta + payload), what quotas count
-    removals: Mapping[str, int]  # by REMOVAL_REASONS
-    usage: Mapping[str, TierUsage]  # by tier name, fastest first (the shared tier last)
-    durable_tier: str  # the last local tier: segments live (and are removed) there
-    shared: SharedStatus | None = None  # the shared tier's state, when there is one
 
 
 class TieredStore:
@@ -291,16 +264,15 @@ class TieredStore:
         tiers: list[StorageTier | SharedTier] = list(self._stack.tiers)
         if self._shared is not None:
             tiers.append(self._shared)
-        tier_stats = {tier.name: tier.stats() for tier in tiers}
-        usage = {tier.name: TierUsage(tier.used_bytes(), tier.capacity_bytes()) for tier in tiers}
+        views = tier_views(tiers)
         with self._lock:
             return StoreStats(
-                tiers=tier_stats,
-                total=reduce(TierStats.__add__, tier_stats.values(), TierStats()),
+                tiers=views.stats,
+                total=views.total,
                 num_segments=len(self._catalog),
                 stored_bytes=self._catalog.total_bytes(),
                 removals={reason: self._removals[reason] for reason in REMOVAL_REASONS},
-                usage=usage,
+                usage=views.usage,
                 durable_tier=self._stack.durable.name,
                 shared=None if self._shared is None else self._shared.status(),
             )

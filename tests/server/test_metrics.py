@@ -10,8 +10,8 @@ from prometheus_client.utils import floatToGoString
 
 from kvsplice.server.metrics import DIRECTIONS, LOOKUP_KINDS, RESULTS, StoreMetrics
 from kvsplice.server.store_collector import EVICTION_REASONS
+from kvsplice.storage.store_stats import REMOVAL_REASONS, StoreStats, TierUsage
 from kvsplice.storage.tier import TierStats
-from kvsplice.storage.tiered_store import REMOVAL_REASONS, StoreStats, TierUsage
 
 RPC_METHODS = ("Lookup", "Fetch", "Put")
 

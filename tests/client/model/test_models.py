@@ -115,12 +115,24 @@ def test_fingerprint_is_the_same_in_processes_with_other_hash_seeds(tmp_path: Pa
 def test_publish_keeps_a_concurrently_converted_copy(tmp_path: Path) -> None:
     target = tmp_path / "model"
     target.mkdir()
-    (target / "config.json").write_text("{}")
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
+        (target / name).write_text("{}")
     loser = tmp_path / ".model.tmp"
     loser.mkdir()
     (loser / "config.json").write_text('{"loser": true}')
     models._publish(loser, target)
     assert (target / "config.json").read_text() == "{}"
+
+
+def test_publish_refuses_to_keep_a_partial_copy(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # no tokenizer, no weights: not whole
+    loser = tmp_path / ".model.tmp"
+    loser.mkdir()
+    (loser / "config.json").write_text('{"loser": true}')
+    with pytest.raises(OSError):
+        models._publish(loser, target)
 
 
 def test_publish_renames_into_place(tmp_path: Path) -> None:
