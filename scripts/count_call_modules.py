@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 import torch
@@ -26,17 +27,13 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' character tokenizer and fa
 from helpers.client import make_tiny_llama  # noqa: E402
 from helpers.text import CharTokenizer, FakePrompt, make_prompt  # noqa: E402
 
-PROJECT_FOLDERS = (
-    "kvsplice",
-    "common",
-    "kvmath",
-    "storage",
-    "index",
-    "server",
-    "client",
-    "agents",
-    "eval",
-)
+def project_folders() -> tuple[str, ...]:
+    """Every top-level folder pyproject maps into the package (proto and integrations too)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return tuple(sorted({Path(folder).parts[0] for folder in mapping["package-dir"].values()}))
+
+
+PROJECT_FOLDERS = project_folders()
 SYSTEMS = ("You plan.", "You solve.")
 QUESTIONS = ("what is two plus two?", "name a prime number above ten")
 NEAR_DUPLICATE = "what is two plus two!"
