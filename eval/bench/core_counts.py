@@ -11,9 +11,10 @@ flush on its own clock, never on the call's path.
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -26,13 +27,16 @@ OFF_THE_CALL_PATH = frozenset({"ReportReuse"})
 
 @dataclass(frozen=True)
 class CallCounts:
-    """One call's work: `rpcs` by method (only those it made), decoder `forwards`, and its
-    segment reads `reads_in_place` (no payload copy) and `reads_grpc` (one copy each)."""
+    """One call's work: `rpcs` by method (only those it made), decoder `forwards`, its
+    segment reads `reads_in_place` (no payload copy) and `reads_grpc` (one copy each), and
+    the process's minor `page_faults` meanwhile (fresh pages: the allocator's, not the
+    call's logic; not compared, as other threads of the process add a few)."""
 
     rpcs: dict[str, int]
     forwards: int
     reads_in_place: int
     reads_grpc: int
+    page_faults: int = field(default=0, compare=False)
 
     @property
     def payload_copies(self) -> int:
@@ -74,11 +78,18 @@ def count_call(
 
     rpcs_before, in_place_before = sidecar_rpc_counts(admin_url), reads_in_place()
     hook = decoder.register_forward_pre_hook(count_forward)
+    faults_before = minor_page_faults()
     try:
         call()
     finally:
+        faults = minor_page_faults() - faults_before
         hook.remove()
     rpcs = sidecar_rpc_counts(admin_url) - rpcs_before
     made = {m: n for m, n in sorted(rpcs.items()) if m not in OFF_THE_CALL_PATH}
     in_place = reads_in_place() - in_place_before
-    return CallCounts(made, forwards, in_place, made.get("GetSegment", 0))
+    return CallCounts(made, forwards, in_place, made.get("GetSegment", 0), faults)
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far (pages the kernel mapped in and zeroed)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

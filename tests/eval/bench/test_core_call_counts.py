@@ -121,6 +121,6 @@ def test_counts_reach_the_json(tmp_path: Path) -> None:
         1024, 1, 10, 20, 2.0, 0.05, 0.01, 0.02, 0.01, 0.04, {"lookup_s": 0.001}, counts
     )
     written = core.core_bench_to_json([row])["rows"][0]
-    assert written["counts"] == counts.to_dict() | {"payload_copies": 0}
+    assert written["counts"] == counts.to_dict() | {"payload_copies": 0, "page_faults": 0}
     assert written["stages_s"] == {"lookup_s": 0.001}
     assert written["ceiling_speedup_vs_dense"] == pytest.approx(50.0)
