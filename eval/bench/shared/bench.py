@@ -241,7 +241,9 @@ def scenario_load(workdir: Path, num_clients: int, duration_s: float, num_procs:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kvsplice.eval.bench.shared", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=Path("results/shared_tier.json"))
     parser.add_argument("--scenarios", default="sharing,hang,load")
     parser.add_argument("--load-clients", type=int, default=32)
