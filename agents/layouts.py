@@ -42,7 +42,7 @@ def check_layout(layout: str) -> Layout:
     """`layout` if it is one of `LAYOUTS`, else `ValueError` naming the choices."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
-    return layout  # type: ignore[return-value]
+    return layout
 
 
 def lay_out(

@@ -113,15 +113,16 @@ def _run_step(
     started_at_s = time.perf_counter()
     values = {name: _resolve(ref, question, answers) for name, ref in step.fills.items()}
     prompt = render(step.role.template, values, tokenizer)
-    drawn = {} if sampling is None else {"temperature": sampling.temperature, "seed": sampling.seed}
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens or step.role.max_new_tokens,
         stop_token_ids=stop_token_ids(tokenizer, step.role.chat.turn_end),
         ignore_stop=ignore_stop,
-        **drawn,
+        temperature=0.0 if sampling is None else sampling.temperature,  # 0: greedy
+        seed=None if sampling is None else sampling.seed,
     )
     outcome = engine.run(prompt, generation, started_at_s=started_at_s)
-    return _agent_call(step, prompt, outcome, generation, tokenizer)
+    text = engine.loaded.decode(outcome.output_ids, skip_special_tokens=True)
+    return _agent_call(step, prompt, outcome, generation, text)
 
 
 def _resolve(
@@ -149,10 +150,10 @@ def _agent_call(
     prompt: RenderedPrompt,
     outcome: CallOutcome,
     generation: GenerationConfig,
-    tokenizer: Tokenizer,
+    text: str,
 ) -> AgentCall:
     fields = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
-    fields["text"] = tokenizer.decode(list(outcome.output_ids), skip_special_tokens=True)
+    fields["text"] = text
     return AgentCall(
         **fields, agent_id=step.agent_id, round=step.round, prompt=prompt, generation=generation
     )

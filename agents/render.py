@@ -24,8 +24,6 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
-
 
 @dataclass(frozen=True)
 class Span:

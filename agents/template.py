@@ -26,6 +26,12 @@ PLACEHOLDER_PATTERN = re.compile(
     r"|(?P<source>agent|condition)_(?P<id>" + _ID + r")_(?:current|history_(?P<turn>-?\d+)))\}"
 )
 
+# (source, has a history turn) -> the kind of an agent or condition placeholder
+_KINDS: dict[tuple[str, bool], PlaceholderKind] = {
+    ("agent", False): "agent_current", ("agent", True): "agent_history",
+    ("condition", False): "condition_current", ("condition", True): "condition_history",
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Placeholder:
@@ -65,8 +71,7 @@ def _from_match(match: re.Match[str]) -> Placeholder:
     name = match["name"]
     if name == "user_question":
         return Placeholder(name, "user_question")
-    when = "history" if match["turn"] is not None else "current"
-    kind: PlaceholderKind = f"{match['source']}_{when}"  # type: ignore[assignment]
+    kind = _KINDS[(match["source"], match["turn"] is not None)]
     turn = int(match["turn"]) if match["turn"] is not None else 0
     return Placeholder(name, kind, match["id"], turn)
 

@@ -92,8 +92,12 @@ class ModeVariant:
 
     def apply(self, params: Any) -> Any:
         """`params` (the mode's `Params`) with this variant's values (validated)."""
-        params_type = type(params)
-        fields = {field_of(params_type, name): value for name, value in self.params}
+        fields: dict[str, ParamValue] = {}
+        for name, value in self.params:
+            field = field_of(type(params), name)
+            if field is None:  # __post_init__ checked the names against this mode's knobs
+                raise ValueError(f"unknown parameter {name!r} for {self.mode!r}")
+            fields[field] = value
         return dataclasses.replace(params, **fields)
 
     def policy(self, fingerprint: str, base: AdmissionPolicy | None = None) -> ReusePolicy:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from kvsplice.client.store.store_client import StoreClient
+from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 logger = logging.getLogger(__name__)
@@ -79,11 +81,15 @@ def free_port(host: str) -> int:
 
 def namespace_stats(
     target: str, namespaces: Sequence[str], token: str | None = None
-) -> dict[str, dict[str, int] | None]:
+) -> dict[str, NamespaceStats | None]:
     """Segments, bytes, hits and misses per namespace (None where the store did not answer)."""
-    snapshot: dict[str, dict[str, int] | None] = {}
+    snapshot: dict[str, NamespaceStats | None] = {}
     for namespace in namespaces:
         with StoreClient(target, namespace, token=token) as client:
-            stats = client.stats()
-        snapshot[namespace] = None if stats is None else asdict(stats)
+            snapshot[namespace] = client.stats()
     return snapshot
+
+
+def stats_json(snapshot: Mapping[str, NamespaceStats | None]) -> dict[str, dict[str, Any] | None]:
+    """`namespace_stats`' snapshot as results files hold it: each `NamespaceStats` as a dict."""
+    return {name: None if stats is None else asdict(stats) for name, stats in snapshot.items()}

@@ -1,6 +1,6 @@
 """Cross-candidate attention diagnostics of judge calls, dense vs each reuse mode.
 
-Owns `AttentionProbe` (a `judge_runner.PrefillProbe`) and `AttentionProfile`. Per
+Owns `AttentionProbe` (a `bench.judge.runner.PrefillProbe`) and `AttentionProfile`. Per
 layer it measures (1) the attention mass from the decision position (the prompt's
 last token) to the prefix, each display slot's candidate block and the rest, over
 the K/V the mode actually built (the last token re-run on that cache with eager
@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from kvsplice.agents.render import RenderedPrompt
 from kvsplice.client.execute.execution import ExecutionState, ReuseMap
@@ -165,14 +166,14 @@ def _regions(rows: torch.Tensor, prompt: RenderedPrompt) -> torch.Tensor:
 
 @contextmanager
 def _eager_attention(
-    model, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    model: PreTrainedModel, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> Iterator[list[torch.Tensor]]:
     """Eager attention for the block, each layer's weights [H, q, T] (or `reduce` of them)
     appended to the yielded list as the layers run; the implementation is restored after."""
     previous = model.config._attn_implementation
     collected: list[torch.Tensor] = []
 
-    def hook(_module, _inputs, output) -> None:
+    def hook(_module: torch.nn.Module, _inputs: object, output: tuple[torch.Tensor, ...]) -> None:
         weights = output[1][0].detach()
         collected.append(weights.float().cpu() if reduce is None else reduce(weights).cpu())
 

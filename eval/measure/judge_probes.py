@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.params import format_value
 from kvsplice.client.modes.registry import mode_spec
-from kvsplice.eval.bench.judge_runner import JudgeRunConfig, run_judges
+from kvsplice.eval.bench.judge.runner import JudgeRunConfig, run_judges
 from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.jcr import JudgeRecord
 from kvsplice.eval.workloads.judge_examples import JudgeExample

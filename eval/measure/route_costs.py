@@ -14,6 +14,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -46,11 +47,11 @@ def measure_cost_model(
         raise ValueError(f"lengths {lengths} must be increasing and positive")
     layers = loaded.layout.num_layers
     dense = ReuseEngine(loaded, "dense", None, EngineConfig(store_segments=False))
-    t_short, t_long = (_median(repeats, lambda n=n: _dense_s(dense, n)) for n in lengths)
+    t_short, t_long = (_median(repeats, partial(_dense_s, dense, n)) for n in lengths)
     per_token_layer = max(t_long - t_short, 0.0) / ((long - short) * layers)
     dense_fixed = max(t_short - per_token_layer * short * layers, 0.0)
     passes = [
-        _median(repeats, lambda n=n: _layerwise_s(dense, n)) - per_token_layer * n * layers
+        _median(repeats, partial(_layerwise_s, dense, n)) - per_token_layer * n * layers
         for n in lengths
     ]
     lookup_s, read_s = _read_costs(loaded, store_target, long, repeats, namespace, quant)
@@ -74,7 +75,10 @@ def _prompt(num_tokens: int, vocab_size: int, salt: int = 0) -> RenderedPrompt:
 
 
 def _vocab_size(loaded: LoadedModel) -> int:
-    return int(loaded.model.get_input_embeddings().num_embeddings)
+    embeddings = loaded.model.get_input_embeddings()
+    if not isinstance(embeddings, torch.nn.Embedding):  # HF's embeddings are (or subclass) it
+        raise TypeError(f"input embeddings {type(embeddings).__name__} are no nn.Embedding")
+    return embeddings.num_embeddings
 
 
 def _dense_s(engine: ReuseEngine, num_tokens: int) -> float:

@@ -63,7 +63,8 @@ def series_color(label: str, labels: Sequence[str] = ()) -> tuple[float, float, 
     base = to_rgb(MODE_COLORS.get(mode_of(label), OTHER_COLOR))
     index, count = _variant_index(label, labels) if label in labels else (0, 1)
     mix = 0.6 * index / max(count, 2)
-    return tuple(c + (1.0 - c) * mix for c in base)  # type: ignore[return-value]
+    red, green, blue = (c + (1.0 - c) * mix for c in base)
+    return red, green, blue
 
 
 def series_marker(label: str, labels: Sequence[str] = ()) -> str:
@@ -124,12 +125,12 @@ def plot_speedup_vs_reuse(aggregates: Aggregates, path: Path, title: str = "") -
     axes = figure.add_subplot()
     modes = _modes(aggregates.by_position)
     for mode in modes:
-        points = [g for g in aggregates.by_position if g.mode == mode and g.speedup is not None]
-        xs = [100 * g.token_reuse_rate for g in points]
-        axes.scatter(xs, [g.speedup for g in points], label=mode,
+        points = [(g.position, 100 * g.token_reuse_rate, speedup) for g in aggregates.by_position
+                  if g.mode == mode and (speedup := g.speedup) is not None]  # fmt: skip
+        axes.scatter([x for _, x, _ in points], [y for _, _, y in points], label=mode,
                      color=series_color(mode, modes), marker=series_marker(mode, modes))  # fmt: skip
-        for g in points:
-            axes.annotate(str(g.position), (100 * g.token_reuse_rate, g.speedup), fontsize=8,
+        for position, x, y in points:
+            axes.annotate(str(position), (x, y), fontsize=8,
                           xytext=(3, 3), textcoords="offset points")  # fmt: skip
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xlabel("token reuse rate (%)")
@@ -223,12 +224,11 @@ def plot_speedup_vs_fidelity(
     agreements.axvspan(100 * min_agreement, 102, color="#2ca02c", alpha=0.08, linewidth=0,
                        label=f"admitted: agreement ≥ {100 * min_agreement:g}%")  # fmt: skip
     for point in points:
-        style = {"color": series_color(point.label, labels),
-                 "marker": series_marker(point.label, labels), "s": 42, "label": point.label}  # fmt: skip
-        if point.kl_x is not None:
-            kls.scatter([point.kl_x], [point.speedup], **style)
-        if point.agreement_pct is not None:
-            agreements.scatter([point.agreement_pct], [point.speedup], **style)
+        color, marker = series_color(point.label, labels), series_marker(point.label, labels)
+        for panel, x in ((kls, point.kl_x), (agreements, point.agreement_pct)):
+            if x is not None:
+                panel.scatter([x], [point.speedup], color=color, marker=marker, s=42,
+                              label=point.label)  # fmt: skip
     kls.set_xscale("log")
     kls.set_xlim(KL_FLOOR_NATS / 3, None)
     floored = any(p.kl_x == KL_FLOOR_NATS for p in points)

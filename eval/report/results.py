@@ -1,21 +1,17 @@
-"""Bench results as files and tables: results.json, results.md, and rich tables for the CLI.
+"""Tables of a run's records and aggregates, as markdown and rich tables for the CLI.
 
-Owns the JSON layout (config, environment, aggregates, every call record
-without tensors), the markdown tables and `render_bench_agents`. Numbers come
-from `metrics`; images from `plots`.
+Owns the number formats, the per agent x mode and per-mode rows, the per-sample cells,
+the policy-decision lines and the JSON writer. Numbers come from `metrics`; which bench
+writes which file is the bench's own (`bench/agents/report`, `bench/judge/report`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rich.console import RenderableType
 from rich.table import Table
-from rich.text import Text
 
 from kvsplice.eval.measure.metrics import (
     DENSE,
@@ -25,27 +21,7 @@ from kvsplice.eval.measure.metrics import (
     SampleStats,
     by_sample,
 )
-from kvsplice.eval.report.plots import write_plots
 
-if TYPE_CHECKING:
-    from kvsplice.client.modes.admission import AdmissionPolicy
-    from kvsplice.eval.bench.agents import BenchResult
-
-logger = logging.getLogger(__name__)
-
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
-PROTOCOL = (
-    "Each mode variant runs against a fresh store namespace (variants never feed each other); "
-    "one untimed warm-up sample per variant runs first in a throwaway namespace; variants are "
-    "interleaved per sample (dense first) and samples run in sequence, so later samples "
-    "may reuse earlier samples' template segments. TTFT covers everything up to the first "
-    "token (lookups, fetch, decode, shift, base prefill, splice, prefill, first decode). "
-    "Fidelity compares each call with dense prefill of the identical prompt on the same "
-    "model, computed outside the call's TTFT; a dense-mode call is its own reference. "
-    "Speedups are ratios of median TTFTs against dense in the same run. Token·layer reuse "
-    "is the share of prompt tokens × layers whose K/V was reused rather than computed."
-)
 POSITION_HEADERS = (
     "agent",
     "mode",
@@ -161,68 +137,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-def results_markdown(result: BenchResult) -> str:
-    """results.md: the setup, the per agent × mode TTFT table and the per-mode fidelity table."""
-    config, env = result.config, result.environment
-    setup = (
-        f"{config.num_agents} agents, {config.graph} graph, {config.samples} samples, "
-        f"modes {', '.join(config.modes)}, payload quant `{config.quant}`, reference `{config.reference}`."
-        f" Variant parameters from {_policy_source(config.policy_path, config.admission)}."
-    )
-    if config.workload == "synthetic":
-        setup += f" Synthetic shape: prefix {config.prefix_len}, input {config.input_len}, response {config.response_len} tokens."
-    else:
-        setup += f" Each agent generates at most {config.max_new_tokens} tokens."
-    machine = (
-        f"CPU {env.get('cpu')} ({env.get('num_cpus')} cores, {env.get('torch_num_threads')} torch threads, "
-        f"load average {env.get('load_average')} at the end), GPU {env.get('gpu') or 'none'}, torch {env.get('torch')}, "
-        f"{env.get('dtype')}, attention {env.get('attn_implementation')}, model `{env.get('model_fingerprint')}`."
-    )
-    if env.get("busy_machine_warning"):
-        machine += f" **Warning: {env['busy_machine_warning']}.**"
-    return "\n\n".join([
-        f"# kvsplice bench agents: {config.workload}", setup, machine, PROTOCOL,
-        "## TTFT per agent and mode",
-        markdown_table(POSITION_HEADERS, position_rows(result.aggregates, result.records)),
-        "## Fidelity per mode (vs dense prefill of the identical prompt)",
-        markdown_table(MODE_HEADERS, mode_rows(result.aggregates)),
-        "## Per sample (token reuse · 1st-token agreement; pools and prefixes fill first)",
-        markdown_table(*sample_rows(result.records)),
-        *decision_lines(result.aggregates),
-        *capacity_lines(result),
-        f"Wall time {result.wall_s:.0f} s.",
-    ]) + "\n"  # fmt: skip
-
-
-def capacity_warning(result: BenchResult) -> str | None:
-    """One sentence naming the modes whose store namespace evicted or refused segments."""
-    losses = result.capacity_losses()
-    if not losses:
-        return None
-    modes = ", ".join(f"{m} ({e} evicted, {r} refused)" for m, (e, r) in losses.items())
-    return (
-        f"The store lost segments during the run: {modes}. Those modes' reuse and speedup are "
-        f"understated; rerun with a larger --store-memory-mib (this run: "
-        f"{result.config.store_memory_mib})."
-    )
-
-
-def capacity_lines(result: BenchResult) -> list[str]:
-    warning = capacity_warning(result)
-    return [] if warning is None else ["## Store capacity", f"**{warning}**"]
-
-
 def decision_lines(aggregates: Aggregates) -> list[str]:
     """A section listing each mode's policy decisions (gate reasons, acceptance verdicts)."""
     rows = [f"- {g.mode}: " + ", ".join(f"{k} ×{n}" for k, n in g.decision_counts.items())
             for g in aggregates.by_mode if g.decision_counts]  # fmt: skip
     return ["## Policy decisions (calls)", "\n".join(rows)] if rows else []
-
-
-def _policy_source(path: Path | None, admission: AdmissionPolicy | None) -> str:
-    if path is not None:
-        return f"admission policy `{path}`"
-    return "the built-in defaults" if admission is None else "a given admission policy"
 
 
 def write_json(path: Path, payload: object) -> Path:
@@ -231,32 +150,8 @@ def write_json(path: Path, payload: object) -> Path:
     return path
 
 
-def write_bench_files(result: BenchResult, out_dir: Path) -> dict[str, Path]:
-    """results.json, results.md and the PNG plots in `out_dir`; name → path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"json": write_json(out_dir / RESULTS_JSON, result.to_dict())}
-    files["markdown"] = out_dir / RESULTS_MD
-    files["markdown"].write_text(results_markdown(result), encoding="utf-8")
-    files.update(write_plots(result.aggregates, out_dir, title=result.config.workload))
-    logger.info("wrote %s", ", ".join(str(p) for p in files.values()))
-    return files
-
-
 def rich_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
     table = Table(*headers, title=title)
     for row in rows:
         table.add_row(*row)
     return table
-
-
-def render_bench_agents(result: BenchResult) -> list[RenderableType]:
-    """The CLI's view of a run: the two tables, then where the files are."""
-    files = "\n".join(f"  {name}: {path}" for name, path in result.files.items())
-    return [
-        rich_table(f"TTFT per agent: {result.config.workload}", POSITION_HEADERS,
-                   position_rows(result.aggregates, result.records)),
-        rich_table("Fidelity per mode (vs dense prefill of the same prompt)", MODE_HEADERS,
-                   mode_rows(result.aggregates)),
-        *([] if (warning := capacity_warning(result)) is None else [Text(warning, style="bold yellow")]),
-        Text(f"wall time {result.wall_s:.0f} s; files:\n{files}"),
-    ]  # fmt: skip

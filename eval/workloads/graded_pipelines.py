@@ -6,8 +6,8 @@ and which roles are graded and how. HumanEval's roles write code run against the
 tests and its judge says PASS or FAIL about the reviser's code; MMLU's and GSM8K's solver
 and reviser answer the question (a letter, a number) and their judge selects among the two
 candidates' answers, graded on ground truth only where one candidate is right and the
-other wrong (`GradedPipeline.grade`). Running the pipeline is `bench.vllm_bench`'s; adding up the
-grades is `bench.vllm_graded`'s.
+other wrong (`GradedPipeline.grade`). Running the pipeline is `bench.vllm.bench`'s; adding up the
+grades is `bench.vllm.graded`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvsplice.eval.workloads.humaneval import load_humaneval, passes_tests
 from kvsplice.eval.workloads.math_problems import math_problem, numbers_match
@@ -27,6 +28,8 @@ from kvsplice.eval.workloads.token_transcript import (
     TEAM_CONVENTIONS,
 )
 from kvsplice.eval.workloads.workload import Problem
+
+T = TypeVar("T")
 
 ROLES = ("planner", "solver", "critic", "reviser", "judge")
 CANDIDATE_ROLES = ("solver", "reviser")  # whose answers the judge weighs
@@ -85,7 +88,7 @@ def judge_answer(pipeline: GradedPipeline, text: str) -> str | None:
     return pipeline.answer_of(text)
 
 
-def _at(items: Sequence, index: int, name: str):
+def _at(items: Sequence[T], index: int, name: str) -> T:
     if not 0 <= index < len(items):
         raise ValueError(f"{name} has {len(items)} test problems: index {index} is not one")
     return items[index]

@@ -6,7 +6,7 @@ corrected). A request asking for `"gated"` gets such runs only when a policy for
 admits `naive`; otherwise it gets exact reuse, as every other request does. No policy the
 package ships admits one: the graded answers naive was once admitted on could not have
 refused it (issue 50), so until the graded yardstick (`bench vllm-graded --admit`, its
-rule in `eval/bench/yardstick_rule.json`) admits a mode, engines run exact reuse unless a
+rule in `eval/bench/vllm/yardstick_rule.json`) admits a mode, engines run exact reuse unless a
 deployment names a policy of its own (`reuse_policy`).
 """
 

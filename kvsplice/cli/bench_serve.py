@@ -96,8 +96,9 @@ def bench_serve(
     if importlib.util.find_spec("vllm") is None:
         fail("vLLM is not installed here: run it from .venv-vllm (make vllm)")
     from kvsplice.client.model.models import model_directory
-    from kvsplice.eval.bench.serve_bench import ServeBenchConfig, run_bench
-    from kvsplice.eval.bench.serve_report import print_table
+    from kvsplice.eval.bench.serve.bench import run_bench
+    from kvsplice.eval.bench.serve.config import ServeBenchConfig
+    from kvsplice.eval.bench.serve.report import print_table
 
     try:
         config = ServeBenchConfig(

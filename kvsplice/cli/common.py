@@ -13,9 +13,14 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:  # imported where used: `--help` stays quick
+    from rich.console import Console
+
+    from kvsplice.client.store.store_config import ClientTls
 
 DEFAULT_MODEL_CACHE = Path("~/.cache/kvsplice/models").expanduser()
 WORKER_MODULES = ("torch", "transformers")
@@ -132,9 +137,9 @@ TlsServerNameOpt = Annotated[
 ]
 
 
-def client_tls(  # type: ignore[no-untyped-def]
+def client_tls(
     ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None = None
-):
+) -> ClientTls | None:
     """The client side's TLS settings (`ClientTls`), or None for plaintext."""
     from kvsplice.client.store.store_config import ClientTls
 
@@ -163,7 +168,7 @@ def debug_enabled() -> bool:
     return os.environ.get("KVSPLICE_LOG_LEVEL", "").lower() == "debug"
 
 
-def console():
+def console() -> Console:
     """A rich console: the terminal's width, else `COLUMNS` when set, else 160 columns
     (logs, CI: tables stay whole)."""
     from rich.console import Console

@@ -48,14 +48,19 @@ def _parameter(field: FlagField, envvar_prefix: str | None) -> inspect.Parameter
     elif flag.choices and default is not None:
         default = kind(default)
     name = field.name.replace("_", "-")
-    path_checks = {"file_okay": flag.file_okay, "dir_okay": flag.dir_okay}
+    checked = flag.exists  # the path checks apply to a path that must exist; else typer's defaults
     option = typer.Option(
         f"--{name}/--no-{name}" if kind is bool else f"--{name}",
         envvar=None if envvar_prefix is None else f"{envvar_prefix}{field.name.upper()}",
         help=flag.help,
-        **({"callback": _csv_callback(field)} if flag.csv else {"min": flag.min, "max": flag.max}),
-        **({"exists": True, **path_checks, "writable": flag.writable} if flag.exists else {}),
-        **({"case_sensitive": False} if flag.choices else {}),
+        callback=_csv_callback(field) if flag.csv else None,
+        min=None if flag.csv else flag.min,  # a csv flag's callback checks each value's bounds
+        max=None if flag.csv else flag.max,
+        exists=checked,
+        file_okay=flag.file_okay if checked else True,
+        dir_okay=flag.dir_okay if checked else True,
+        writable=flag.writable if checked else False,
+        case_sensitive=not flag.choices,
     )
     annotation = Annotated[kind | None if default is None else kind, option]  # type: ignore[valid-type]
     return inspect.Parameter(
@@ -79,9 +84,7 @@ def _option_type(field: FlagField) -> Any:
     if field.flag.csv:
         return str
     if field.flag.choices:
-        return StrEnum(  # type: ignore[call-overload]
-            field.name.title().replace("_", ""), {c: c for c in field.flag.choices}
-        )
+        return StrEnum(field.name.title().replace("_", ""), {c: c for c in field.flag.choices})
     if field.flag.path:
         return Path
     types = [t for t in get_args(field.hint) if t is not type(None)]

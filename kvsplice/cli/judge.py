@@ -1,7 +1,7 @@
 """`kvsplice bench judge`: JCR of each reuse mode against the dense judge, with diagnostics.
 
-Its own flags are `BenchJudgeConfig`'s fields (`eval.bench.judge_config`, torch-free); it
-builds the config and hands it to `eval.bench.judge`. Imports are lazy so `--help` never
+Its own flags are `BenchJudgeConfig`'s fields (`eval.bench.judge.config`, torch-free); it
+builds the config and hands it to `eval.bench.judge.bench`. Imports are lazy so `--help` never
 loads torch.
 """
 
@@ -21,7 +21,7 @@ from kvsplice.cli.worker import (
     load_for_bench,
     shared_fields,
 )
-from kvsplice.eval.bench.judge_config import BenchJudgeConfig, default_max_new_tokens
+from kvsplice.eval.bench.judge.config import BenchJudgeConfig, default_max_new_tokens
 
 
 @bench_app.command("judge")
@@ -29,8 +29,8 @@ from kvsplice.eval.bench.judge_config import BenchJudgeConfig, default_max_new_t
 def bench_judge(**values: Any) -> None:
     """Judge Consistency Rate per mode vs the dense judge; writes JSON, markdown and PNG plots."""
     require_worker("bench judge")
-    from kvsplice.eval.bench.judge import run_bench_judge
-    from kvsplice.eval.report.judge_report import render_bench_judge
+    from kvsplice.eval.bench.judge.bench import run_bench_judge
+    from kvsplice.eval.bench.judge.report import render_bench_judge
 
     setup_logging(values["log_level"])
     apply_threads(values["threads"])

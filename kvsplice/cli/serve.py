@@ -68,7 +68,8 @@ def health(
     with open_channel(target, [], tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            # types-grpcio-health-checking's HealthStub declares no methods
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)  # type: ignore[attr-defined]
         except grpc.RpcError as exc:
             no_ca = tls is not None and tls_ca is None
             hint = " (no --tls-ca/KVSPLICE_TLS_CA: the system CAs checked it)" if no_ca else ""

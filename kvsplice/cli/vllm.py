@@ -26,7 +26,7 @@ from kvsplice.cli.common import (
 )
 from kvsplice.cli.config_options import with_parameters
 from kvsplice.cli.worker import bench_app, bench_config, bench_parameters, model_config
-from kvsplice.eval.bench.vllm_bench_config import VllmBenchConfig
+from kvsplice.eval.bench.vllm.config import VllmBenchConfig
 
 # bench vllm logs at info (its progress), unlike the other bench commands
 LOG_LEVEL = inspect.Parameter(
@@ -57,8 +57,8 @@ def bench_vllm(**values: Any) -> None:
     if importlib.util.find_spec("vllm") is None:
         fail("vLLM is not installed here: run it from .venv-vllm (make vllm)")
     from kvsplice.client.model.models import model_directory
-    from kvsplice.eval.bench.vllm_bench import print_report, run_bench
-    from kvsplice.eval.bench.vllm_bench_config import WORKLOAD_SIZES
+    from kvsplice.eval.bench.vllm.bench import print_report, run_bench
+    from kvsplice.eval.bench.vllm.config import WORKLOAD_SIZES
     from kvsplice.eval.workloads.graded_pipelines import PIPELINES
 
     model_dir = str(model_directory(model_config(values["model"], values["model_cache"])))
@@ -104,7 +104,7 @@ def bench_vllm_graded(
         typer.Option(
             "--rule",
             help="The yardstick's rule (default: the committed "
-            "eval/bench/yardstick_rule.json; it must be committed before the runs).",
+            "eval/bench/vllm/yardstick_rule.json; it must be committed before the runs).",
         ),
     ] = None,
 ) -> None:
@@ -113,7 +113,7 @@ def bench_vllm_graded(
     configuration's difference from recompute; with --admit, the yardstick's decisions and
     the engines' admission policy they give; with --held-out, whether held-out runs confirm
     one."""
-    from kvsplice.eval.bench.vllm_graded import pool, print_graded
+    from kvsplice.eval.bench.vllm.graded import pool, print_graded
 
     if admit is not None and held_out is not None:
         fail("--admit calibrates, --held-out confirms: one at a time")
@@ -142,8 +142,8 @@ def _admission(
     """--admit's policy (written) or --held-out's confirmation, as the pooled JSON's
     `admission`."""
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
-    from kvsplice.eval.bench import vllm_admission as va
-    from kvsplice.eval.bench import yardstick as ys
+    from kvsplice.eval.bench.vllm import admission as va
+    from kvsplice.eval.bench.vllm import yardstick as ys
 
     try:
         path = rule_path or ys.RULE_PATH

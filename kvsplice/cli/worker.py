@@ -3,7 +3,7 @@
 All but `bench store` need the `worker` extra (torch, transformers); each checks that first
 and says which extra to install in one line. Imports are lazy: `--help` never loads torch.
 A bench command's own flags are its config's fields (`kvsplice.cli.config_options`, from the
-torch-free `eval.bench.*_config` modules) and read no KVSPLICE_* variable: the environment
+torch-free `eval.bench.*.config` modules) and read no KVSPLICE_* variable: the environment
 must not change a benchmark unseen. The flags every worker command shares (store, model,
 threads, log level) are written once, below, and keep their variables.
 """
@@ -11,8 +11,10 @@ threads, log level) are written once, below, and keep their variables.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from dataclasses import Field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn, Protocol, TypeVar
 
 import typer
 
@@ -33,11 +35,18 @@ from kvsplice.cli.common import (
     setup_logging,
 )
 from kvsplice.cli.config_options import config_parameters, with_parameters
+from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.common.config_flags import build_config
-from kvsplice.eval.bench.agents_config import BenchAgentsConfig
-from kvsplice.eval.bench.core_config import CoreBenchConfig
-from kvsplice.eval.bench.demo_config import DemoConfig
-from kvsplice.eval.bench.store_config import StoreBenchConfig
+from kvsplice.eval.bench.agents.config import BenchAgentsConfig
+from kvsplice.eval.bench.core.config import CoreBenchConfig
+from kvsplice.eval.bench.demo.config import DemoConfig
+from kvsplice.eval.bench.store.config import StoreBenchConfig
+
+if TYPE_CHECKING:  # these modules import torch, or are slow to import for `--help`
+    from rich.progress import Progress
+
+    from kvsplice.client.model.models import LoadedModel
+    from kvsplice.eval.bench.mode_runner import ProgressEvent
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (ratios measured in one run).")
 
@@ -98,9 +107,8 @@ def check_model(model: str, model_cache: Path) -> None:
         )
 
 
-def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto):
+def model_config(model: str, model_cache: Path, dtype: Dtype = Dtype.auto) -> ModelConfig:
     """The `ModelConfig` of the flags; `auto` is the packaged model's own dtype (else float32)."""
-    from kvsplice.client.model.models import ModelConfig
     from kvsplice.client.model.packaged_models import PACKAGED_MODELS
 
     check_model(model, model_cache)
@@ -123,6 +131,18 @@ def apply_threads(threads: int | None) -> int:
 
 
 C = TypeVar("C")  # a bench config
+
+
+class ModelBenchConfig(Protocol):
+    """A bench config that loads a model and carries the admission a `--policy` file gives."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass: `replace` takes it
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+
+M = TypeVar("M", bound=ModelBenchConfig)
 
 
 def bench_config(config: type[C], values: dict[str, Any], **overrides: Any) -> C:
@@ -155,7 +175,7 @@ def write_json(path: str | Path | None, document: Any) -> None:
         Path(path).write_text(json.dumps(document, indent=2))
 
 
-def load_for_bench(config: C, policy: Path | None, command: str) -> tuple[Any, C]:
+def load_for_bench(config: M, policy: Path | None, command: str) -> tuple[LoadedModel, M]:
     """`config.model` loaded (saying so on the console), and `config` with the `--policy`
     file's admission applied when given (a bad file or another model's: `BadParameter`)."""
     from dataclasses import replace
@@ -165,17 +185,17 @@ def load_for_bench(config: C, policy: Path | None, command: str) -> tuple[Any, C
     from kvsplice.common.errors import FingerprintMismatch
 
     console().print(f"[bold]kvsplice {command}[/]: loading the model")
-    loaded = load_model(config.model)  # type: ignore[attr-defined]
+    loaded = load_model(config.model)
     if policy is None:
         return loaded, config
     try:
         admission = load_policy(policy, loaded.fingerprint)
     except (FingerprintMismatch, ValueError) as error:
         raise typer.BadParameter(str(error), param_hint="'--policy'") from error
-    return loaded, replace(config, admission=admission, policy_path=policy)  # type: ignore[type-var]
+    return loaded, replace(config, admission=admission, policy_path=policy)
 
 
-def _progress_bar():
+def _progress_bar() -> tuple[Progress, Callable[[ProgressEvent], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(
@@ -183,7 +203,7 @@ def _progress_bar():
     )
     task = bar.add_task("agent calls", total=None)
 
-    def on_event(event: Any) -> None:  # eval.mode_runner.ProgressEvent (imports torch)
+    def on_event(event: ProgressEvent) -> None:
         bar.update(task, completed=event.done, total=event.total, description=event.message[:60])
 
     return bar, on_event
@@ -195,7 +215,7 @@ def demo(**values: Any) -> None:
     problem's answers with the risk gate at work; prints TTFT, fidelity, JCR and the gate's routes."""
     require_worker("demo")
     from kvsplice.client.model.models import load_model
-    from kvsplice.eval.bench.agents_demo import demo_modes, render_demo, run_agents_demo
+    from kvsplice.eval.bench.demo.bench import demo_modes, render_demo, run_agents_demo
 
     setup_logging(values["log_level"])
     shared = shared_fields(values)
@@ -218,8 +238,8 @@ def bench_agents(**values: Any) -> None:
     """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
     require_worker("bench agents")
     from kvsplice.agents.layouts import check_layout
-    from kvsplice.eval.bench.agents import run_bench_agents, run_bench_layouts
-    from kvsplice.eval.report.results import render_bench_agents
+    from kvsplice.eval.bench.agents.bench import run_bench_agents, run_bench_layouts
+    from kvsplice.eval.bench.agents.report import render_bench_agents
 
     setup_logging(values["log_level"])
     apply_threads(values["threads"])
@@ -236,8 +256,9 @@ def bench_agents(**values: Any) -> None:
     out_console = console()
     bar, on_event = _progress_bar()
     with bar:
+        files: dict[str, Path] = {}  # the side-by-side comparison, for more than one layout
         if len(layouts) == 1:
-            results, files = [run_bench_agents(config, loaded, progress=on_event)], {}
+            results = [run_bench_agents(config, loaded, progress=on_event)]
         else:
             results, files = run_bench_layouts(config, layouts, loaded, progress=on_event)
     for result in results:
@@ -319,6 +340,7 @@ def calibrate(
         write_policy,
     )
     from kvsplice.eval.measure.judge_probes import JudgeThresholds
+    from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE
 
     setup_logging(log_level)
     try:
@@ -331,7 +353,7 @@ def calibrate(
             judge_seeds=tuple(range(judge_orders)),
             judge_thresholds=JudgeThresholds(min_jcr=min_jcr),
             judge_variant=judge_variant,
-            **({} if judge_data is None else {"judge_data": judge_data}),
+            judge_data=JUDGE_SAMPLE if judge_data is None else judge_data,
         )
         judge_examples(config)  # a malformed --judge-data fails here, before the model loads
     except ValueError as error:
@@ -356,7 +378,7 @@ def bench_core(**values: Any) -> None:
     model = model_config(values["model"], values["model_cache"], values["dtype"])
     config = bench_config(CoreBenchConfig, values, model=model)
     from kvsplice.client.model.models import load_model
-    from kvsplice.eval.bench.core import core_bench_to_json, render_core_bench, run_core_bench
+    from kvsplice.eval.bench.core.bench import core_bench_to_json, render_core_bench, run_core_bench
 
     setup_logging(values["log_level"])
     loaded = load_model(config.model)
@@ -372,8 +394,8 @@ def bench_core(**values: Any) -> None:
 def bench_store(**values: Any) -> None:
     """Get MB/s same-host vs gRPC, put/get per tier, all beside numpy.copyto; lookup p50/p99."""
     config = bench_config(StoreBenchConfig, values)
-    from kvsplice.eval.bench.store import run_store_bench
-    from kvsplice.eval.report.store_render import render_store_bench, store_bench_to_json
+    from kvsplice.eval.bench.store.bench import run_store_bench
+    from kvsplice.eval.bench.store.report import render_store_bench, store_bench_to_json
 
     setup_logging(values["log_level"])
     result = run_store_bench(config)

@@ -13,7 +13,7 @@ import typer.main
 from test_cli_errors import one_error_line, run_cli
 
 from kvsplice.cli import app, main
-from kvsplice.eval.bench.store_config import StoreBenchConfig
+from kvsplice.eval.bench.store.config import StoreBenchConfig
 
 WORKER = ["--auth-token", "--model", "--model-cache", "--dtype", "--threads", "--log-level"]
 FLAGS = {
@@ -103,7 +103,7 @@ def store_config(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> StoreBench
         seen.append(config)
         raise SystemExit(0)
 
-    monkeypatch.setattr("kvsplice.eval.bench.store.run_store_bench", run)
+    monkeypatch.setattr("kvsplice.eval.bench.store.bench.run_store_bench", run)
     with pytest.raises(SystemExit):
         main(["bench", "store", *argv])
     (config,) = seen
@@ -164,8 +164,8 @@ def built_config(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
 def test_bench_agents_and_judge_flags_set_their_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     from kvsplice.client.modes.registry import MODES
-    from kvsplice.eval.bench.agents_config import BenchAgentsConfig
-    from kvsplice.eval.bench.judge_config import BenchJudgeConfig
+    from kvsplice.eval.bench.agents.config import BenchAgentsConfig
+    from kvsplice.eval.bench.judge.config import BenchJudgeConfig
 
     agents = built_config(["bench", "agents"], monkeypatch)
     assert isinstance(agents, BenchAgentsConfig) and agents.model.source == "smollm2"

@@ -211,7 +211,8 @@ def test_the_cli_choices_are_the_library_choices() -> None:
     pytest.importorskip("torch")
     from kvsplice.cli.common import PACKAGED_MODEL_NAMES
     from kvsplice.client.model.packaged_models import PACKAGED_MODELS
-    from kvsplice.eval.bench import agents_config, mode_runner
+    from kvsplice.eval.bench import mode_runner
+    from kvsplice.eval.bench.agents import config as agents_config
     from kvsplice.kvmath.quant import QUANT_SCHEMES
 
     # the torch-free config's copies of tuples whose modules import torch

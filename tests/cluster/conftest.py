@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run, spawn_redis, wait_ping
+from kvsplice.eval.bench.shared.local_cluster import (
+    LocalCluster,
+    free_port_run,
+    spawn_redis,
+    wait_ping,
+)
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig, RedisTierConfig
 

@@ -20,7 +20,7 @@ from helpers.waiting import wait_for
 
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.eval.bench.local_cluster import LocalCluster, redis_client
+from kvsplice.eval.bench.shared.local_cluster import LocalCluster, redis_client
 from kvsplice.storage.redis_connection import hash_tagged
 
 pytestmark = pytest.mark.redis

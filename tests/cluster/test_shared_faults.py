@@ -20,8 +20,8 @@ from helpers.cluster import (
 )
 from helpers.waiting import wait_for
 
-from kvsplice.eval.bench.local_cluster import free_port_run, spawn_redis, wait_ping
-from kvsplice.eval.bench.shared_load import LoadRun, LoadSpec, read_back
+from kvsplice.eval.bench.shared.load import LoadRun, LoadSpec, read_back
+from kvsplice.eval.bench.shared.local_cluster import free_port_run, spawn_redis, wait_ping
 
 pytestmark = pytest.mark.redis
 

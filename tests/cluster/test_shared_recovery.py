@@ -20,7 +20,7 @@ from helpers.cluster import (
 )
 from helpers.waiting import wait_for
 
-from kvsplice.eval.bench.shared_load import read_back
+from kvsplice.eval.bench.shared.load import read_back
 from kvsplice.server.embedded import EmbeddedStore
 from kvsplice.storage.keyspace import segment_key
 

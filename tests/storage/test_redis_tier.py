@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from kvsplice.common.errors import ResourceExhausted, StoreUnavailable
-from kvsplice.eval.bench.local_cluster import spawn_redis, wait_ping
+from kvsplice.eval.bench.shared.local_cluster import spawn_redis, wait_ping
 from kvsplice.storage.config import RedisTierConfig
 from kvsplice.storage.redis_tier import RedisTier, escape_glob
 

@@ -17,7 +17,8 @@ import torch
 
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.gated import GUARD, NOISE_FLOOR
-from kvsplice.eval.bench.judge import BenchJudgeConfig, run_bench_judge
+from kvsplice.eval.bench.judge.bench import run_bench_judge
+from kvsplice.eval.bench.judge.config import BenchJudgeConfig
 from kvsplice.eval.workloads.judge_examples import JUDGE_SAMPLE
 
 pytestmark = pytest.mark.slow

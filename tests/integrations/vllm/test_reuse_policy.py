@@ -65,7 +65,7 @@ def test_engines_serving_qwen_find_no_policy_admitting_naive() -> None:
     config) find no policy admitting naive, in float32 (where one shipped until issue 50)
     or bf16."""
     pytest.importorskip("vllm", reason="vLLM computes what an engine serves (make vllm)")
-    from kvsplice.eval.bench.vllm_admission import served_fingerprint
+    from kvsplice.eval.bench.vllm.admission import served_fingerprint
 
     qwen = os.environ.get("KVSPLICE_VLLM_QWEN_DIR")
     if not qwen:  # make test sets it (the packaged Qwen converted by .venv's `make qwen`)

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make vllm; make test runs it)")
 
-from kvsplice.eval.bench.vllm_bench import write_naive_policy
-from kvsplice.eval.bench.vllm_engine import Engine, EngineSpec, Sidecar, free_port
+from kvsplice.eval.bench.vllm.bench import write_naive_policy
+from kvsplice.eval.bench.vllm.engine import Engine, EngineSpec, Sidecar, free_port
 
 NAMESPACE = "pipeline"
 

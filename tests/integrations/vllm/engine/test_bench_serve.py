@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsplice.eval.bench.serve_report import ROW_KEYS
+from kvsplice.eval.bench.serve.report import ROW_KEYS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,8 +30,8 @@ async def test_the_router_streams_each_chunk_as_the_backend_sends_it() -> None:
     router before the next is sent (nothing buffered), on the backend the rule picked."""
     from aiohttp import ClientSession, web
 
-    from kvsplice.eval.bench.serve_router import BACKEND_HEADER, build_app
-    from kvsplice.eval.bench.vllm_engine import free_port
+    from kvsplice.eval.bench.serve.router import BACKEND_HEADER, build_app
+    from kvsplice.eval.bench.vllm.engine import free_port
 
     async def events(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import chunk_links
-from kvsplice.eval.bench.vllm_engine import Engine, Sidecar
+from kvsplice.eval.bench.vllm.engine import Engine, Sidecar
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
 
 # Engines start once for the module; on a loaded 2-core box that alone took 6 minutes.

@@ -19,7 +19,7 @@ from helpers.tls import make_pki
 from helpers.waiting import wait_for
 from transformers import AutoTokenizer
 
-from kvsplice.eval.bench.vllm_engine import AdminAccess, Engine, EngineSpec, Sidecar, free_port
+from kvsplice.eval.bench.vllm.engine import AdminAccess, Engine, EngineSpec, Sidecar, free_port
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

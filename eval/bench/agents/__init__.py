@@ -1,0 +1,1 @@
+"""`kvsplice bench agents` and `bench layouts`: a workload through the agent pipeline per mode variant."""

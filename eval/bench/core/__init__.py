@@ -1,0 +1,1 @@
+"""`kvsplice bench core`: the reuse engine's core operations on one segment, timed."""

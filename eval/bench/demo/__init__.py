@@ -1,0 +1,1 @@
+"""`kvsplice demo`: the multi-agent demo, its judge and its tables."""

@@ -1,0 +1,1 @@
+"""`kvsplice bench judge`: judges over candidate sets in each mode, against the dense judge."""

@@ -1,0 +1,139 @@
+"""`bench store` put path: a staged put from a client on the sidecar's host until the
+sidecar has committed it in LMDB, at the LMDB tier's default durability, beside a memory
+copy of the same bytes, with the CPU time each process spent on it.
+
+Owns the measurement only. The sidecar is a child process holding an LMDB tier alone (the
+durable tier a same-host reader reads in place); its CPU time is the child's process CPU
+time (`time.process_time` there: every thread, user and system), the client's this
+process's, both summed over the timed puts. Before timing, as many segments as are timed
+are put and deleted, so the timed puts reuse the map's pages, as a store that evicts while
+it fills does (a store still growing its file also pays the kernel for fresh pages).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.common.errors import StoreUnavailable
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.eval.bench.store.payloads import copyto_of, make_payload, make_segment_meta
+from kvsplice.eval.measure.stopwatch import median_seconds
+from kvsplice.index.bench_lookup import BENCH_NAMESPACE
+from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storage.config import LMDBTierConfig, describe_durability
+
+logger = logging.getLogger(__name__)
+
+GB = 1_000_000_000
+MIB = 1 << 20
+TARGET_RATIO_TO_MEMCPY = 0.5
+TARGET_SIDECAR_CPU_S_PER_GB = 0.25
+
+
+@dataclass(frozen=True)
+class PutPathRow:
+    """Timed staged puts of one size: median wall seconds per put, CPU seconds summed."""
+
+    size_mib: int
+    num_puts: int
+    seconds: float  # median wall time of one put, client call to acknowledged commit
+    memcpy_seconds: float  # median numpy.copyto of the same bytes
+    sidecar_cpu_s: float  # the sidecar process, over all `num_puts`
+    client_cpu_s: float  # this process, over all `num_puts`
+    durability: str
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.size_mib * MIB / GB / self.seconds
+
+    @property
+    def memcpy_gb_per_s(self) -> float:
+        return self.size_mib * MIB / GB / self.memcpy_seconds
+
+    @property
+    def sidecar_cpu_s_per_gb(self) -> float:
+        return self.sidecar_cpu_s / (self.num_puts * self.size_mib * MIB / GB)
+
+    @property
+    def client_cpu_s_per_gb(self) -> float:
+        return self.client_cpu_s / (self.num_puts * self.size_mib * MIB / GB)
+
+    @property
+    def ratio_met(self) -> bool:
+        return self.gb_per_s >= TARGET_RATIO_TO_MEMCPY * self.memcpy_gb_per_s
+
+    @property
+    def sidecar_cpu_met(self) -> bool:
+        return self.sidecar_cpu_s_per_gb <= TARGET_SIDECAR_CPU_S_PER_GB
+
+    def contract_json(self) -> dict[str, float | int | str]:
+        """The six figures `bench store --json` promises per size (their names are fixed)."""
+        return {
+            "size_mib": self.size_mib,
+            "gb_per_s": self.gb_per_s,
+            "memcpy_gb_per_s": self.memcpy_gb_per_s,
+            "sidecar_cpu_s_per_gb": self.sidecar_cpu_s_per_gb,
+            "client_cpu_s_per_gb": self.client_cpu_s_per_gb,
+            "durability": self.durability,
+        }
+
+
+def bench_put_path(
+    sizes_mib: tuple[int, ...],
+    repeats: int,
+    tmp_dir: Path,
+    client_config: StoreClientConfig,
+    seed: int,
+) -> list[PutPathRow]:
+    """One sidecar per size (a fresh map), `repeats` timed staged puts each."""
+    return [_bench_size(size, repeats, tmp_dir, client_config, seed) for size in sizes_mib]
+
+
+def _bench_size(
+    size_mib: int, repeats: int, tmp_dir: Path, client_config: StoreClientConfig, seed: int
+) -> PutPathRow:
+    lmdb = LMDBTierConfig(  # every durability field at the tier's default
+        str(tmp_dir / f"put-path-{size_mib}"), map_size_bytes=(2 * repeats + 4) * size_mib * MIB
+    )
+    spec = SidecarSpec(lmdb.path, lmdb.map_size_bytes, max_payload_nbytes=size_mib * MIB, lmdb=lmdb)
+    rng = np.random.default_rng((seed, 51, size_mib))
+    payload = make_payload(rng, size_mib * MIB)
+    with (
+        SidecarProcess(spec) as sidecar,
+        StoreClient(sidecar.target, BENCH_NAMESPACE, config=client_config) as client,
+    ):
+        for meta in [make_segment_meta(rng, payload) for _ in range(repeats)]:
+            _put(client, meta, payload)  # warm: channel, staging file, map pages
+            client.delete(meta.context_key)
+        metas = [make_segment_meta(rng, payload) for _ in range(repeats)]
+        samples = []
+        sidecar_start_s, client_start_s = sidecar.cpu_seconds(), time.process_time()
+        for meta in metas:
+            start_s = time.perf_counter()
+            _put(client, meta, payload)
+            samples.append(time.perf_counter() - start_s)
+        client_cpu_s = time.process_time() - client_start_s
+        sidecar_cpu_s = sidecar.cpu_seconds() - sidecar_start_s
+        if client.counters.num_staged_puts < 2 * repeats:
+            raise StoreUnavailable("puts were streamed, not staged; the run is void")
+    memcpy_s, _ = median_seconds(copyto_of(payload), repeats)
+    row = PutPathRow(
+        size_mib, repeats, statistics.median(samples), memcpy_s, sidecar_cpu_s, client_cpu_s,
+        describe_durability(lmdb),
+    )  # fmt: skip
+    logger.info("bench store put path %d MiB: %s (load %s)", size_mib, row, os.getloadavg())
+    return row
+
+
+def _put(client: StoreClient, meta: SegmentMeta, payload: bytes) -> None:
+    if not client.put_segment(meta, payload):
+        raise StoreUnavailable(f"put of segment {meta.segment_id} degraded; the run is void")

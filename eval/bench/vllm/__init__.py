@@ -1,0 +1,1 @@
+"""`kvsplice bench vllm` and its admission: vLLM engines with kvsplice, LMCache and no connector."""
