@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' character tokenizer and fa
 from helpers.client import make_tiny_llama  # noqa: E402
 from helpers.text import CharTokenizer, FakePrompt, make_prompt  # noqa: E402
 
+
 def project_folders() -> tuple[str, ...]:
     """Every top-level folder pyproject maps into the package (proto and integrations too)."""
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]

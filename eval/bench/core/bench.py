@@ -10,7 +10,7 @@ splice stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shi
 into them); the former two-step decode (dequantize, then shift, then copy into the cache);
 `numpy.copyto` of the same fp32 K/V bytes; and the floor no reuse call can go under: the
 bare HF forward of one token over a cache of the same length (`forward_floor_s`), whose
-ratio to dense prefill bounds the speedup on this machine. `counts` (`core_counts`) is what
+ratio to dense prefill bounds the speedup on this machine. `counts` (`core.counts`) is what
 one call did. The context was stored by a call that placed it at `CAPTURE_POSITION`, so the
 reuse call (`naive`) shifts every key.
 """
@@ -38,7 +38,7 @@ from kvsplice.client.model.lm_head import fp32_head
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
-from kvsplice.eval.bench.core_counts import CallCounts, count_call
+from kvsplice.eval.bench.core.counts import CallCounts, count_call
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
@@ -254,7 +254,7 @@ def call_stages(outcomes: Sequence[CallOutcome]) -> dict[str, float]:
 def reuse_call_counts(
     engine: ReuseEngine, prompt: ChatPrompt, sidecar: SidecarProcess
 ) -> CallCounts:
-    """What one more reuse call of `prompt` does (`core_counts.count_call`)."""
+    """What one more reuse call of `prompt` does (`counts.count_call`)."""
     if engine.store is None or sidecar.admin_url is None:
         raise ValueError("counting needs the engine's store and the sidecar's admin API")
     store = engine.store

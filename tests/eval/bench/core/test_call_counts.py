@@ -17,8 +17,8 @@ from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_ca
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.store.store_client import StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.eval.bench import core
-from kvsplice.eval.bench.core_counts import CallCounts
+from kvsplice.eval.bench.core import bench as core
+from kvsplice.eval.bench.core.counts import CallCounts
 from kvsplice.server.sidecar_process import SidecarProcess
 
 pytestmark = pytest.mark.slow
