@@ -103,7 +103,7 @@ def save_spec(request_id: str, index: int, context: tuple[int, ...]) -> SaveSpec
     return SaveSpec(
         request_id=request_id, namespace=NS, root=FINGERPRINT, start=link.start,
         token_ids=TOKENS[link.start : link.end], parent_key=link.parent_key, key=link.key,
-        block_table=context, block_size=BLOCK,
+        block_table=context, block_size=BLOCK, exact=True,
     )  # fmt: skip
 
 
