@@ -2,7 +2,7 @@
 thread works through them in order; `take_finished` says which requests' loads ended
 and which of their blocks could not be written.
 
-Owns only the thread and the hand-over; what a load does is `WorkerSide.load`'s.
+Owns only the thread and the hand-over; what a load does is `BlockLoader.load`'s.
 NOTE: every submitted load is reported finished exactly once, failed or not: vLLM
 keeps an aborted request's blocks until then, so none is written after it is freed.
 """

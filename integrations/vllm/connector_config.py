@@ -37,11 +37,11 @@ class ConnectorConfig:
     must be a multiple of the block size so chunk edges fall on block edges. A prompt's
     tail shorter than a chunk is not stored. `namespace` is
     the tenant's; a request's `cache_salt` is mixed into it (`salted_namespace`).
-    `save_decode` also stores K/V written while decoding (see `SchedulerSide._saves`);
+    `save_decode` also stores K/V written while decoding (see `save_chain.SaveRules`);
     None (the default) means: only where the engine keeps K/V in float32
     (`save_decode_for`). `save_tails` also stores each request's last half chunk (whole
     blocks) once computed, so the next request of a transcript finds up to half a chunk
-    more (`SchedulerSide._tail`); the full chunk is stored when it fills.
+    more (`SaveChain._tail`); the full chunk is stored when it fills.
     `max_pending_saves` bounds chunks waiting for the background putter: past it a
     chunk is dropped (counted, logged), never waited for.
     Lookups run off the scheduler loop: the new requests of a step wait for their lookups

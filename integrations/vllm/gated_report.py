@@ -1,6 +1,6 @@
 """What a request that asked for approximate reuse is told it got, and why not more.
 
-The connector answers in the response's `kv_transfer_params` (`SchedulerSide.finished`):
+The connector answers in the response's `kv_transfer_params` (`reuse_report`):
 the tokens loaded exactly and approximately and, when no approximate token was loaded, the
 reason in words (`reason`). A connector loads a run from the prompt's start on, so what a
 request can get is bounded by its exact prefix: an agent whose own system prompt was never
@@ -10,6 +10,9 @@ computed anywhere loads nothing after it. Owns the words, not the state they des
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse
 
 
 @dataclass(frozen=True)
@@ -44,3 +47,24 @@ def reason(outcome: GatedOutcome) -> str | None:
     if outcome.num_found_runs == 0:
         return "no stored run continues the stored prefix (or the search ran out of time)"
     return "the runs found add no whole block past what the engine already had"
+
+
+def reuse_report(
+    reuse: RequestedReuse, outcome: GatedOutcome, num_exact_tokens: int
+) -> dict[str, Any]:
+    """What a request that named a reuse mode is told it got (the response's
+    `kv_transfer_params`): the mode, whether admitted, the tokens loaded each way, what
+    was wrong with its params, and for a gated request that got nothing approximate, why."""
+    report: dict[str, Any] = {
+        "reuse": reuse.mode,
+        "admitted": outcome.admitted,
+        "exact_tokens": num_exact_tokens,
+        "approximate_tokens": outcome.num_approximate_tokens,
+    }
+    if reuse.problem:
+        report["problem"] = reuse.problem
+    if reuse.approximate:
+        why = reason(outcome)
+        if why is not None:
+            report["reason"] = why
+    return {KEY: report}

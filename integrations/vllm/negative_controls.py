@@ -7,7 +7,8 @@ applied); `noise` adds Gaussian noise to the moved keys and the values, its stan
 deviation `NOISE_FRACTION` of each layer's own root-mean-square over the run. They exist
 for `kvsplice bench vllm --configs control-unrotated,control-noise` and nothing else: an
 engine runs one only when its `kv_connector_extra_config` names it (`negative_control`),
-and says so at its start. Owns the damage, not when it applies (the worker half's loads).
+and says so at its start. Owns the damage, not when it applies (the worker half's loads:
+`applied_delta`, then `damage_in_place` on what was written).
 """
 
 from __future__ import annotations
@@ -43,11 +44,33 @@ def damage(
     if control == UNROTATED:
         return stored_keys.to(moved_keys.dtype), values
     if control == NOISE:
-        import torch
-
-        generator = torch.Generator(device="cpu").manual_seed(_seed(seed_text))
+        generator = _generator(seed_text)
         return _noisy(moved_keys, generator), _noisy(values, generator)
     raise ValueError(f"negative control {control!r} not in {NEGATIVE_CONTROLS}")
+
+
+def applied_delta(control: str, delta: int) -> int:
+    """The Δ a run's keys are moved by under `control` (`unrotated`: none, as stored)."""
+    if control not in NEGATIVE_CONTROLS:
+        raise ValueError(f"negative control {control!r} not in {NEGATIVE_CONTROLS}")
+    return 0 if control == UNROTATED else delta
+
+
+def damage_in_place(control: str, keys: torch.Tensor, values: torch.Tensor, seed_text: str) -> None:
+    """Damage a run already written with `applied_delta` (keys, values [L, H_kv, T, D], any
+    strides) as `damage` would: `noise` adds its noise; `unrotated` is done already."""
+    if control == NOISE:
+        generator = _generator(seed_text)
+        keys.copy_(_noisy(keys, generator))
+        values.copy_(_noisy(values, generator))
+    elif control != UNROTATED:
+        raise ValueError(f"negative control {control!r} not in {NEGATIVE_CONTROLS}")
+
+
+def _generator(seed_text: str) -> torch.Generator:
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(_seed(seed_text))
 
 
 def _noisy(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -55,3 +55,9 @@ def requested_reuse(request: Any) -> RequestedReuse:
     if mode not in REUSE_VALUES:
         return RequestedReuse(problem=f"reuse {mode!r} not in {REUSE_VALUES}")
     return RequestedReuse(mode)
+
+
+def asked(request: Any) -> bool:
+    """Whether `request` named a reuse mode (it is then told what it got)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return isinstance(params, dict) and KEY in params

@@ -51,7 +51,9 @@ class SaveSpec:
 
     `block_table` is the request's block table (at least the blocks holding `[0, end)`;
     one tuple shared by all of a request's saves in a step): the chunk's K/V was computed
-    over `context_block_ids`, so it is dropped if any of them failed to load.
+    over `context_block_ids`, so it is dropped if any of them failed to load. `exact`: its
+    chain was still exact (`KeyChain.exact`); False past an approximate fence, where the
+    chunk was computed over approximate K/V (stored as `SegmentMeta.exact`).
     """
 
     request_id: str
@@ -63,6 +65,7 @@ class SaveSpec:
     key: bytes  # the chunk's context key (its chain link)
     block_table: tuple[int, ...]
     block_size: int
+    exact: bool
 
     @property
     def end(self) -> int:

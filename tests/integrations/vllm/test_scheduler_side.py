@@ -461,7 +461,7 @@ def test_past_the_fence_chunks_are_saved_off_chain_after_the_exact_part_s_tail()
                          lookup_wait_s=10.0)  # type: ignore[arg-type]  # fmt: skip
     request = FakeRequest("r", list(range(10, 31)))  # 21 tokens
     side.num_new_matched_tokens(request, 0)
-    side._fence(side._tracked["r"], 4)  # what a promise of approximate runs from 4 does
+    side._tracked["r"].fence.place(request, 4, BLOCK)  # what a promise of runs from 4 does
     step = Step([NewReq("r", ([0, 1, 2, 3, 4, 5],), 0)], num_scheduled_tokens={"r": 21})
     saves = side.build_step(step)[1]
     assert [(s.start, s.end) for s in saves] == [(0, 4), (0, 8), (8, 16), (16, 20)]

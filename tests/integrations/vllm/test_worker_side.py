@@ -8,121 +8,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.vllm_worker import (
+    BLOCK,
+    DIM,
+    FINGERPRINT,
+    HEADS,
+    LAYERS,
+    NS,
+    NUM_BLOCKS,
+    TOKENS,
+    FakeClients,
+    FakeStore,
+    load_spec,
+    make_worker,
+    save_spec,
+    store_three_chunks,
+    synthetic_layout,
+)
 
 from kvsplice.common.keys import chunk_links
 from kvsplice.integrations.vllm.block_layout import CpuBlockLayout, UnsupportedLayout
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec, StoredPiece
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec
 from kvsplice.integrations.vllm.worker_side import WorkerSide
-
-FINGERPRINT = "kvfp1-" + "ab" * 16
-BLOCK, HEADS, DIM, LAYERS, NUM_BLOCKS = 4, 2, 8, 3, 16
-NS = "ns"
-
-
-class FakeStore:
-    def __init__(self) -> None:
-        self.segments: dict[str, tuple[object, bytes]] = {}
-        self.gone: set[str] = set()
-        self.corrupt: set[str] = set()
-        self.deleted: list[str] = []
-        self.counters = SimpleNamespace(num_corrupt_payloads=0, num_degraded_calls=0)
-
-    def put_segment(self, meta: object, payload: bytes) -> bool:
-        self.segments.setdefault(meta.segment_id, (meta, payload))  # type: ignore[attr-defined]
-        return True
-
-    def get_segment(self, segment_id: str, *, model_fingerprint: str) -> tuple | None:
-        if segment_id in self.corrupt:
-            self.counters.num_corrupt_payloads += 1
-            return None
-        if segment_id in self.gone:
-            return None
-        return self.segments.get(segment_id)
-
-    def delete(self, segment_id: str) -> bool:
-        self.deleted.append(segment_id)
-        return self.segments.pop(segment_id, None) is not None
-
-    def report_reuse(self, num_prompt_tokens: int, runs: object = ()) -> None:
-        return
-
-    def served_from(self, key: bytes) -> str:
-        return "grpc"
-
-
-class FakeClients:
-    def __init__(self, store: FakeStore) -> None:
-        self.store = store
-
-    def for_namespace(self, namespace: str) -> FakeStore:
-        return self.store
-
-
-def synthetic_layout() -> CpuBlockLayout:
-    # one (block) slab: per head, K's [bs, D] then V's [bs, D]
-    head, token, dim = torch.meshgrid(
-        torch.arange(HEADS), torch.arange(BLOCK), torch.arange(DIM), indexing="ij"
-    )
-    k = head * 2 * BLOCK * DIM + token * DIM + dim
-    return CpuBlockLayout(BLOCK, HEADS, DIM, k, k + BLOCK * DIM)
-
-
-def make_worker(store: FakeStore, seed: int | None = 0, rope: object = None) -> WorkerSide:
-    shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * DIM)
-    gen = torch.Generator().manual_seed(seed or 0)
-    caches = {
-        f"model.layers.{i}.self_attn.attn": (
-            torch.randn(shape, generator=gen) if seed is not None else torch.zeros(shape)
-        )
-        for i in range(LAYERS)
-    }
-    layout = synthetic_layout()
-    return WorkerSide(
-        FakeClients(store),
-        FINGERPRINT,
-        BLOCK,
-        caches,
-        layout,
-        "none",
-        64,
-        FaultLog(),
-        rope=None if rope is None else (lambda: rope),
-    )  # type: ignore[arg-type]
-
-
-TOKENS = tuple(range(100, 120))  # 20 tokens: 5 chunks of one block
-
-
-def save_spec(request_id: str, index: int, context: tuple[int, ...]) -> SaveSpec:
-    link = chunk_links(FINGERPRINT, TOKENS, BLOCK)[index]
-    return SaveSpec(
-        request_id=request_id, namespace=NS, root=FINGERPRINT, start=link.start,
-        token_ids=TOKENS[link.start : link.end], parent_key=link.parent_key, key=link.key,
-        block_table=context, block_size=BLOCK,
-    )  # fmt: skip
-
-
-def load_spec(block_ids: tuple[int, ...], num_chunks: int) -> LoadSpec:
-    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)[:num_chunks]
-    pieces = tuple(
-        StoredPiece(ln.key.hex(), ln.start, ln.num_tokens, ln.parent_key) for ln in links
-    )
-    end = num_chunks * BLOCK
-    return LoadSpec("r", NS, FINGERPRINT, 0, end, block_ids[:num_chunks], TOKENS[:end], pieces)
-
-
-def store_three_chunks(store: FakeStore) -> WorkerSide:
-    writer = make_worker(store, seed=1)
-    for i in range(3):
-        writer.save(save_spec("w", i, (0, 1, 2)), 0)
-    assert writer.putter.flush()
-    assert len(writer.take_news(0).acked) == 3
-    return writer
 
 
 def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
@@ -130,7 +41,7 @@ def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
     writer = store_three_chunks(store)
     reader = make_worker(store, seed=None)
     assert reader.load(load_spec((5, 9, 4), 3)) == set()
-    for mine, theirs in zip(reader.caches, writer.caches, strict=True):
+    for mine, theirs in zip(reader.paged.caches, writer.paged.caches, strict=True):
         assert torch.equal(mine[[5, 9, 4]], theirs[[0, 1, 2]])
 
 
@@ -142,14 +53,13 @@ def test_a_layout_that_is_not_affine_loads_and_saves_bit_exact_too() -> None:
     layout = CpuBlockLayout(BLOCK, HEADS, DIM, k, v)
     assert layout._affine_offsets == (None, None)
     store = FakeStore()
-    writer, reader = make_worker(store, seed=1), make_worker(store, seed=None)
-    for worker in (writer, reader):
-        worker.layout = layout
+    writer = make_worker(store, seed=1, layout=layout)
+    reader = make_worker(store, seed=None, layout=layout)
     for i in range(3):
         writer.save(save_spec("w", i, (0, 1, 2)), 0)
     assert writer.putter.flush() and len(writer.take_news(0).acked) == 3
     assert reader.load(load_spec((5, 9, 4), 3)) == set()
-    for mine, theirs in zip(reader.caches, writer.caches, strict=True):
+    for mine, theirs in zip(reader.paged.caches, writer.paged.caches, strict=True):
         assert torch.equal(mine[[5, 9, 4]], theirs[[0, 1, 2]])
 
 
@@ -286,10 +196,10 @@ def test_approximate_runs_land_moved_to_their_new_positions() -> None:
     spec = LoadSpec("r", NS, FINGERPRINT, 8, 16, (5, 6), tokens, (), spans=spans)
     assert reader.load(spec) == set()
     layout = synthetic_layout()
-    theirs_k = torch.stack([layout.gather(c, torch.tensor([1, 2]))[0] for c in writer.caches])
-    theirs_v = torch.stack([layout.gather(c, torch.tensor([1, 2]))[1] for c in writer.caches])
-    mine_k = torch.stack([layout.gather(c, torch.tensor([5, 6]))[0] for c in reader.caches])
-    mine_v = torch.stack([layout.gather(c, torch.tensor([5, 6]))[1] for c in reader.caches])
+    theirs_k = torch.stack([layout.gather(c, torch.tensor([1, 2]))[0] for c in writer.paged.caches])
+    theirs_v = torch.stack([layout.gather(c, torch.tensor([1, 2]))[1] for c in writer.paged.caches])
+    mine_k = torch.stack([layout.gather(c, torch.tensor([5, 6]))[0] for c in reader.paged.caches])
+    mine_v = torch.stack([layout.gather(c, torch.tensor([5, 6]))[1] for c in reader.paged.caches])
     assert torch.equal(mine_v, theirs_v)
     assert torch.allclose(mine_k, rope.shift_layers(theirs_k, 4), atol=1e-6)
     assert not torch.allclose(mine_k, theirs_k)  # moved, not copied
@@ -306,7 +216,7 @@ def test_an_approximate_run_over_other_tokens_is_refused_and_recomputed() -> Non
     spans = (ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),)
     spec = LoadSpec("r", NS, FINGERPRINT, 8, 12, (5,), tokens, (), spans=spans)
     assert reader.load(spec) == {5}
-    assert torch.equal(reader.caches[0][5], torch.zeros_like(reader.caches[0][5]))
+    assert torch.equal(reader.paged.caches[0][5], torch.zeros_like(reader.paged.caches[0][5]))
 
 
 @pytest.mark.gpu
@@ -346,8 +256,8 @@ def test_approximate_runs_land_moved_in_a_cuda_cache() -> None:
     spec = LoadSpec("r", NS, FINGERPRINT, 8, 16, (5, 6), (7,) * 8 + TOKENS[4:12], (), spans=spans)
     assert reader.load(spec) == set()
     cpu = synthetic_layout()
-    theirs = [cpu.gather(c, torch.tensor([1, 2])) for c in writer.caches]
-    mine = [flash.gather(c, torch.tensor([5, 6])) for c in reader.caches]
+    theirs = [cpu.gather(c, torch.tensor([1, 2])) for c in writer.paged.caches]
+    mine = [flash.gather(c, torch.tensor([5, 6])) for c in reader.paged.caches]
     theirs_k = torch.stack([k for k, _ in theirs])
     assert torch.equal(torch.stack([v for _, v in mine]).cpu(), torch.stack([v for _, v in theirs]))
     moved = torch.stack([k for k, _ in mine]).cpu()
@@ -363,20 +273,19 @@ def _load_moved_run(control: str | None) -> tuple[torch.Tensor, torch.Tensor, ob
     store = FakeStore()
     writer = store_three_chunks(store)
     rope = RopeSpec.uniform(DIM, 10_000.0, LAYERS)
-    reader = make_worker(store, seed=None, rope=rope)
-    reader.negative_control = control
+    reader = make_worker(store, seed=None, rope=rope, negative_control=control)
     links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
     spans = (ReusedSpan(links[1].key.hex(), 8, 4, 0, 4),)
     spec = LoadSpec("r", NS, FINGERPRINT, 8, 12, (5,), (7,) * 8 + TOKENS[4:8], (), spans=spans)
     assert reader.load(spec) == set()
     layout = synthetic_layout()
-    stored = [layout.gather(c, torch.tensor([1])) for c in writer.caches]
+    stored = [layout.gather(c, torch.tensor([1])) for c in writer.paged.caches]
     return torch.stack([k for k, _ in stored]), torch.stack([v for _, v in stored]), rope, reader
 
 
 def _written(reader: WorkerSide) -> tuple[torch.Tensor, torch.Tensor]:
     layout = synthetic_layout()
-    got = [layout.gather(c, torch.tensor([5])) for c in reader.caches]
+    got = [layout.gather(c, torch.tensor([5])) for c in reader.paged.caches]
     return torch.stack([k for k, _ in got]), torch.stack([v for _, v in got])
 
 
