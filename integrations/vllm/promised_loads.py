@@ -53,9 +53,10 @@ class PromisedLoads:
             self.faults.record("building a load failed", error)
             pieces, spans = (), ()
         first, last = start // self.block_size, end // self.block_size
+        checked_end = max([end, *(piece.start + piece.num_tokens for piece in pieces)])
         load = LoadSpec(
             request_id=request_id, namespace=namespace, root=root, start=start, end=end,
-            block_ids=tuple(block_ids[first:last]), token_ids=tuple(token_ids[:end]),
+            block_ids=tuple(block_ids[first:last]), token_ids=tuple(token_ids[:checked_end]),
             pieces=pieces, is_async=is_async, spans=spans,
         )  # fmt: skip
         if is_async:  # NOTE: the request is not scheduled until its load ends

@@ -26,8 +26,9 @@ class LoadSpec:
     """Load tokens `[start, end)` of a request (whole blocks) from `pieces` into `block_ids`.
 
     `block_ids` are the request's blocks covering `[start, end)`, in order;
-    `token_ids` are the request's tokens `[0, end)` (each piece's tokens are checked
-    against them before a single value is written). `is_async`: the request waits
+    `token_ids` are the request's tokens `[0, end)` and on to the last piece's end (each
+    piece's tokens are checked against them, whole, before a single value is written: a
+    promise may end inside its last piece). `is_async`: the request waits
     (vLLM's `load_kv_async`) while the load runs beside the engine's steps. `spans`
     (approximate reuse, requests that opted in): runs of segments computed elsewhere,
     from where `pieces` end to `end`, keys moved to their new positions.

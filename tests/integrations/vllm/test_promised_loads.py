@@ -56,3 +56,17 @@ def test_auto_goes_beside_the_steps_only_while_others_run() -> None:
     assert loads.is_async("r")
     loads.forget("other")
     assert not loads.is_async("r") and not PromisedLoads(BLOCK, "never", FaultLog()).is_async("r")
+
+
+def test_a_promise_ending_inside_its_last_piece_carries_that_piece_s_tokens_whole() -> None:
+    """A prompt as long as a stored chunk is promised one block short (vLLM computes its
+    last token); the piece is checked whole, so its tokens go with the load."""
+    links = chunk_links(FINGERPRINT, TOKENS, 2 * BLOCK)  # chunks of two blocks
+    lookup = PrefixLookup(
+        tuple(SegmentRef(ln.key, ln.start, ln.num_tokens, 0, 2, 100) for ln in links[:2]), 16
+    )
+    load = PromisedLoads(BLOCK, "never", FaultLog()).promise(
+        "r", "ns", FINGERPRINT, lookup, TOKENS[:16], [1, 2, 3], 0, 12, (), is_async=False
+    )
+    assert [p.start for p in load.pieces] == [0, 8] and load.end == 12
+    assert load.token_ids == tuple(TOKENS[:16]) and load.block_ids == (1, 2, 3)

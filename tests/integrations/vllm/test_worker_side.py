@@ -32,7 +32,7 @@ from helpers.vllm_worker import (
 from kvsplice.common.keys import chunk_links
 from kvsplice.integrations.vllm.block_layout import CpuBlockLayout, UnsupportedLayout
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec
+from kvsplice.integrations.vllm.transfer_specs import LoadSpec, StoredPiece
 from kvsplice.integrations.vllm.worker_side import WorkerSide
 
 
@@ -311,3 +311,27 @@ def test_the_noise_control_adds_a_fixed_fraction_of_each_layers_norm_the_same_ea
     assert torch.equal(again_k, mine_k) and torch.equal(again_v, mine_v)  # seeded by the span
     naive_k, naive_v = _written(_load_moved_run(None)[3])
     assert torch.equal(naive_v, values) and torch.allclose(naive_k, moved, atol=1e-6)
+
+
+@pytest.mark.parametrize("checked_whole", [True, False], ids=["as-promised", "cut-at-the-end"])
+def test_a_promise_ending_inside_a_piece_loads_it_and_deletes_nothing(
+    checked_whole: bool,
+) -> None:
+    """The piece [0, 8) promised to token 4 loads its first block; the load cut at the
+    promise's end (the negative control: the bug) blames a good segment and deletes it."""
+    store = FakeStore()
+    writer = make_worker(store, seed=1)
+    link = chunk_links(FINGERPRINT, TOKENS, 2 * BLOCK)[0]
+    saved = replace(save_spec("w", 0, (0, 1)), token_ids=TOKENS[:8], key=link.key)
+    writer.save(saved, 0)
+    assert writer.putter.flush()
+    reader = make_worker(store, seed=None)
+    piece = StoredPiece(link.key.hex(), 0, 8, link.parent_key)
+    tokens = TOKENS[:8] if checked_whole else TOKENS[:4]
+    failed = reader.load(LoadSpec("r", NS, FINGERPRINT, 0, 4, (5,), tokens, (piece,)))
+    if checked_whole:
+        assert failed == set() and store.deleted == []
+        for mine, theirs in zip(reader.paged.caches, writer.paged.caches, strict=True):
+            assert torch.equal(mine[5], theirs[0])
+    else:
+        assert failed == {5} and store.deleted == [link.key.hex()]
