@@ -17,7 +17,16 @@ from pathlib import Path
 from check_layers import ROOT, package_dirs
 
 TREE = ROOT / "build" / "mypy-tree"
-CHECKED = ("common", "storage", "index", "server", "client", "integrations", "kvmath")
+CHECKED = (
+    "common",
+    "storage",
+    "index",
+    "server",
+    "storeclient",
+    "client",
+    "integrations",
+    "kvmath",
+)
 
 
 def link_tree(target: Path) -> None:

@@ -32,18 +32,18 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests, with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.servicer import RPC_METHODS, SERVICE_NAME
 from kvsplice.server.tenants import token_sha256
+from kvsplice.storeclient.wire import meta_to_header, put_requests, with_payload_digest
 
 FINGERPRINT = "kvfp1-" + "7" * 32
 TOKENS = {"team-a": "audit-token-a", "team-b": "audit-token-b"}
 KVSPLICE = [sys.executable, "-c", "from kvsplice.cli import main; main()"]
-# One 4 MiB chunk plus framing, as the real clients allow (`store_config.max_message_nbytes`).
+# One 4 MiB chunk plus framing, as the real clients allow (`storeclient.config.max_message_nbytes`).
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20)]
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import settings
+
+from kvsplice.storeclient import faults as store_faults
 
 # NOTE: hypothesis's per-example deadline (200 ms) measures the machine, not the code:
 # on a loaded 2-core CI box a round trip took 301 ms once and failed a green test.
@@ -26,3 +30,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_rate_limits() -> Iterator[None]:
+    """The degraded-store warning is rate-limited per target for the process; tests start clean."""
+    store_faults.DEGRADED_LOG.clear()
+    yield
+    store_faults.DEGRADED_LOG.clear()

@@ -31,11 +31,11 @@ from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

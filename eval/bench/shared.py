@@ -30,9 +30,9 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.bench.local_cluster import LocalCluster, free_port_run, spawn_redis, wait_ping
 from kvsplice.eval.bench.shared_load import OPS, LoadRun, LoadSpec, OpStats, make_chain, read_back
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

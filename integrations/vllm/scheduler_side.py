@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsplice.client.store.store_types import PrefixLookup
+from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.keys import ChainLink, KeyChain
 from kvsplice.integrations.vllm.connector_config import salted_namespace
@@ -34,7 +34,7 @@ from kvsplice.integrations.vllm.gated_report import GatedOutcome, reason
 from kvsplice.integrations.vllm.lookups import Found, LookupQuery, Lookups
 from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse, requested_reuse
-from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
 from kvsplice.integrations.vllm.span_search import SPAN_SEARCH_SHARE, find_spans
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -45,6 +45,7 @@ from kvsplice.integrations.vllm.transfer_specs import (
     StoredPiece,
     WorkerNews,
 )
+from kvsplice.storeclient.results import PrefixLookup
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class SchedulerSide:
         load_async: str = "never",
         lookup_wait_s: float = 0.02,
         lookup_timeout_s: float = 2.0,
-        breaker: Breaker | None = None,
+        breaker: CircuitBreaker | None = None,
         faults: FaultLog | None = None,
         approximate: bool = False,
         hash_block_size: int | None = None,
@@ -120,7 +121,7 @@ class SchedulerSide:
         self.faults = faults or FaultLog()
         self.lookups = Lookups(
             self._lookup, wait_s=lookup_wait_s, timeout_s=lookup_timeout_s,
-            breaker=breaker or Breaker(), faults=self.faults,
+            breaker=breaker or sidecar_breaker(), faults=self.faults,
         )  # fmt: skip
         self._tracked: dict[str, _Tracked] = {}
         self._in_flight: dict[tuple[str, bytes], float] = {}

@@ -136,7 +136,7 @@ def client_tls(  # type: ignore[no-untyped-def]
     ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None = None
 ):
     """The client side's TLS settings (`ClientTls`), or None for plaintext."""
-    from kvsplice.client.store.store_config import ClientTls
+    from kvsplice.storeclient.config import ClientTls
 
     if ca is None and cert is None and key is None:
         return None

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvsplice.server.log_limits import RateLimitedLog
+from kvsplice.common.log_limits import RateLimitedLog
 
 
 class Clock:

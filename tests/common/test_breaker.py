@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from kvsplice.common.breaker import BreakerConfig, CircuitBreaker
 from kvsplice.common.errors import StoreUnavailable
-from kvsplice.storage.circuit_breaker import BreakerConfig, CircuitBreaker
 
 
 class FlakyProbe:
@@ -33,9 +33,9 @@ def test_it_opens_only_after_consecutive_faults() -> None:
     breaker.record_success()  # resets the run
     breaker.record_failure(TimeoutError("3"))
     breaker.record_failure(TimeoutError("4"))
-    assert not breaker.is_open()
+    assert not breaker.is_open
     breaker.record_failure(TimeoutError("5"))
-    assert breaker.is_open() and breaker.state.num_trips == 1
+    assert breaker.is_open and breaker.state.num_trips == 1
     assert breaker.state.last_error == "5"
     breaker.close()
 
@@ -53,10 +53,10 @@ def test_an_open_breaker_fails_fast_until_the_probe_succeeds_then_calls_back() -
     while probe.calls < 2:  # the prober retries while the tier stays down
         assert time.monotonic() < deadline, "the prober did not retry"
         time.sleep(0.01)
-    assert breaker.is_open() and not recovered.is_set()
+    assert breaker.is_open and not recovered.is_set()
     probe.up.set()
     assert recovered.wait(2.0)
-    assert not breaker.is_open()
+    assert not breaker.is_open
     breaker.check()  # closed: no raise
     breaker.close()
 
