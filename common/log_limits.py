@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 
 class Due(NamedTuple):
-    """A line is due: the kind's `count` so far, `held_back` of them since its last line."""
+    """A line is due: the kind's `total` so far, `held_back` of them since its last line."""
 
-    count: int
+    total: int
     held_back: int
 
 

@@ -41,10 +41,10 @@ class FaultLog(RateLimitedLog):
         due = self.due(kind)
         if due is None:
             return
-        if due.count == 1:
+        if due.total == 1:
             logger.warning("kvsplice %s: %s (served by recomputing; logged once)", kind, detail)
         else:
-            logger.warning("kvsplice %s: %d so far, latest: %s", kind, due.count, detail)
+            logger.warning("kvsplice %s: %d so far, latest: %s", kind, due.total, detail)
 
 
 def sidecar_breaker() -> CircuitBreaker:
