@@ -4,23 +4,17 @@ floors, every package stands on a floor, and a forbidden import breaks a contrac
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_layers.py"
+from helpers.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def layers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_layers", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_layers")
 
 
 @pytest.fixture(scope="module")
