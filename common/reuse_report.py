@@ -3,7 +3,7 @@ by where they were served, and reads of segments the sidecar never saw (local, i
 
 Owns the one definition of the token hit rate (`token_hit_rate`) that every report of
 it uses: reused prompt tokens / prompt tokens, both counted by the worker that ran the
-calls. It sends nothing (`client.store.store_client.ReuseReporter`) and stores nothing
+calls. It sends nothing (`storeclient.reports.ReuseReporter`) and stores nothing
 (the server).
 """
 

@@ -10,7 +10,7 @@ leaves `HEAD_ROOM_NBYTES` before the payload: the sidecar's private (copy-on-wri
 mapping writes a record header there, so header and payload are one value uncopied.
 
 Owns the file names (who made a file, so a dead client's leftovers can be swept) and
-the sidecar's read. The client's side is `client.store.put_staging`.
+the sidecar's read. The client's side is `storeclient.put_staging`.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ import random
 import sys
 from dataclasses import dataclass
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.wire import with_payload_digest
 
 FINGERPRINT = "kvfp1-" + "c0" * 16
 NUM_TOKENS = 16

@@ -86,7 +86,7 @@ def count_modules(mode: str, target: str, sync_puts: bool) -> tuple[set[str], in
     from kvsplice.client.execute.execution import GenerationConfig
     from kvsplice.client.model.models import bundle_model
     from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-    from kvsplice.client.store.store_client import StoreClient
+    from kvsplice.storeclient.client import StoreClient
 
     loaded = bundle_model(make_tiny_llama(num_layers=4), CharTokenizer())
     store = StoreClient(target, f"count-{mode}")

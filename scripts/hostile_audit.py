@@ -41,12 +41,12 @@ from hostile_sidecar import (
     segment,
 )
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.servicer import RPC_METHODS
 from kvsplice.server.tenants import token_sha256
+from kvsplice.storeclient.wire import meta_to_header, put_requests
 
 # -- 1. two tenants -------------------------------------------------------------------
 

@@ -14,10 +14,10 @@ from typing import Any
 import grpc
 from hostile_sidecar import FINGERPRINT, segment
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.servicer import SERVICE_NAME
+from kvsplice.storeclient.wire import meta_to_header, put_requests
 
 
 def cross_tenant_calls(stub: Any, victim: SegmentMeta) -> dict[str, Callable[[Any], object]]:

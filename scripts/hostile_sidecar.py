@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.proto import store_pb2 as pb
+from kvsplice.storeclient.wire import with_payload_digest
 
 FINGERPRINT = "kvfp1-" + "7" * 32
 TOKENS = {"team-a": "audit-token-a", "team-b": "audit-token-b"}

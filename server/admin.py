@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Res
 from fastapi.responses import JSONResponse
 
 from kvsplice.common.errors import KvspliceError, PermissionDenied
+from kvsplice.common.log_limits import RateLimitedLog
 from kvsplice.common.segment import validate_namespace
 from kvsplice.server.admin_models import (
     AdminSource,
@@ -34,7 +35,6 @@ from kvsplice.server.admin_models import (
 )
 from kvsplice.server.config import TlsConfig
 from kvsplice.server.dashboard import add_dashboard
-from kvsplice.server.log_limits import RateLimitedLog
 from kvsplice.server.metrics import StoreMetrics, package_version
 from kvsplice.server.tenants import Authenticator, Tenant
 

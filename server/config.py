@@ -18,7 +18,7 @@ from kvsplice.index.exact_index import ExactIndexConfig
 from kvsplice.index.similarity_config import SimilarityConfig
 from kvsplice.storage.config import MemoryTierConfig, StoreConfig
 
-# Must equal the client's `store_config.MESSAGE_SLACK_NBYTES`: both sides accept
+# Must equal the client's `storeclient.config.MESSAGE_SLACK_NBYTES`: both sides accept
 # one chunk plus this much (headers, token lists), never unlimited messages.
 MESSAGE_SLACK_NBYTES = 1 * MIB
 _TCP_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")

@@ -18,7 +18,7 @@ import grpc
 from grpc import aio
 
 from kvsplice.common.errors import InvalidRequest, KvspliceError
-from kvsplice.server.log_limits import RateLimitedLog
+from kvsplice.common.log_limits import RateLimitedLog
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.tenants import Authenticator
 

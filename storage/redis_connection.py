@@ -29,8 +29,8 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from kvsplice.common.breaker import BreakerConfig, BreakerWords, CircuitBreaker
 from kvsplice.common.errors import ResourceExhausted, StoreUnavailable
-from kvsplice.storage.circuit_breaker import BreakerConfig, CircuitBreaker
 from kvsplice.storage.config import RedisTierConfig
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,10 @@ def hash_tagged(prefix: bytes, tag_source: bytes, rest: bytes) -> bytes:
 
 
 TAG_NBYTES = 2 + 16  # the braces and xxh3-64 as hex
+TIER_WORDS = BreakerWords(
+    opened="{name} unreachable ({error}): degraded, local tiers serve",
+    closed="{name} reachable again after {down_s:.1f} s: sharing resumes",
+)
 
 
 class RedisConnection:
@@ -78,6 +82,7 @@ class RedisConnection:
             f"shared tier {name}",
             BreakerConfig(config.failure_threshold, config.probe_interval_s),
             self._probe,
+            TIER_WORDS,
         )
         self._lock = threading.Lock()
         self._client: Client | None = None

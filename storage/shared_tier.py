@@ -224,7 +224,7 @@ class SharedTier:
     def _next(self) -> tuple[bytes, tuple[str, str]] | None:
         """The oldest queued write once the tier is up; None at shutdown."""
         with self._cond:
-            while not self._shutdown and (not self._pending or self.connection.breaker.is_open()):
+            while not self._shutdown and (not self._pending or self.connection.breaker.is_open):
                 self._cond.wait(_IDLE_WAIT_S)
             if self._shutdown:
                 return None

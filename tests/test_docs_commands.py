@@ -45,8 +45,8 @@ from helpers.store import make_meta, make_payload
 from helpers.tls import make_pki
 from test_compose_commands import argument_problems, cli_root, resolve
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.server.tenants import Tenant, TenantTable, token_sha256
+from kvsplice.storeclient.client import StoreClient
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

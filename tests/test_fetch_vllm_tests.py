@@ -3,24 +3,18 @@ that a download whose sha256 is not the expected one is refused."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import tarfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_vllm_tests.py"
+from helpers.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def fetch() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fetch_vllm_tests", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fetch_vllm_tests")
 
 
 def make_sdist(path: Path, root_name: str, files: dict[str, bytes]) -> Path:

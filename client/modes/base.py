@@ -22,12 +22,12 @@ from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.execution import CallTimings, ExecutionState
 from kvsplice.client.execute.layerwise_executor import LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SegmentSink, SpanRecord
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.tiers.local_tier import LocalTier
+from kvsplice.client.tiers.segment_io import SegmentSink, SpanRecord
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.rope import RopeSpec
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.modes.shared import plan_exact_prefix
-from kvsplice.client.store.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
-from kvsplice.client.store.store_types import SimilarCandidate
+from kvsplice.client.tiers.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.results import SimilarCandidate
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from kvsplice.client.modes.base import (
     SpannedPrompt,
     StoreContext,
 )
-from kvsplice.client.store.segment_io import DirectPuts, SpanRecord, left_tail
+from kvsplice.client.tiers.segment_io import DirectPuts, SpanRecord, left_tail
 from kvsplice.common.keys import KeyChain, context_key
 from kvsplice.common.segment import SegmentKind
 

@@ -39,13 +39,13 @@ from kvsplice.client.modes.base import (
     StoreContext,
     span_role,
 )
-from kvsplice.client.store.local_tier import on_device
-from kvsplice.client.store.segment_io import SpanRecord, fetch_segment, left_tail
-from kvsplice.client.store.store_types import SegmentRef
+from kvsplice.client.tiers.local_tier import on_device
+from kvsplice.client.tiers.segment_io import SpanRecord, fetch_segment, left_tail
 from kvsplice.common.keys import context_key, continues, root_key
 from kvsplice.common.segment import SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.results import SegmentRef
 
 logger = logging.getLogger(__name__)
 

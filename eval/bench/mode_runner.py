@@ -22,13 +22,13 @@ from kvsplice.agents.roles import with_layout
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.segment import validate_namespace
 from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.fidelity import REFERENCE_KINDS, DenseReferences, compare
 from kvsplice.eval.measure.metrics import DENSE, CallRecord
 from kvsplice.eval.workloads.workload import Problem, Workload
 from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

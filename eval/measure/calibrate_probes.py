@@ -20,10 +20,10 @@ from kvsplice.client.modes.admission import AdmissionPolicy, ModeDrift
 from kvsplice.client.modes.params import knobs
 from kvsplice.client.modes.registry import CALIBRATED_MODES, mode_spec
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.bench.store_session import open_store
 from kvsplice.eval.measure.fidelity import DenseReferences, compare
 from kvsplice.eval.workloads.workload import Workload
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

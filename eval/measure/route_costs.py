@@ -24,7 +24,7 @@ from kvsplice.client.execute.plan import CallPlan
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

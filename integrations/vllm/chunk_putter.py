@@ -11,14 +11,13 @@ stored only once the sidecar acknowledged it.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from kvsplice.common.log_limits import RateLimitedLog
 from kvsplice.common.segment import chained_meta
 from kvsplice.integrations.vllm.block_layout import BlockLayout
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
@@ -26,6 +25,7 @@ from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import SaveSpec
 from kvsplice.kvmath.payload import encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.put_queue import PutQueue
 
 logger = logging.getLogger(__name__)
 WARN_INTERVAL_S = 30.0
@@ -75,55 +75,37 @@ class ChunkPutter:
         self.quant = quant
         self.on_outcome = on_outcome
         self.counters = PutterCounters()
-        self._queue: queue.Queue[GatheredChunk | None] = queue.Queue(max_pending)
-        self._last_warning_s = 0.0
-        self._thread = threading.Thread(target=self._run, name="kvsplice-putter", daemon=True)
-        self._thread.start()
+        self._warnings = RateLimitedLog(logger, WARN_INTERVAL_S)
+        self._puts = PutQueue(self._handle, max_pending, name="kvsplice-putter")
 
     def submit(self, chunk: GatheredChunk) -> bool:
-        try:
-            self._queue.put_nowait(chunk)
+        if self._puts.offer(chunk):
             return True
-        except queue.Full:
-            self.counters.num_dropped += 1
-            self.on_outcome(chunk.spec, False)
-            self._warn(
-                "the sidecar is not keeping up: dropped a chunk (%d so far)",
-                self.counters.num_dropped,
-            )
-            return False
+        self.counters.num_dropped += 1
+        self.on_outcome(chunk.spec, False)
+        self._warn(
+            "the sidecar is not keeping up: dropped a chunk (%d so far)",
+            self.counters.num_dropped,
+        )
+        return False
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every submitted chunk was put or failed; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return not self._queue.unfinished_tasks
+        return self._puts.flush(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self.flush(timeout_s)
-        try:
-            self._queue.put(None, timeout=1.0)
-        except queue.Full:
-            return
-        self._thread.join(timeout_s)
+        self._puts.close(timeout_s)
 
-    def _run(self) -> None:
-        while True:
-            chunk = self._queue.get()
-            stored = False
-            try:
-                if chunk is None:
-                    return
-                stored = self._put(chunk)
-            except Exception as error:  # a refusal (a reader's token) or a bug: not stored
-                self.counters.num_failed += 1
-                logger.debug("storing a chunk failed", exc_info=True)
-                self.faults.record(f"put refused ({type(error).__name__})", error)
-            finally:
-                if chunk is not None:
-                    self.on_outcome(chunk.spec, stored)
-                self._queue.task_done()
+    def _handle(self, chunk: GatheredChunk) -> None:
+        stored = False
+        try:
+            stored = self._put(chunk)
+        except Exception as error:  # a refusal (a reader's token) or a bug: not stored
+            self.counters.num_failed += 1
+            logger.debug("storing a chunk failed", exc_info=True)
+            self.faults.record(f"put refused ({type(error).__name__})", error)
+        finally:
+            self.on_outcome(chunk.spec, stored)
 
     def _put(self, chunk: GatheredChunk) -> bool:
         spec = chunk.spec
@@ -141,7 +123,5 @@ class ChunkPutter:
         return False
 
     def _warn(self, message: str, count: int) -> None:
-        now = time.monotonic()
-        if now - self._last_warning_s >= WARN_INTERVAL_S:
-            self._last_warning_s = now
+        if self._warnings.due("putter") is not None:  # one line per interval, either kind
             logger.warning(message, count)

@@ -6,7 +6,7 @@ for it the first time it is asked (a healthy sidecar answers within a millisecon
 so most requests are scheduled in the step they arrive), and afterwards never blocks:
 `None` until the answer is there, a miss once `timeout_s` has passed. The first-time waits
 share one budget per scheduler step (`wait_s`, renewed by `new_step`): 16 new requests
-against a slow sidecar stall their step by `wait_s`, not 16 times it. Every fault is a miss, counted by `FaultLog` and fed to the `Breaker`.
+against a slow sidecar stall their step by `wait_s`, not 16 times it. Every fault is a miss, counted by `FaultLog` and fed to the breaker.
 An answer (`Found`) is the exact stored prefix and, for a request that opted into
 approximate reuse, the runs of stored segments that continue it (`span_cover`).
 """
@@ -19,10 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from kvsplice.client.store.store_types import PrefixLookup
+from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.common.errors import InvalidRequest, PermissionDenied, StoreUnavailable
-from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
+from kvsplice.storeclient.results import PrefixLookup
 
 # Refusals of one request's lookup (a salt its token does not cover, an over-long
 # prompt): the sidecar itself is healthy, so they do not trip the breaker.
@@ -65,7 +66,7 @@ class Lookups:
         *,
         wait_s: float,
         timeout_s: float,
-        breaker: Breaker,
+        breaker: CircuitBreaker,
         faults: FaultLog,
         max_workers: int = 4,
     ) -> None:
@@ -106,7 +107,7 @@ class Lookups:
                 return None
             del self._pending[request_id]
             self.faults.record("lookup timed out", f"no answer in {self.timeout_s:.1f} s")
-            self.breaker.failed()
+            self.breaker.record_failure("lookup timed out")
             return MISS
         del self._pending[request_id]
         return lookup
@@ -137,13 +138,13 @@ class Lookups:
             return MISS
         except StoreUnavailable as error:
             self.faults.record(unavailable_kind(error), error)
-            self.breaker.failed()
+            self.breaker.record_failure(error)
             return MISS
         except Exception as error:  # any other status or bug: a miss, never the engine
             self.faults.record(f"lookup failed ({type(error).__name__})", error)
-            self.breaker.failed()
+            self.breaker.record_failure(error)
             return MISS
-        self.breaker.succeeded()
+        self.breaker.record_success()
         return lookup
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
+from kvsplice.storeclient.results import PrefixLookup
 
 # A request that waited this long since its lookup is looked up again before a load.
 LOOKUP_MAX_AGE_S = 10.0

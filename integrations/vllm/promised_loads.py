@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.keys import KeyChain
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, StoredPiece
+from kvsplice.storeclient.results import PrefixLookup
 
 
 class PromisedLoads:

@@ -12,9 +12,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 
-from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.integrations.vllm.lookups import Found
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
+from kvsplice.storeclient.results import PrefixLookup
 
 # Chunks acknowledged recently (a system prompt shared by many requests is sent once).
 MAX_RECENT_KEYS = 65_536

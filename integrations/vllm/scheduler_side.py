@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsplice.client.store.store_types import PrefixLookup
+from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.fence import Fence
 from kvsplice.integrations.vllm.gated_report import GatedOutcome, reuse_report
@@ -25,11 +25,12 @@ from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import RequestedReuse, asked, requested_reuse
 from kvsplice.integrations.vllm.save_chain import SaveChain, SaveRules
 from kvsplice.integrations.vllm.save_ledger import SaveLedger
-from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.store_lookup import StoreLookup
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
+from kvsplice.storeclient.results import PrefixLookup
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class SchedulerSide:
         self, clients: StoreClients, fingerprint: str, block_size: int, chunk_tokens: int,
         save_decode: bool = False, *, save_tails: bool = True, load_async: str = "never",
         lookup_wait_s: float = 0.02, lookup_timeout_s: float = 2.0,
-        breaker: Breaker | None = None, faults: FaultLog | None = None,
+        breaker: CircuitBreaker | None = None, faults: FaultLog | None = None,
         approximate: bool = False, hash_block_size: int | None = None,
     ) -> None:  # fmt: skip
         self.namespace = clients.config.namespace
@@ -77,7 +78,7 @@ class SchedulerSide:
         )  # fmt: skip
         self.lookups = Lookups(
             store_lookup, wait_s=lookup_wait_s, timeout_s=lookup_timeout_s,
-            breaker=breaker or Breaker(), faults=self.faults,
+            breaker=breaker or sidecar_breaker(), faults=self.faults,
         )  # fmt: skip
         self.loads = PromisedLoads(block_size, load_async, self.faults)
         self.ledger = SaveLedger()

@@ -20,7 +20,7 @@ import typer
 if TYPE_CHECKING:  # imported where used: `--help` stays quick
     from rich.console import Console
 
-    from kvsplice.client.store.store_config import ClientTls
+    from kvsplice.storeclient.config import ClientTls
 
 DEFAULT_MODEL_CACHE = Path("~/.cache/kvsplice/models").expanduser()
 WORKER_MODULES = ("torch", "transformers")
@@ -141,7 +141,7 @@ def client_tls(
     ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None = None
 ) -> ClientTls | None:
     """The client side's TLS settings (`ClientTls`), or None for plaintext."""
-    from kvsplice.client.store.store_config import ClientTls
+    from kvsplice.storeclient.config import ClientTls
 
     if ca is None and cert is None and key is None:
         return None

@@ -62,7 +62,7 @@ def health(
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from kvsplice.client.store.store_channel import open_channel
+    from kvsplice.storeclient.channel import open_channel
 
     tls = client_tls(tls_ca, tls_cert, tls_key, tls_server_name)
     with open_channel(target, [], tls) as channel:

@@ -13,7 +13,7 @@ from kvsplice.agents.pipeline import AgentCall, run_pipeline
 from kvsplice.agents.roles import code_roles, with_layout
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.storeclient.client import StoreClient
 
 pytestmark = pytest.mark.slow
 

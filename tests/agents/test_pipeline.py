@@ -11,7 +11,7 @@ from kvsplice.agents.pipeline import AgentCall, run_pipeline, stop_token_ids
 from kvsplice.agents.roles import math_roles
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.storeclient.client import StoreClient
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many?"
 

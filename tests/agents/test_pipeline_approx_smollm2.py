@@ -23,7 +23,7 @@ from kvsplice.agents.roles import code_roles
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from kvsplice.agents.pipeline import AgentCall, PipelineTrace, run_pipeline
 from kvsplice.agents.roles import code_roles
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from kvsplice.cli import main
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_types import PrefixLookup
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.results import PrefixLookup
+from kvsplice.storeclient.wire import with_payload_digest
 
 FINGERPRINT = "kvfp1-" + "0" * 32
 NAMESPACE = "tenant-a"

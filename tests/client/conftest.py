@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from kvsplice.client.model.models import (
@@ -12,7 +10,6 @@ from kvsplice.client.model.models import (
     load_model_cached,
 )
 from kvsplice.client.model.packaged_models import QWEN_CODER_05B_MODEL
-from kvsplice.client.store import store_faults
 
 
 @pytest.fixture(scope="session")
@@ -40,11 +37,3 @@ def load_qwen2(dtype: str) -> LoadedModel:
             f"{QWEN_CODER_05B_MODEL.name} not installed: {QWEN_CODER_05B_MODEL.install_hint}"
         )
     return load_model_cached(ModelConfig(QWEN_CODER_05B_MODEL.name, dtype=dtype))
-
-
-@pytest.fixture(autouse=True)
-def fresh_warning_rate_limits() -> Iterator[None]:
-    """The degraded-store warning is rate-limited per target for the process; tests start clean."""
-    store_faults._TARGET_TO_STATE.clear()
-    yield
-    store_faults._TARGET_TO_STATE.clear()

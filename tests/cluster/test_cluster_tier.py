@@ -84,7 +84,7 @@ def test_a_client_stuck_on_a_dead_node_is_replaced_once_the_cluster_answers(
     stuck.ping = dead_node_ping  # type: ignore[method-assign]
     connection.breaker.trip(redis.ConnectionError("test: two calls failed"))
     try:
-        wait_for(connection.breaker.is_open, lambda is_open: not is_open, timeout_s=10.0)
+        wait_for(lambda: connection.breaker.is_open, lambda is_open: not is_open, timeout_s=10.0)
         assert connection._client is not stuck
         assert connection.call("ping", lambda client: client.ping())
     finally:

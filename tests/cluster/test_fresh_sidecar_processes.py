@@ -18,10 +18,10 @@ from helpers.cluster import FINGERPRINT, NAMESPACE, chain_tokens, make_chain
 from helpers.serve_process import ServeProcess, start_serve
 from helpers.waiting import wait_for
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.eval.bench.shared.local_cluster import LocalCluster, redis_client
 from kvsplice.storage.redis_connection import hash_tagged
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 pytestmark = pytest.mark.redis
 

@@ -10,12 +10,12 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from helpers.store import make_meta
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore
 from kvsplice.storage.config import RedisTierConfig
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 FINGERPRINT = "kvfp1-" + "c" * 32
 NAMESPACE = "tenant-shared"

@@ -6,7 +6,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.index.exact_index import ExactIndex
@@ -15,6 +14,7 @@ from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig, build_store
 from kvsplice.storage.tiered_store import TieredStore
+from kvsplice.storeclient.wire import with_payload_digest
 
 FINGERPRINT = "kvfp1-" + "0" * 32
 OTHER_FINGERPRINT = "kvfp1-" + "1" * 32

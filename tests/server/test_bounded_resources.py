@@ -14,11 +14,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.store import make_meta, make_payload
 
-from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.config import MIB, SegmentServiceConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.wire import put_requests
 
 
 def stalling_put(meta: object, release: threading.Event) -> Iterator[pb.PutSegmentRequest]:

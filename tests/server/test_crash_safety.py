@@ -19,12 +19,12 @@ import pytest
 from helpers.serve_process import KVSPLICE, ServeProcess, start_serve
 from helpers.store import NAMESPACE, make_meta, make_payload
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_wire import put_requests
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.storage.config import LMDBTierConfig, describe_durability
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.wire import put_requests
 
 STAGED_NBYTES = 1 << 20  # staged (>= MIN_STAGED_NBYTES)
 

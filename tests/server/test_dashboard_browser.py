@@ -16,11 +16,11 @@ import httpx
 import pytest
 from helpers.store import make_meta
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.dashboard import human_bytes
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -20,13 +20,13 @@ from helpers.store import FINGERPRINT, NAMESPACE, make_meta, make_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.errors import AlreadyExists
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.server.servicer import SERVICE_NAME
+from kvsplice.storeclient.wire import meta_to_header, put_requests
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SegmentStore"]
 BAD_CODES = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}

@@ -14,11 +14,11 @@ import xxhash
 from helpers.store import make_meta
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.reuse_report import SERVED, ReusedRun
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig
+from kvsplice.storeclient.client import StoreClient
 
 FINGERPRINT = "kvfp1-" + "0" * 32
 NAMESPACE = "tenant-a"

@@ -19,11 +19,11 @@ from helpers.store import make_meta, make_payload
 from helpers.tls import Pki, make_pki
 
 from kvsplice.cli import main
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import PermissionDenied, Unauthenticated
 from kvsplice.server.config import TlsConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.server.tenants import Tenant, TenantTable, token_sha256
+from kvsplice.storeclient.client import StoreClient
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
@@ -93,7 +93,7 @@ def test_a_credential_mistake_is_one_clear_line_without_grpc_frames(
     tls_tenant_store: EmbeddedStore,
     pki: Pki,
 ) -> None:
-    from kvsplice.client.store.store_config import ClientTls
+    from kvsplice.storeclient.config import ClientTls
 
     tls = ClientTls(ca_path=str(pki.ca))
     store = StoreClient(tls_tenant_store.target, namespace, token=token, tls=tls)

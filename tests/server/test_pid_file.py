@@ -21,10 +21,10 @@ import pytest
 from helpers.store import make_meta, make_payload
 from test_serve_refusals import refusal
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.errors import ServeRefused, Unauthenticated
 from kvsplice.server.pid_file import check_pid_file, remove_pid_file, write_pid_file
 from kvsplice.server.tenants import Tenant, TenantTable, token_sha256
+from kvsplice.storeclient.client import StoreClient
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "kvsplice.service"

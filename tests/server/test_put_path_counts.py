@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvsplice.client.store.put_staging import PutStaging
-from kvsplice.client.store.store_wire import staged_put_frames, with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.common.staging import map_staged
@@ -33,6 +31,8 @@ from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.convert import receive_segment
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig, build_store
+from kvsplice.storeclient.put_staging import PutStaging
+from kvsplice.storeclient.wire import staged_put_frames, with_payload_digest
 
 PAYLOAD_NBYTES = 8 << 20
 FINGERPRINT = "kvfp1-" + "ab" * 16

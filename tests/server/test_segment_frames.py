@@ -13,9 +13,6 @@ import pytest
 from grpc import aio
 from helpers.store import NAMESPACE, make_meta, make_payload, make_service, make_store
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_wire import put_frames, put_requests
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.anchor_pool import AnchorPoolConfig
@@ -29,6 +26,9 @@ from kvsplice.server.interceptors import FaultInterceptor
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.servicer import RPC_METHODS, SegmentStoreServicer, add_to_server
 from kvsplice.storage.tiered_store import StoredSegment
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.wire import put_frames, put_requests
 
 CHUNK_NBYTES = 64 * 1024
 CLIENT_CONFIG = StoreClientConfig(chunk_nbytes=CHUNK_NBYTES, get_timeout_s=30, put_timeout_s=30)

@@ -22,13 +22,13 @@ from helpers.store import (
     make_payload,
 )
 
-from kvsplice.client.store.store_wire import meta_to_header, put_requests
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.server.servicer import SERVICE_NAME
+from kvsplice.storeclient.wire import meta_to_header, put_requests
 
 TOKEN = "s3cret-token"
 CHUNK_NBYTES = 64 * 1024

@@ -14,12 +14,12 @@ import httpx
 import pytest
 from helpers.store import FINGERPRINT, make_meta, make_payload
 
-from kvsplice.client.store.store_wire import put_requests
 from kvsplice.common.errors import PermissionDenied, Unauthenticated
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.server.tenants import Authenticator, Tenant, TenantTable, token_sha256
+from kvsplice.storeclient.wire import put_requests
 
 TOKENS = {"alice": "tok-alice", "bob": "tok-bob", "reader": "tok-reader", "root": "tok-root"}
 

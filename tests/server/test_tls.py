@@ -13,11 +13,11 @@ from helpers.store import make_meta, make_payload
 from helpers.tls import Pki, make_pki
 
 from kvsplice.cli import main
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
 from kvsplice.server.app import startup_line
 from kvsplice.server.config import TlsConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import ClientTls, StoreClientConfig
 
 FAST = StoreClientConfig(lookup_timeout_s=1.0, get_timeout_s=2.0, put_timeout_s=2.0, max_attempts=1)
 

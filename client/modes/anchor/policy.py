@@ -63,7 +63,7 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
 from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix, replace_spans
-from kvsplice.client.store.segment_io import SpanRecord
+from kvsplice.client.tiers.segment_io import SpanRecord
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.kvmath.segment_kv import SegmentKV
 

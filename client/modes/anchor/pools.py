@@ -36,13 +36,13 @@ from kvsplice.client.execute.execution import timed
 from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.base import CallContext, StoreContext
 from kvsplice.client.modes.shared import question_base
-from kvsplice.client.store.segment_io import SpanRecord, fetch_segment
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_types import AnchorEntry
+from kvsplice.client.tiers.segment_io import SpanRecord, fetch_segment
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, context_key, sender_base_root
 from kvsplice.kvmath.payload import decode_payload, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.results import AnchorEntry
 
 logger = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, trunc
 from kvsplice.client.model.lm_head import fp32_head
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.bench.core.counts import CallCounts, count_call
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.kvmath.payload import decode_payload, decode_stored, encode_payload
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 from kvsplice.storage.config import LMDBTierConfig
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -34,13 +34,13 @@ from kvsplice.client.modes.admission import AdmissionPolicy, load_policy
 from kvsplice.client.modes.base import candidate_blocks
 from kvsplice.client.modes.registry import MODES
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.common.segment import validate_namespace
 from kvsplice.eval.bench.mode_runner import ProgressEvent, ProgressFn
 from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.jcr import JudgeRecord, candidate_token_layers
 from kvsplice.eval.measure.judge_selection import Selection, choice_token_ids, read_selection
 from kvsplice.eval.workloads.judge_examples import JudgeExample, is_correct
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

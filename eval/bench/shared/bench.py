@@ -30,7 +30,6 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvsplice.client.store.store_client import StoreClient
 from kvsplice.eval.bench.shared.load import OPS, LoadRun, LoadSpec, OpStats, make_chain, read_back
 from kvsplice.eval.bench.shared.local_cluster import (
     LocalCluster,
@@ -38,6 +37,7 @@ from kvsplice.eval.bench.shared.local_cluster import (
     spawn_redis,
     wait_ping,
 )
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.wire import with_payload_digest
 
 OPS = ("get", "lookup", "put")
 Segment = tuple[SegmentMeta, bytes]

@@ -23,9 +23,6 @@ from typing import NamedTuple, TypeVar
 
 import numpy as np
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.eval.bench.store.config import StoreBenchConfig
@@ -50,6 +47,9 @@ from kvsplice.server.app import StoreServer, build
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storage.config import LMDBTierConfig, StoreConfig, build_store
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.wire import with_payload_digest
 
 logger = logging.getLogger(__name__)
 

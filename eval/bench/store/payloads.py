@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvsplice.client.store.store_wire import with_payload_digest
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta, chained_meta
 from kvsplice.index.bench_lookup import BENCH_FINGERPRINT, BENCH_NAMESPACE
+from kvsplice.storeclient.wire import with_payload_digest
 
 NUM_LAYERS = 30
 SEGMENT_TOKENS = 64

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.eval.bench.store.payloads import copyto_of, make_payload, make_segment_meta
@@ -30,6 +28,8 @@ from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import BENCH_NAMESPACE
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 from kvsplice.storage.config import LMDBTierConfig, describe_durability
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.chat_prompt import chat_prompt
 from kvsplice.client.model.models import ModelConfig, load_model_cached
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.storeclient.client import StoreClient
 
 
 def main(target: str, namespace: str, messages: list[dict[str, str]]) -> None:

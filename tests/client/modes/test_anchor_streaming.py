@@ -9,10 +9,10 @@ from helpers.store import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.modes.anchor.anchors import AgentOffsets
 from kvsplice.client.modes.anchor.pools import decode_anchor, encode_base, encode_offsets
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 # Llama-3-8B's K/V geometry: 32 layers, 8 KV heads, head_dim 128 (~128 KiB/token in fp16).
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128

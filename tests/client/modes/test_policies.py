@@ -14,9 +14,9 @@ from kvsplice.client.execute.execution import GenerationConfig, reuse_map
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.base import PlanBuilder
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import context_key, root_key
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 GENERATION = GenerationConfig(max_new_tokens=6, stop_token_ids=(127,))
 SYSTEM = "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\nProblem:\n"

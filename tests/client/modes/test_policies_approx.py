@@ -54,15 +54,15 @@ from kvsplice.client.modes.multicut import Params as MulticutParams
 from kvsplice.client.modes.recorder import put_records
 from kvsplice.client.modes.shared import question_base
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.segment_io import SpanRecord
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
+from kvsplice.client.tiers.segment_io import SpanRecord
 from kvsplice.common.keys import context_key, root_key
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.kvmath.payload import decode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.anchor_service import ID_PATTERN
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 ATOL = 1e-4  # fp32 logits of a plan that computes what dense computes
 QUESTIONS = ("what is two plus two?", "name a prime number above ten")

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from kvsplice.integrations.vllm.lookups import MISS, Found, LookupQuery, Lookups
-from kvsplice.integrations.vllm.sidecar_faults import Breaker, FaultLog
+from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 
 QUERY = LookupQuery("ns", "kvfp1-" + "ab" * 16, 64)
 
@@ -17,7 +17,7 @@ def _slow(query: LookupQuery, token_ids: Sequence[int]) -> Found:
 
 
 def _lookups(wait_s: float) -> Lookups:
-    return Lookups(_slow, wait_s=wait_s, timeout_s=5.0, breaker=Breaker(), faults=FaultLog(),
+    return Lookups(_slow, wait_s=wait_s, timeout_s=5.0, breaker=sidecar_breaker(), faults=FaultLog(),
                    max_workers=16)  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_new_requests_of_one_step_share_its_wait_budget() -> None:
 
 
 def test_a_fast_sidecar_still_answers_in_the_step() -> None:
-    fast = Lookups(lambda q, t: MISS, wait_s=1.0, timeout_s=5.0, breaker=Breaker(),
+    fast = Lookups(lambda q, t: MISS, wait_s=1.0, timeout_s=5.0, breaker=sidecar_breaker(),
                    faults=FaultLog())  # fmt: skip
     assert [fast.poll(f"r{i}", QUERY, range(64)) for i in range(8)] == [MISS] * 8
     fast.close()

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
 from kvsplice.integrations.vllm import promise as promise_module
 from kvsplice.integrations.vllm.promise import Answer, Promise, promise
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
+from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 BLOCK = 4
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
 from kvsplice.common.keys import chunk_links
 from kvsplice.integrations.vllm.promised_loads import PromisedLoads
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
+from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 FINGERPRINT = "kvfp1-" + "12" * 16
 BLOCK = 4

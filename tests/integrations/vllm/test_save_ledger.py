@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
 from kvsplice.integrations.vllm import save_ledger
 from kvsplice.integrations.vllm.lookups import Found
 from kvsplice.integrations.vllm.save_ledger import SaveLedger
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
+from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 A, B = ("ns", b"a" * 32), ("ns", b"b" * 32)
 

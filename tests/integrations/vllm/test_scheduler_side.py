@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 from helpers.waiting import wait_for
 
-from kvsplice.client.store.store_types import PrefixLookup, SegmentRef
 from kvsplice.common.errors import (
     InvalidRequest,
     KvspliceError,
@@ -25,6 +24,7 @@ from kvsplice.common.keys import KeyChain, chunk_links, off_chain_key, root_key
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, SaveSpec, WorkerNews
+from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 FINGERPRINT = "kvfp1-" + "cd" * 16
 BLOCK = 4

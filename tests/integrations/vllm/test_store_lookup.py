@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvsplice.client.store.store_types import PrefixLookup
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.integrations.vllm.lookups import Found, LookupQuery
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_lookup import StoreLookup
+from kvsplice.storeclient.results import PrefixLookup
 
 FINGERPRINT = "kvfp1-" + "34" * 16
 PREFIX = PrefixLookup((), 0)

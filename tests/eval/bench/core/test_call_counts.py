@@ -15,11 +15,11 @@ import pytest
 from kvsplice.client.model.hf_cache import truncate
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_cached
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.eval.bench.core import bench as core
 from kvsplice.eval.bench.core.counts import CallCounts
 from kvsplice.server.sidecar_process import SidecarProcess
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 pytestmark = pytest.mark.slow
 

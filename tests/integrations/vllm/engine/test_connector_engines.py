@@ -24,11 +24,11 @@ from conftest import NAMESPACE
 from helpers.waiting import wait_for
 from transformers import AutoTokenizer
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.keys import chunk_links
 from kvsplice.eval.bench.vllm.engine import Engine, Sidecar
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 # Engines start once for the module; on a loaded 2-core box that alone took 6 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

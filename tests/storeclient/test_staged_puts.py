@@ -19,13 +19,13 @@ import grpc
 import pytest
 from helpers.store import NAMESPACE, make_meta, make_payload
 
-from kvsplice.client.store import store_wire as wire
-from kvsplice.client.store.put_staging import MIN_STAGED_NBYTES, PutStaging
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.staging import STALE_AFTER_S, map_staged, new_name, sweep_stale
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storeclient import wire
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.put_staging import MIN_STAGED_NBYTES, PutStaging
 
 PATIENT = StoreClientConfig(lookup_timeout_s=10.0, get_timeout_s=30.0, put_timeout_s=30.0)
 STREAMED = replace(PATIENT, staged_puts=False, same_host_reads=False)

@@ -15,22 +15,23 @@ and sending compete for the same cores, and the prefill is the call's TTFT.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import SpanRecord, put_meta, span_meta
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.tiers.local_tier import LocalTier
+from kvsplice.client.tiers.segment_io import SpanRecord, put_meta, span_meta
 from kvsplice.common.errors import KvspliceError
 from kvsplice.common.segment import SegmentMeta
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.put_queue import PutQueue
 
 logger = logging.getLogger(__name__)
 
-_STOP = object()
+# One call's segments, in chain order.
+Batch = list[tuple[SegmentMeta, SpanRecord]]
 
 
 @dataclass
@@ -57,16 +58,16 @@ class SegmentWriter:
         if max_queued_batches < 1:
             raise ValueError(f"max_queued_batches {max_queued_batches} must be >= 1")
         self._store, self._fingerprint, self._quant, self._local = store, fingerprint, quant, local
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued_batches)
         self.counters = WriterCounters()
         self._may_put = threading.Event()
         self._may_put.set()
-        self._thread = threading.Thread(target=self._run, name="kvsplice-writer", daemon=True)
-        self._thread.start()
+        self._puts: PutQueue[Batch] = PutQueue(
+            self._put_batch, max_queued_batches, name="kvsplice-writer"
+        )
 
     def submit(self, records: Sequence[SpanRecord]) -> list[SegmentMeta]:
         """Queue `records` (one call's, in chain order); returns their metas. Blocks when full."""
-        if not self._thread.is_alive():
+        if not self._puts.running:
             raise RuntimeError("the segment writer is closed")
         metas = [
             span_meta(self._store.namespace, r, fingerprint=self._fingerprint) for r in records
@@ -76,7 +77,7 @@ class SegmentWriter:
                 self._local.put(meta, record.kv, pending=True)
         if records:
             self.counters.num_batches += 1
-            self._queue.put(list(zip(metas, records, strict=True)))
+            self._puts.put(list(zip(metas, records, strict=True)))
         return metas
 
     @contextmanager
@@ -90,25 +91,13 @@ class SegmentWriter:
 
     def flush(self) -> None:
         """Return once every batch submitted so far has been put (or has failed)."""
-        self._queue.join()
+        self._puts.flush()
 
     def close(self) -> None:
         """Put what is queued, then stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join()
+        self._puts.close()
 
-    def _run(self) -> None:
-        while True:
-            batch = self._queue.get()
-            try:
-                if batch is _STOP:
-                    return
-                self._put_batch(batch)  # type: ignore[arg-type]
-            finally:
-                self._queue.task_done()
-
-    def _put_batch(self, batch: list[tuple[SegmentMeta, SpanRecord]]) -> None:
+    def _put_batch(self, batch: Batch) -> None:
         for index, (meta, record) in enumerate(batch):
             self._may_put.wait()
             if self._put(meta, record):

@@ -24,9 +24,9 @@ class StoreClientConfig:
     `lookup_timeout_s` covers LookupPrefix/FindSimilar/Stats/anchors, the calls a
     worker makes on its hot path; past it the worker falls back to dense prefill.
     `same_host_reads` lets gets read segments in place when the sidecar runs on this
-    host (`client.same_host`); False forces every get over gRPC. `staged_puts` hands
+    host (`storeclient.same_host`); False forces every get over gRPC. `staged_puts` hands
     a put's payload to a sidecar on this host through a file in its staging folder
-    (`client.put_staging`) instead of streaming it; False streams every put.
+    (`storeclient.put_staging`) instead of streaming it; False streams every put.
     `receive_pool_bytes` bounds the receive buffers gets over gRPC reuse once callers
     let go of them (`common.buffers.BufferPool`; 0: a fresh buffer per get). `report_interval_s`: how
     often queued reuse reports (`StoreClient.report_reuse`) are sent, in one RPC each.

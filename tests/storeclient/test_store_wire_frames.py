@@ -8,16 +8,16 @@ from dataclasses import replace
 import pytest
 from helpers.store import make_meta, make_payload
 
-from kvsplice.client.store.store_wire import (
+from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.segment import SegmentMeta
+from kvsplice.proto import store_pb2 as pb
+from kvsplice.storeclient.wire import (
     SegmentAssembler,
     meta_to_header,
     parse_get_response,
     put_frames,
     put_requests,
 )
-from kvsplice.common.errors import CorruptPayload
-from kvsplice.common.segment import SegmentMeta
-from kvsplice.proto import store_pb2 as pb
 
 
 def make_reply(meta: SegmentMeta, payload: bytes, chunk_nbytes: int) -> list[bytes]:

@@ -7,9 +7,6 @@ our own errors. Used by the store client; knows nothing about messages.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from dataclasses import dataclass
 
 import grpc
 from tenacity import (
@@ -21,7 +18,6 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.errors import (
     AlreadyExists,
     CorruptPayload,
@@ -34,6 +30,8 @@ from kvsplice.common.errors import (
     StoreUnavailable,
     Unauthenticated,
 )
+from kvsplice.common.log_limits import RateLimitedLog
+from kvsplice.storeclient.config import StoreClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -114,40 +112,21 @@ def async_retrying(config: StoreClientConfig, timeout_s: float) -> AsyncRetrying
     return AsyncRetrying(**_retry_policy(config, timeout_s))  # type: ignore[arg-type]
 
 
-@dataclass
-class _WarnState:
-    last_warned_s: float | None = None
-    num_suppressed: int = 0
-
-
 # One rate limit per target for the whole process: a run opens a client per mode and per
 # agent, and each would otherwise warn once on its own about the same dead store.
-_TARGET_TO_STATE: dict[str, _WarnState] = {}
-_STATE_LOCK = threading.Lock()
+DEGRADED_LOG = RateLimitedLog(logger, interval_s=30.0)
 
 
-class DegradedWarning:
-    """Logs at most one warning per `interval_s` per target about calls served as misses."""
-
-    def __init__(self, target: str, interval_s: float) -> None:
-        self._target = target
-        self._interval_s = interval_s
-        with _STATE_LOCK:
-            self._state = _TARGET_TO_STATE.setdefault(target, _WarnState())
-
-    def warn(self, operation: str, reason: str) -> None:
-        state = self._state
-        with _STATE_LOCK:
-            now = time.monotonic()
-            if state.last_warned_s is not None and now - state.last_warned_s < self._interval_s:
-                state.num_suppressed += 1
-                return
-            num_suppressed, state.num_suppressed, state.last_warned_s = state.num_suppressed, 0, now
-        suppressed = f" ({num_suppressed} more since the last warning)" if num_suppressed else ""
-        logger.warning(
-            "kvsplice store %s: %s served as a miss (%s); workers fall back to dense prefill%s",
-            self._target,
-            operation,
-            reason,
-            suppressed,
-        )
+def warn_degraded(target: str, interval_s: float, operation: str, reason: str) -> None:
+    """At most one warning per `interval_s` per target about calls served as misses."""
+    due = DEGRADED_LOG.due(target, interval_s)
+    if due is None:
+        return
+    suppressed = f" ({due.held_back} more since the last warning)" if due.held_back else ""
+    logger.warning(
+        "kvsplice store %s: %s served as a miss (%s); workers fall back to dense prefill%s",
+        target,
+        operation,
+        reason,
+        suppressed,
+    )

@@ -14,10 +14,11 @@ from helpers.text import make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
-from kvsplice.client.store.store_client import ReuseReporter, StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, call_report
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.reports import ReuseReporter
 
 NAMESPACE = "reports"
 GENERATION = GenerationConfig(max_new_tokens=3, stop_token_ids=(127,))

@@ -1,6 +1,6 @@
 """gRPC channels toward the store, plaintext or TLS/mTLS (`ClientTls`), for the store client.
 
-Owns credentials only; deadlines, retries and message limits are `store_config`'s.
+Owns credentials only; deadlines, retries and message limits are `config`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from kvsplice.client.store.store_config import ClientTls
+from kvsplice.storeclient.config import ClientTls
 
 ChannelOptions = Sequence[tuple[str, Any]]
 

@@ -15,7 +15,7 @@ from helpers.text import FakePrompt, make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
-from kvsplice.client.store.local_tier import LocalTier
+from kvsplice.client.tiers.local_tier import LocalTier
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.config import ServerConfig
 from kvsplice.server.embedded import EmbeddedStore, loopback_config

@@ -2,13 +2,13 @@
 
 Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
 for faults), so the worker falls back to dense; server faults raise our errors. No torch.
-Also owns sending reuse reports: `ReuseReporter` merges them as calls end and one
-background thread sends what accumulated (a call never waits on the network).
+Reuse reports go out through `reports.ReuseReporter` (a call never waits on the network).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -20,25 +20,6 @@ import grpc
 import grpc.experimental
 from cachetools import LRUCache
 
-from kvsplice.client.store import store_wire as wire
-from kvsplice.client.store.put_staging import MIN_STAGED_NBYTES, PutStaging
-from kvsplice.client.store.same_host import SameHostPath
-from kvsplice.client.store.store_channel import open_channel
-from kvsplice.client.store.store_config import ClientTls, StoreClientConfig
-from kvsplice.client.store.store_faults import (
-    MIN_ATTEMPT_TIMEOUT_S,
-    DegradedWarning,
-    credential_error,
-    error_from_rpc,
-    retrying,
-)
-from kvsplice.client.store.store_types import (
-    AnchorEntry,
-    ClientCounters,
-    DataPlaneInfo,
-    PrefixLookup,
-    SimilarCandidate,
-)
 from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import (
     CorruptPayload,
@@ -50,6 +31,26 @@ from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_re
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.proto.stats_wire import stats_of
+from kvsplice.storeclient import wire
+from kvsplice.storeclient.channel import open_channel
+from kvsplice.storeclient.config import ClientTls, StoreClientConfig
+from kvsplice.storeclient.faults import (
+    MIN_ATTEMPT_TIMEOUT_S,
+    credential_error,
+    error_from_rpc,
+    retrying,
+    warn_degraded,
+)
+from kvsplice.storeclient.put_staging import MIN_STAGED_NBYTES, PutStaging
+from kvsplice.storeclient.reports import ReuseReporter
+from kvsplice.storeclient.results import (
+    AnchorEntry,
+    ClientCounters,
+    DataPlaneInfo,
+    PrefixLookup,
+    SimilarCandidate,
+)
+from kvsplice.storeclient.same_host import SameHostPath
 
 T = TypeVar("T")
 # `_same_host` before the sidecar was asked where its data plane is.
@@ -76,69 +77,6 @@ def checked_namespace(namespace: str) -> str:
         raise InvalidRequest(str(error)) from error
 
 
-# send(report) -> False when the store could not be reached (keep it for the next flush).
-SendFn = Callable[[ReuseReport], bool]
-
-
-class ReuseReporter:
-    """Reports merged until the next flush; the flush thread starts with the first report.
-
-    `add` merges under a lock and returns; every `interval_s` the thread sends what
-    accumulated, in one RPC. A report the store could not take (unreachable) is merged
-    back and sent with the next; one it refused is dropped and counted by the sender.
-    """
-
-    def __init__(self, send: SendFn, interval_s: float) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s {interval_s} must be > 0")
-        self.interval_s = interval_s
-        self._send = send
-        self._lock = threading.Lock()  # guards _pending and _thread
-        self._sending = threading.Lock()  # one flush at a time, in report order
-        self._pending = ReuseReport()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, report: ReuseReport) -> None:
-        """Merge `report` into the next flush (never blocks on I/O)."""
-        if report.empty:
-            return
-        with self._lock:
-            self._pending = self._pending.merged(report)
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="kvsplice-reuse-reports", daemon=True
-                )
-                self._thread.start()
-
-    def flush(self) -> bool:
-        """Send what is pending now; False if the store could not take it (kept)."""
-        with self._sending:
-            with self._lock:
-                report, self._pending = self._pending, ReuseReport()
-            if report.empty or self._send(report):
-                return True
-            with self._lock:
-                self._pending = report.merged(self._pending)
-            return False
-
-    def close(self) -> None:
-        """Stop the thread and send what is pending (one attempt)."""
-        self._stop.set()
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-        self.flush()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.flush()
-            except Exception:  # a bug must not end reporting silently; the next flush retries
-                logger.exception("reuse report failed")
-
-
 class StoreClient:
     """Talks to one store over one channel, scoped to one namespace."""
 
@@ -162,7 +100,7 @@ class StoreClient:
         self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._metadata = bearer_metadata(token)
-        self._warning = DegradedWarning(target, self.config.warn_interval_s)
+        self._warn_degraded = functools.partial(warn_degraded, target, self.config.warn_interval_s)
         # One retry policy per deadline the idempotent calls use, built once; each call
         # iterates a copy of its deadline's policy.
         timeouts_s = {self.config.lookup_timeout_s, self.config.get_timeout_s}
@@ -261,7 +199,7 @@ class StoreClient:
         """The segment's meta and verified payload, or None (absent, corrupt or unreachable).
 
         On the sidecar's host the payload is a read-only view into its LMDB map
-        (`client.same_host`), valid for as long as the caller holds it; elsewhere bytes
+        (`storeclient.same_host`), valid for as long as the caller holds it; elsewhere bytes
         streamed over gRPC. Either way namespace, expiry, fingerprint and checksum hold.
         """
         key = wire.to_context_key(segment_id_or_context_key)
@@ -274,7 +212,7 @@ class StoreClient:
                     self._remember_read(key, "in_place", found)
                     return found
                 except StoreUnavailable as error:  # this read goes over gRPC; ask again next
-                    self._warning.warn("get_segment (same host)", str(error))
+                    self._warn_degraded("get_segment (same host)", str(error))
                     local.close()
                     self._same_host = _UNASKED
             fetched = self._get_over_grpc(key, model_fingerprint)
@@ -282,7 +220,7 @@ class StoreClient:
             return fetched
         except CorruptPayload as error:
             self.counters.num_corrupt_payloads += 1
-            self._warning.warn("get_segment", str(error))
+            self._warn_degraded("get_segment", str(error))
             return None
 
     def served_from(self, context_key: bytes | None) -> Served:
@@ -468,7 +406,7 @@ class StoreClient:
             return self._idempotent("get_anchors", read, self.config.get_timeout_s, [])
         except CorruptPayload as error:
             self.counters.num_corrupt_payloads += 1
-            self._warning.warn("get_anchors", str(error))
+            self._warn_degraded("get_anchors", str(error))
             return []
 
     def touch_anchors(
@@ -552,5 +490,5 @@ class StoreClient:
         if not isinstance(error, StoreUnavailable):
             raise error from rpc_error
         self.counters.num_degraded_calls += 1
-        self._warning.warn(operation, str(error))
+        self._warn_degraded(operation, str(error))
         return miss

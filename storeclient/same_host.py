@@ -13,11 +13,11 @@ import os
 import time
 from collections.abc import Callable
 
-from kvsplice.client.store.store_types import DataPlaneInfo
 from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, StoreUnavailable
 from kvsplice.common.host import host_id
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.lmdb_reader import LMDBReader
+from kvsplice.storeclient.results import DataPlaneInfo
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Client-side protobuf ⇄ domain conversion; protobuf never leaves this module.
 
-Builds requests, chunks payloads, turns responses into `store_types` records, and
+Builds requests, chunks payloads, turns responses into `results` records, and
 verifies a segment read back (length and xxh3-64 against its header). Payload chunks
 travel as `proto.chunk_frames`, not as protobuf objects (see `PUT_SEGMENT`).
 """
@@ -13,13 +13,6 @@ from typing import Any, NamedTuple, TypeAlias
 
 import xxhash
 
-from kvsplice.client.store.store_types import (
-    AnchorEntry,
-    DataPlaneInfo,
-    PrefixLookup,
-    SegmentRef,
-    SimilarCandidate,
-)
 from kvsplice.common.buffers import BufferPool, writable_buffer
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
@@ -29,6 +22,13 @@ from kvsplice.proto import segment_header
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
 from kvsplice.proto.segment_header import meta_to_header
+from kvsplice.storeclient.results import (
+    AnchorEntry,
+    DataPlaneInfo,
+    PrefixLookup,
+    SegmentRef,
+    SimilarCandidate,
+)
 
 _SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SegmentStore"].full_name
 

@@ -16,15 +16,15 @@ import pytest
 from helpers.store import FINGERPRINT, NAMESPACE, OTHER_FINGERPRINT, make_meta, make_payload
 from helpers.store_client import fake_store, refusing_target
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store.store_types import PrefixLookup
-from kvsplice.client.store.store_wire import meta_to_header
 from kvsplice.common.errors import FingerprintMismatch, InvalidRequest, Unauthenticated
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
+from kvsplice.storeclient.results import PrefixLookup
+from kvsplice.storeclient.wire import meta_to_header
 
-FAULT_LOGGER = "kvsplice.client.store.store_faults"
+FAULT_LOGGER = "kvsplice.storeclient.faults"
 # Generous deadlines where a slow shared CI box must not turn answers into misses.
 PATIENT = StoreClientConfig(lookup_timeout_s=30.0, get_timeout_s=30.0, put_timeout_s=30.0)
 FAST = StoreClientConfig(
@@ -303,10 +303,7 @@ def test_sixteen_concurrent_clients_never_mix_up_payloads(store: EmbeddedStore) 
 
 
 def test_the_store_client_does_not_import_torch() -> None:
-    code = (
-        "import sys, kvsplice.client.store.store_client; "
-        "sys.exit(1 if 'torch' in sys.modules else 0)"
-    )
+    code = "import sys, kvsplice.storeclient.client; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvsplice.client.execute.execution import CallTimings, timed
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.store_client import StoreClient
+from kvsplice.client.tiers.local_tier import LocalTier
 from kvsplice.common.errors import CorruptPayload, ResourceExhausted
 from kvsplice.common.keys import content_key, context_key
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import StoredKV, decode_stored, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from helpers.store import NAMESPACE, make_meta
 
-from kvsplice.client.store.store_client import StoreClient
-from kvsplice.client.store.store_config import StoreClientConfig
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.config import StoreClientConfig
 
 PATIENT = StoreClientConfig(lookup_timeout_s=10.0, get_timeout_s=30.0, put_timeout_s=30.0)
 NUM_SLOTS = 12

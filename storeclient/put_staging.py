@@ -18,9 +18,9 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from kvsplice.client.store.store_types import DataPlaneInfo
 from kvsplice.common.host import host_id
 from kvsplice.common.staging import HEAD_ROOM_NBYTES, new_name
+from kvsplice.storeclient.results import DataPlaneInfo
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""RateLimitedLog: one line per kind and interval at its level, the rest at DEBUG, counted."""
+"""RateLimitedLog: one line per kind and interval at its level, the rest at DEBUG, counted;
+`due` for callers that word their own lines."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 
 import pytest
 
-from kvsplice.server.log_limits import RateLimitedLog
+from kvsplice.common.log_limits import RateLimitedLog
 
 
 class Clock:
@@ -34,3 +35,16 @@ def test_one_line_per_kind_and_interval_with_a_count(caplog: pytest.LogCaptureFi
 def test_a_negative_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         RateLimitedLog(logging.getLogger("limits"), -1.0)
+
+
+def test_due_counts_every_one_and_says_what_was_held_back() -> None:
+    clock = Clock()
+    log = RateLimitedLog(logging.getLogger("limits"), 10.0, clock)
+    assert log.due("a") == (1, 0)
+    assert log.due("a") is None and log.due("a") is None
+    assert log.due("a", interval_s=0.0) == (4, 2)  # a caller's own interval
+    clock.now_s = 10.0
+    assert log.due("a") == (5, 0)
+    assert log.counts["a"] == 5
+    log.clear()
+    assert log.due("a") == (1, 0)

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 import torch
 from helpers.store import FINGERPRINT, NAMESPACE
 
-from kvsplice.client.store.local_tier import LocalTier
-from kvsplice.client.store.segment_io import DirectPuts, SpanRecord
-from kvsplice.client.store.segment_writer import SegmentWriter
-from kvsplice.client.store.store_types import ClientCounters
+from kvsplice.client.tiers.local_tier import LocalTier
+from kvsplice.client.tiers.segment_io import DirectPuts, SpanRecord
+from kvsplice.client.tiers.segment_writer import SegmentWriter
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.storeclient.results import ClientCounters
 
 
 class RecordingStore:
