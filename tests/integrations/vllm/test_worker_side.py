@@ -30,6 +30,7 @@ class FakeStore:
         self.gone: set[str] = set()
         self.corrupt: set[str] = set()
         self.deleted: list[str] = []
+        self.reported: list[tuple[int, tuple]] = []
         self.counters = SimpleNamespace(num_corrupt_payloads=0, num_degraded_calls=0)
 
     def put_segment(self, meta: object, payload: bytes) -> bool:
@@ -49,7 +50,7 @@ class FakeStore:
         return self.segments.pop(segment_id, None) is not None
 
     def report_reuse(self, num_prompt_tokens: int, runs: object = ()) -> None:
-        return
+        self.reported.append((num_prompt_tokens, tuple(runs)))  # type: ignore[call-overload]
 
     def served_from(self, key: bytes) -> str:
         return "grpc"
@@ -293,6 +294,28 @@ def test_approximate_runs_land_moved_to_their_new_positions() -> None:
     assert torch.equal(mine_v, theirs_v)
     assert torch.allclose(mine_k, rope.shift_layers(theirs_k, 4), atol=1e-6)
     assert not torch.allclose(mine_k, theirs_k)  # moved, not copied
+
+
+def test_the_report_names_each_segment_read_and_sets_approximate_tokens_apart() -> None:
+    """An exact piece, then another chunk's tokens moved there: both reads of their segments
+    (the sidecar's dashboard counts them), the moved run reported approximate."""
+    from kvsplice.common.reuse_report import ReusedRun
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+    from kvsplice.integrations.vllm.transfer_specs import RequestStart
+    from kvsplice.kvmath.rope import RopeSpec
+
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None, rope=RopeSpec.uniform(DIM, 10_000.0, LAYERS))
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    piece = StoredPiece(links[0].key.hex(), 0, 4, links[0].parent_key)
+    span = ReusedSpan(links[2].key.hex(), 4, 4, 0, 8)  # chunk 2 (positions 8..12) at 4..8
+    tokens = TOKENS[0:4] + TOKENS[8:12]
+    spec = LoadSpec("r", NS, FINGERPRINT, 0, 8, (5, 6), tokens, (piece,), spans=(span,))
+    assert reader.load(spec) == set()
+    reader.report(RequestStart("r", NS, 10))
+    exact, moved = ReusedRun(4, "grpc", links[0].key), ReusedRun(4, "grpc", links[2].key, False)
+    assert store.reported == [(10, (exact, moved))]
 
 
 def test_an_approximate_run_over_other_tokens_is_refused_and_recomputed() -> None:
