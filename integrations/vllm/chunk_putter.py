@@ -130,7 +130,7 @@ class ChunkPutter:
         kv = chunk.kv()
         meta = chained_meta(
             spec.namespace, spec.root, spec.parent_key, spec.token_ids, spec.start,
-            kv.num_layers, created_at_s=time.time(), kind="prompt", exact=True,
+            kv.num_layers, created_at_s=time.time(), kind="prompt", exact=spec.exact,
         )  # fmt: skip
         payload = encode_payload(kv, model_fingerprint=spec.root, quant=self.quant)
         if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):

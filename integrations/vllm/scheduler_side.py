@@ -499,7 +499,7 @@ class SchedulerSide:
             request_id=tracked.request.request_id, namespace=tracked.namespace,
             root=tracked.root, start=link.start, token_ids=tuple(token_ids[link.start : link.end]),
             parent_key=link.parent_key, key=link.key, block_size=self.block_size,
-            block_table=table,
+            block_table=table, exact=tracked.chain is not None and tracked.chain.exact,
         )  # fmt: skip
 
     def _claim(self, key: tuple[str, bytes], lookup_ack_seq: int) -> bool:

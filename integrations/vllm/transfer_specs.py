@@ -63,6 +63,7 @@ class SaveSpec:
     key: bytes  # the chunk's context key (its chain link)
     block_table: tuple[int, ...]
     block_size: int
+    exact: bool = True  # False: off-chain, computed over approximate K/V (its meta says so)
 
     @property
     def end(self) -> int:

@@ -126,6 +126,16 @@ def store_three_chunks(store: FakeStore) -> WorkerSide:
     return writer
 
 
+def test_an_off_chain_chunk_is_stored_as_not_exact() -> None:
+    """Its meta says so: `kvsplice ls` marks it off-chain."""
+    store = FakeStore()
+    writer = make_worker(store, seed=1)
+    writer.save(replace(save_spec("w", 0, (0, 1, 2)), exact=False), 0)
+    writer.save(save_spec("w", 1, (0, 1, 2)), 0)
+    assert writer.putter.flush()
+    assert sorted(meta.exact for meta, _ in store.segments.values()) == [False, True]
+
+
 def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
     store = FakeStore()
     writer = store_three_chunks(store)
