@@ -47,7 +47,7 @@ def test_counts_survive_reopening_and_stay_out_of_the_segments(
 
 def test_a_full_tier_makes_room_for_the_counts(tmp_path: Path, make_segment: Segment) -> None:
     store = open_store(tmp_path, map_size_bytes=1 << 20)
-    durable = store._stack.durable  # noqa: SLF001 (filled to the last byte below)
+    durable = store._stack.durable  # filled to the last byte below
     try:
         removed: list[SegmentMeta] = []
         store.add_removal_listener(removed.append)
@@ -71,7 +71,7 @@ def test_a_full_tier_makes_room_for_the_counts(tmp_path: Path, make_segment: Seg
 
 def test_a_record_that_does_not_decode_is_skipped(tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    tiers = store._stack.tiers  # noqa: SLF001 (what a damaged or foreign record looks like)
+    tiers = store._stack.tiers  # what a damaged or foreign record looks like
     try:
         store.counters.save({"team-a": {"num_calls": 2}})
         tiers[-1].put(counters_key("team-b"), b"not json")

@@ -14,9 +14,9 @@ from helpers.text import make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.client.store import store_wire
 from kvsplice.client.store.store_client import ReuseReporter, StoreClient
 from kvsplice.client.store.store_config import StoreClientConfig
-from kvsplice.client.store import store_wire
 from kvsplice.common.errors import InvalidRequest
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, call_report
 from kvsplice.proto import store_pb2 as pb
