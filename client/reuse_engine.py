@@ -242,7 +242,8 @@ class ReuseEngine:
         return _outcome("dense", prompt, state, output, ttft_s, timings)
 
     def _report_reuse(self, reuse: ReuseMap, local_keys: frozenset[bytes]) -> None:
-        """Tell the store what this call reused and where each run was served (queued).
+        """Tell the store what this call reused, where each run was served and whether it
+        was exact (queued).
 
         A run whose segment this call found in the local tier was served "local";
         any other, where the store client read it (`served_from`).
@@ -251,9 +252,11 @@ class ReuseEngine:
             return
         runs = []
         for reused in reuse.reused:
-            key = reused.source.chain_key if reused.source is not None else None
+            source = reused.source
+            key = source.chain_key if source is not None else None
             served = "local" if key in local_keys else self.store.served_from(key)
-            runs.append(ReusedRun(reused.num_tokens, served, key))
+            exact = source is None or source.exact
+            runs.append(ReusedRun(reused.num_tokens, served, key, exact))
         self.store.report_reuse(reuse.num_tokens, runs)
 
     def _prefilling(self) -> AbstractContextManager[None]:

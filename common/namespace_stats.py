@@ -22,9 +22,10 @@ def _counter(doc: str, json: str | None = None) -> Any:
 
 @dataclass(frozen=True)
 class NamespaceStats(TokenHits):
-    """Usage, lookup outcomes and reported reuse of one namespace since the sidecar started.
+    """Usage, lookup outcomes and reported reuse of one namespace.
 
-    The token counts are what workers reported (`StoreClient.report_reuse`); the token
+    The token counts are what workers reported (`StoreClient.report_reuse`), kept with the
+    tiers across restarts; the other counters count since the sidecar started. The token
     hit rate is `hit_rate` (`common.reuse_report.token_hit_rate`).
     """
 
@@ -36,6 +37,9 @@ class NamespaceStats(TokenHits):
     num_refused_puts: int = _counter("puts turned away for lack of room (quota or capacity)")
     num_calls: int = _counter("calls workers reported")
     num_prompt_tokens: int = _counter("their prompt tokens", json="num_requested_tokens")
+    num_approximate_hit_tokens: int = _counter(
+        "of the reused tokens, those approximate (computed at another position or prefix)"
+    )
     # ... of which they reused, by where served: local, in_place, grpc
     hit_tokens: Mapping[Served, int] = field(
         default_factory=dict, metadata={"json": "hit_tokens_by_source"}
@@ -50,6 +54,10 @@ class NamespaceStats(TokenHits):
             raise ValueError(f"hit_tokens {dict(hit)} is not counts by {SERVED}")
         if self.num_hit_tokens > self.num_prompt_tokens:
             raise ValueError(f"{self.num_hit_tokens} hit tokens > {self.num_prompt_tokens}")
+        if self.num_approximate_hit_tokens > self.num_hit_tokens:
+            raise ValueError(
+                f"{self.num_approximate_hit_tokens} approximate tokens > {self.num_hit_tokens}"
+            )
 
 
 COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(NamespaceStats) if "doc" in f.metadata)

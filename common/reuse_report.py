@@ -1,5 +1,6 @@
 """What a worker reused, as it reports it to the sidecar: calls, prompt tokens, reused tokens
-by where they were served, and reads of segments the sidecar never saw (local, in place).
+by where they were served (and how many of them were approximate), and reads of segments
+the sidecar never saw (local, in place).
 
 Owns the one definition of the token hit rate (`token_hit_rate`) that every report of
 it uses: reused prompt tokens / prompt tokens, both counted by the worker that ran the
@@ -42,15 +43,21 @@ def _check_count(name: str, value: int) -> None:
 
 
 class TokenHits:
-    """The reused-token total and the token hit rate of a record that counts prompt tokens
-    and the reused ones by where they were served."""
+    """The reused-token total and the token hit rate of a record that counts prompt tokens,
+    the reused ones by where they were served, and how many of those were approximate."""
 
     num_prompt_tokens: int
     hit_tokens: Mapping[Served, int]
+    num_approximate_hit_tokens: int
 
     @property
     def num_hit_tokens(self) -> int:
         return sum(self.hit_tokens.values())
+
+    @property
+    def num_exact_hit_tokens(self) -> int:
+        """Reused tokens whose K/V equal dense prefill of the same prompt (chain hits)."""
+        return self.num_hit_tokens - self.num_approximate_hit_tokens
 
     @property
     def hit_rate(self) -> float | None:
@@ -61,12 +68,15 @@ class TokenHits:
 @dataclass(frozen=True)
 class ReuseReport(TokenHits):
     """Reuse over `num_calls` calls: their prompt tokens, the reused ones by `Served`,
-    and `segment_reads`: (context key, served) -> reads, only for `UNSEEN_SERVED`."""
+    `segment_reads`: (context key, served) -> reads, only for `UNSEEN_SERVED`, and
+    `num_approximate_hit_tokens`: of the reused tokens, those approximate (K/V computed
+    for the same tokens at another position or after another prefix; the rest are exact)."""
 
     num_calls: int = 0
     num_prompt_tokens: int = 0
     hit_tokens: Mapping[Served, int] = field(default_factory=dict)
     segment_reads: Mapping[tuple[bytes, Served], int] = field(default_factory=dict)
+    num_approximate_hit_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_count("num_calls", self.num_calls)
@@ -78,6 +88,11 @@ class ReuseReport(TokenHits):
         if self.num_hit_tokens > self.num_prompt_tokens:
             raise ValueError(
                 f"{self.num_hit_tokens} reused tokens > {self.num_prompt_tokens} prompt tokens"
+            )
+        if not 0 <= self.num_approximate_hit_tokens <= self.num_hit_tokens:
+            raise ValueError(
+                f"{self.num_approximate_hit_tokens} approximate tokens not in "
+                f"[0, {self.num_hit_tokens}] (the reused tokens)"
             )
         if len(self.segment_reads) > MAX_REPORTED_SEGMENTS:
             raise ValueError(f"{len(self.segment_reads)} segments > {MAX_REPORTED_SEGMENTS}")
@@ -104,7 +119,15 @@ class ReuseReport(TokenHits):
             self.num_prompt_tokens + other.num_prompt_tokens,
             _summed(self.hit_tokens, other.hit_tokens),
             reads,
+            self.num_approximate_hit_tokens + other.num_approximate_hit_tokens,
         )
+
+    def totals(self) -> ReuseReport:
+        """The token counts alone (no segment reads)."""
+        return ReuseReport(
+            self.num_calls, self.num_prompt_tokens, self.hit_tokens,
+            num_approximate_hit_tokens=self.num_approximate_hit_tokens,
+        )  # fmt: skip
 
 
 def _summed(a: Mapping[Served, int], b: Mapping[Served, int]) -> dict[Served, int]:
@@ -113,22 +136,26 @@ def _summed(a: Mapping[Served, int], b: Mapping[Served, int]) -> dict[Served, in
 
 @dataclass(frozen=True)
 class ReusedRun:
-    """`num_tokens` prompt tokens of one call reused from one segment (`context_key`,
-    None when not a whole stored segment) served from `served`."""
+    """`num_tokens` prompt tokens of one call reused from one stored segment (`context_key`,
+    None when unknown) served from `served`; `exact`: False when the K/V were computed for
+    the same tokens at another position or after another prefix (approximate reuse)."""
 
     num_tokens: int
     served: Served
     context_key: bytes | None = None
+    exact: bool = True
 
 
 def call_report(num_prompt_tokens: int, runs: Iterable[ReusedRun]) -> ReuseReport:
     """The report of one call of `num_prompt_tokens` prompt tokens that reused `runs`."""
     hit_tokens: dict[Served, int] = {}
     reads: dict[tuple[bytes, Served], int] = {}
+    num_approximate = 0
     for run in runs:
         hit_tokens[run.served] = hit_tokens.get(run.served, 0) + run.num_tokens
+        num_approximate += 0 if run.exact else run.num_tokens
         if run.context_key is not None and run.served in UNSEEN_SERVED:
             slot = (run.context_key, run.served)
             if slot in reads or len(reads) < MAX_REPORTED_SEGMENTS:
                 reads[slot] = reads.get(slot, 0) + 1
-    return ReuseReport(1, num_prompt_tokens, hit_tokens, reads)
+    return ReuseReport(1, num_prompt_tokens, hit_tokens, reads, num_approximate)

@@ -368,7 +368,7 @@ class SegmentReads(_message.Message):
     def __init__(self, context_key: _Optional[bytes] = ..., served: _Optional[str] = ..., num_reads: _Optional[int] = ...) -> None: ...
 
 class ReportReuseRequest(_message.Message):
-    __slots__ = ("namespace", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens", "reads")
+    __slots__ = ("namespace", "num_calls", "num_prompt_tokens", "num_local_hit_tokens", "num_in_place_hit_tokens", "num_grpc_hit_tokens", "reads", "num_approximate_hit_tokens")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NUM_CALLS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +376,7 @@ class ReportReuseRequest(_message.Message):
     NUM_IN_PLACE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_GRPC_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     READS_FIELD_NUMBER: _ClassVar[int]
+    NUM_APPROXIMATE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     num_calls: int
     num_prompt_tokens: int
@@ -383,7 +384,8 @@ class ReportReuseRequest(_message.Message):
     num_in_place_hit_tokens: int
     num_grpc_hit_tokens: int
     reads: _containers.RepeatedCompositeFieldContainer[SegmentReads]
-    def __init__(self, namespace: _Optional[str] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ..., reads: _Optional[_Iterable[_Union[SegmentReads, _Mapping]]] = ...) -> None: ...
+    num_approximate_hit_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., num_calls: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_local_hit_tokens: _Optional[int] = ..., num_in_place_hit_tokens: _Optional[int] = ..., num_grpc_hit_tokens: _Optional[int] = ..., reads: _Optional[_Iterable[_Union[SegmentReads, _Mapping]]] = ..., num_approximate_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class ReportReuseResponse(_message.Message):
     __slots__ = ("num_reads_counted",)

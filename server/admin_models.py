@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.namespace_stats import COUNTERS, NamespaceStats, counters, json_name
-from kvsplice.common.reuse_report import SERVED
+from kvsplice.common.reuse_report import SERVED, token_hit_rate
 from kvsplice.common.segment import SegmentMeta
 
 
@@ -33,6 +33,7 @@ class SegmentSummary:
     payload_nbytes: int
     created_at_s: float
     ttl_s: float | None
+    exact: bool = True  # False: off the exact chain (computed over approximate reuse)
 
     def __post_init__(self) -> None:
         if len(self.segment_id) != 2 * KEY_NBYTES or self.segment_id.strip("0123456789abcdef"):
@@ -98,6 +99,9 @@ class TierOverview:
     num_misses: int
     num_checksum_failures: int
     evictions: Mapping[str, int]  # by reason (see server.store_collector.EVICTION_REASONS)
+    # Reads workers made of its map in place (same host), as they reported them; None: a
+    # tier nobody reads in place. The sidecar never sees these reads itself.
+    num_in_place_reads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +125,15 @@ class FlushResult:
 
 def _row_fields() -> dict[str, Any]:
     """A /v1/stats row: the namespace, every `NamespaceStats` counter under its JSON name, then
-    the reused tokens (in all, by where served) and the token hit rate."""
+    the reused tokens (in all, by where served, the exact ones) and the token hit rates."""
     return {
         "namespace": (str, ...),
         **{json_name(name): (int, ...) for name in COUNTERS},
         "num_hit_tokens": (int, ...),
         "hit_rate": (float | None, ...),  # num_hit_tokens / num_requested_tokens
         json_name("hit_tokens"): (dict[str, int], ...),  # local, in_place, grpc
+        "num_exact_hit_tokens": (int, ...),  # num_hit_tokens - num_approximate_hit_tokens
+        "exact_hit_rate": (float | None, ...),  # num_exact_hit_tokens / num_requested_tokens
     }
 
 
@@ -145,6 +151,8 @@ def stats_row(namespace: str, stats: NamespaceStats) -> dict[str, Any]:
         "num_hit_tokens": stats.num_hit_tokens,
         "hit_rate": stats.hit_rate,
         json_name("hit_tokens"): {s: stats.hit_tokens.get(s, 0) for s in SERVED},
+        "num_exact_hit_tokens": stats.num_exact_hit_tokens,
+        "exact_hit_rate": token_hit_rate(stats.num_exact_hit_tokens, stats.num_prompt_tokens),
     }
 
 

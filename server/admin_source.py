@@ -84,6 +84,8 @@ class StoreAdminSource:
     def tier_overview(self) -> list[TierOverview]:
         stats = self._store.stats()
         evictions = eviction_counts(stats)
+        # NOTE: same-host workers read the durable tier's LMDB map in place (`data_plane`).
+        in_place = self._segments.reported_reads("in_place")
         return [
             TierOverview(
                 tier=tier,
@@ -93,6 +95,7 @@ class StoreAdminSource:
                 num_misses=tier_stats.misses,
                 num_checksum_failures=tier_stats.checksum_failures,
                 evictions={reason: evictions[tier, reason] for reason in EVICTION_REASONS},
+                num_in_place_reads=in_place if tier == stats.durable_tier else None,
             )
             for tier, tier_stats in stats.tiers.items()
         ]

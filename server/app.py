@@ -1,8 +1,8 @@
 """Wiring of the store sidecar: `build(config)` constructs everything, `serve(config)` runs it.
 
 SIGTERM → `StoreServer.stop()`: health NOT_SERVING, in-flight RPCs drain for
-`grace_period_s`, the store (LMDB) closes; SIGHUP re-reads the tenants file. Call
-`build` inside the loop that serves.
+`grace_period_s`, reported reuse is written, the store (LMDB) closes; SIGHUP re-reads the
+tenants file. Call `build` inside the loop that serves.
 """
 
 from __future__ import annotations
@@ -62,12 +62,14 @@ class StoreServer:
     admin: AdminServer | None = None
     sweeper: asyncio.Task[None] | None = None
     follower: asyncio.Task[None] | None = None
+    persister: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
         num_segments += await shared_follower.catch_up(self.store, self.config.catch_up_timeout_s)
         await self.server.start()
         self.sweeper = asyncio.create_task(self._sweep_expired(), name="kvsplice-ttl-sweeper")
+        self.persister = asyncio.create_task(self._persist_reported(), name="kvsplice-persister")
         if self.store.shared is not None:
             self.follower = asyncio.create_task(
                 shared_follower.follow(self.store), name="kvsplice-shared-follower"
@@ -101,13 +103,14 @@ class StoreServer:
         logger.info("shutting down: draining RPCs for up to %.1f s", self.config.grace_period_s)
         await self.health.enter_graceful_shutdown()
         self.segments.mark_draining()
-        for task in (self.sweeper, self.follower):
+        for task in (self.sweeper, self.follower, self.persister):
             if task is not None:
                 task.cancel()
         try:
             await self.server.stop(self.config.grace_period_s)
             if self.admin is not None:
                 await self.admin.stop()
+            await self.segments.reported.persist()  # what the drained RPCs reported last
             shared = self.store.shared
             if shared is not None and not shared.status().degraded:
                 # share what was acked but not yet published (a degraded tier takes nothing)
@@ -129,6 +132,12 @@ class StoreServer:
         if status is None:
             return None
         return shared_follower.status_out(status)
+
+    async def _persist_reported(self) -> None:
+        """Write reported reuse into the tiers every `persist_interval_s`."""
+        while True:
+            await asyncio.sleep(self.config.persist_interval_s)
+            await self.segments.reported.persist()
 
     async def _sweep_expired(self) -> None:
         """Reclaim expired segments now and then (reads also drop them lazily), and the

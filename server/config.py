@@ -157,6 +157,9 @@ class ServerConfig:
         "in a file instead of streaming it; '' streams only. Off by itself where missing.",
     )
     sweep_interval_s: float = 60.0
+    # How often reported reuse is written into the tiers (and at shutdown): a SIGKILL loses
+    # at most what was reported in the last interval.
+    persist_interval_s: float = 5.0
     catch_up_timeout_s: float = 30.0
     max_concurrent_rpcs: int | None = None
     enable_reflection: bool = True
@@ -200,6 +203,10 @@ class ServerConfig:
         )
         _require(
             self.sweep_interval_s > 0, f"sweep_interval_s must be > 0, got {self.sweep_interval_s}"
+        )
+        _require(
+            0 < self.persist_interval_s < math.inf,
+            f"persist_interval_s must be > 0 and finite, got {self.persist_interval_s}",
         )
         _require(
             0 <= self.catch_up_timeout_s < math.inf,

@@ -276,6 +276,9 @@ def reuse_report(request: pb.ReportReuseRequest) -> ReuseReport:
                 raise ValueError(f"num_reads {r.num_reads} < 0")
             slot = (r.context_key, cast(Served, r.served))
             reads[slot] = reads.get(slot, 0) + r.num_reads
-        return ReuseReport(request.num_calls, request.num_prompt_tokens, hit_tokens, reads)
+        return ReuseReport(
+            request.num_calls, request.num_prompt_tokens, hit_tokens, reads,
+            request.num_approximate_hit_tokens,
+        )  # fmt: skip
     except ValueError as error:
         raise InvalidRequest(f"bad reuse report: {error}") from error

@@ -1,7 +1,8 @@
 """The admin dashboard: `/dashboard` renders the store's state as HTML on the server.
 
-Owns the page and its panels (namespaces with their token hit rate, tiers against capacity,
-evictions, fault counters, the most-read segments); `static/dashboard.js` only re-fetches
+Owns the page and its panels (namespaces with their token hit rate and approximate tokens,
+tiers against capacity with the reads workers made in place, evictions, fault counters, the
+most-read segments); `static/dashboard.js` only re-fetches
 the panels and plots each namespace's hit rate over time. Nothing is fetched from the
 internet. It reads the store through `AdminSource`, behind the admin API's own auth.
 """
@@ -54,18 +55,23 @@ def namespaces_panel(rows: Mapping[str, NamespaceStats]) -> str:
         f'<td class="num" data-field="hit_rate">{percent(r.hit_rate)}</td>'
         f'<td class="num" data-field="tokens">{r.num_hit_tokens} / {r.num_prompt_tokens}</td>'
         f'<td class="num" data-field="by_source">{_by_source(r)}</td>'
+        f'<td class="num" data-field="approximate_tokens">{r.num_approximate_hit_tokens}</td>'
         "</tr>"
         for ns, r in rows.items()
     ]
     headers = (
         "namespace", "segments", "stored", "token hit rate", "tokens reused / prompt",
-        "reused: local / in place / gRPC",
+        "reused: local / in place / gRPC", "of them approximate",
     )  # fmt: skip
     return _table(headers, cells, "no namespace yet")
 
 
 def _by_source(r: NamespaceStats) -> str:
     return " / ".join(str(r.hit_tokens.get(s, 0)) for s in SERVED)
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
 
 
 def _fill_bar(tier: TierOverview) -> str:
@@ -83,10 +89,14 @@ def tiers_panel(tiers: Sequence[TierOverview]) -> str:
     cells = [
         f'<tr data-tier="{escape(t.tier)}"><td>{escape(t.tier)}</td>'
         f'<td class="fill" data-used="{t.used_bytes}">{_fill_bar(t)}</td>'
-        f'<td class="num">{t.num_hits}</td><td class="num">{t.num_misses}</td></tr>'
+        f'<td class="num">{t.num_hits}</td><td class="num">{t.num_misses}</td>'
+        f'<td class="num" data-field="in_place_reads">{_count(t.num_in_place_reads)}</td></tr>'
         for t in tiers
     ]
-    headers = ("tier", "bytes used / capacity", "reads hit", "reads missed")
+    headers = (
+        "tier", "bytes used / capacity", "reads hit", "reads missed",
+        "read in place (workers' reports)",
+    )  # fmt: skip
     return _table(headers, cells, "-", num_left=2)
 
 
@@ -126,13 +136,14 @@ def top_panel(top: Sequence[SegmentHits]) -> str:
 
 def summary(rows: Mapping[str, NamespaceStats]) -> str:
     stats = rows.values()
-    hit_rate = token_hit_rate(
-        sum(r.num_hit_tokens for r in stats), sum(r.num_prompt_tokens for r in stats)
-    )
+    num_prompt_tokens = sum(r.num_prompt_tokens for r in stats)
+    hit_rate = token_hit_rate(sum(r.num_hit_tokens for r in stats), num_prompt_tokens)
+    exact_rate = token_hit_rate(sum(r.num_exact_hit_tokens for r in stats), num_prompt_tokens)
     return (
         f'<p id="summary"><b data-field="num_segments">{sum(r.num_segments for r in stats)}</b> '
         f"segments, <b>{human_bytes(sum(r.num_bytes for r in stats))}</b> stored, "
-        f'token hit rate <b data-field="hit_rate">{percent(hit_rate)}</b> over '
+        f'token hit rate <b data-field="hit_rate">{percent(hit_rate)}</b> '
+        f'(exact <b data-field="exact_hit_rate">{percent(exact_rate)}</b>) over '
         f"{len(rows)} namespaces</p>"
     )
 
@@ -144,7 +155,7 @@ def panels(source: AdminSource) -> str:
     sections = (
         ("namespaces", "Namespaces (token hit rate = prompt tokens reused / prompt tokens, as workers report them)",
          summary(rows) + namespaces_panel(rows)),
-        ("tiers", "Tiers against capacity", tiers_panel(tiers)),
+        ("tiers", "Tiers against capacity (reads hit and missed: the sidecar's own reads)", tiers_panel(tiers)),
         ("evictions", "Evictions by reason", evictions_panel(tiers)),
         ("faults", "Faults", faults_panel(tiers)),
         ("top", f"Top {NUM_TOP_SEGMENTS} segments by reads", top_panel(source.top_segments(NUM_TOP_SEGMENTS))),

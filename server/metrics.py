@@ -111,6 +111,11 @@ class StoreMetrics:
         self.hit_tokens = self._counter(
             "hit_tokens", "Prompt tokens workers reused, by where served.", ("served",)
         )
+        self.approximate_hit_tokens = self._counter(
+            "approximate_hit_tokens",
+            "Of the reused prompt tokens, those approximate (K/V computed for the same tokens "
+            "at another position or after another prefix); the rest are exact.",
+        )
         self.reported_calls = self._counter("reported_calls", "Calls workers reported.")
         self.segment_reads = self._counter(
             "segment_reads", "Reads of stored segments, by where served.", ("served",)
@@ -169,6 +174,7 @@ class StoreMetrics:
         self.prompt_tokens.inc(report.num_prompt_tokens)
         for served, n in report.hit_tokens.items():
             self.hit_tokens.labels(served).inc(n)
+        self.approximate_hit_tokens.inc(report.num_approximate_hit_tokens)
         for (_key, served), n in report.segment_reads.items():
             self.segment_reads.labels(served).inc(n)
 

@@ -24,12 +24,13 @@ from kvsplice.common.errors import (
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.namespace_stats import NamespaceStats
 from kvsplice.common.payload_buffer import PayloadBuffer
-from kvsplice.common.reuse_report import ReuseReport
+from kvsplice.common.reuse_report import ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
 from kvsplice.server.admin_models import SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
+from kvsplice.server.reported_reuse import ReportedReuse
 from kvsplice.server.request_checks import (
     check_fingerprint,
     check_header,
@@ -87,11 +88,14 @@ class SegmentService:
         self.config = config
         self._hits: defaultdict[str, int] = defaultdict(int)
         self._misses: defaultdict[str, int] = defaultdict(int)
-        # What workers reported (token totals; their segment reads go to _segment_hits).
-        self._reported: defaultdict[str, ReuseReport] = defaultdict(ReuseReport)
+        # What workers reported (token totals, kept with the tiers; their segment reads go
+        # to _segment_hits and _reported_reads).
+        self.reported = ReportedReuse(store.counters)
         # Reads served per stored segment (the dashboard's top list); a removed segment's
         # count goes with it, so this never outgrows the store.
         self._segment_hits: Counter[tuple[str, bytes]] = Counter()
+        # Reads of stored segments workers served themselves, by where, since start.
+        self._reported_reads: Counter[Served] = Counter()
         self._ready = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -101,7 +105,8 @@ class SegmentService:
     # -- lifecycle --------------------------------------------------------------------
 
     def rebuild_indexes(self) -> int:
-        """Index every stored segment (called once at start, on the serving loop)."""
+        """Index every stored segment and restore the reported totals the tiers kept
+        (called once at start, on the serving loop)."""
         try:
             self._loop = asyncio.get_running_loop()
             self._loop_thread = threading.get_ident()
@@ -111,6 +116,7 @@ class SegmentService:
         for meta in self._store.iter_meta():
             self._index(meta)
             num_indexed += 1
+        self.reported.load()
         self._ready = True
         logger.info("indexes rebuilt from the store: %d segments", num_indexed)
         return num_indexed
@@ -212,14 +218,19 @@ class SegmentService:
         """Add a worker's reuse report to `namespace`; returns how many of its segment reads
         were counted (those of segments the namespace still holds). Event loop only."""
         check_namespace(namespace)
-        totals = ReuseReport(report.num_calls, report.num_prompt_tokens, report.hit_tokens)
-        self._reported[namespace] = self._reported[namespace].merged(totals)
+        self.reported.add(namespace, report)
         num_counted = 0
-        for (key, _served), num_reads in report.segment_reads.items():
+        for (key, served), num_reads in report.segment_reads.items():
             if self._store.get_meta(namespace, key) is not None:
                 self._segment_hits[namespace, key] += num_reads
+                self._reported_reads[served] += num_reads
                 num_counted += num_reads
         return num_counted
+
+    def reported_reads(self, served: Served) -> int:
+        """Reads of stored segments that workers reported served `served` ("local" or
+        "in_place": reads the sidecar never sees) since start."""
+        return self._reported_reads[served]
 
     def delete(self, namespace: str, key: bytes) -> bool:
         check_namespace(namespace)
@@ -304,7 +315,7 @@ class SegmentService:
                 | set(self._hits)
                 | set(self._misses)
                 | set(pressure)
-                | set(self._reported)
+                | self.reported.namespaces()
             )
         )
         return {name: self._stats_of(name, usage, pressure.get(name)) for name in names}
@@ -341,7 +352,7 @@ class SegmentService:
         # and what workers reported.
         ns_usage = usage.get(namespace, _NO_USAGE)
         pressure = pressure or NamespacePressure()
-        reported = self._reported.get(namespace, ReuseReport())
+        reported = self.reported.of(namespace)
         return NamespaceStats(
             num_segments=ns_usage.segments,
             num_bytes=ns_usage.bytes,
@@ -351,6 +362,7 @@ class SegmentService:
             num_refused_puts=sum(pressure.refusals.values()),
             num_calls=reported.num_calls,
             num_prompt_tokens=reported.num_prompt_tokens,
+            num_approximate_hit_tokens=reported.num_approximate_hit_tokens,
             hit_tokens=reported.hit_tokens,
         )
 

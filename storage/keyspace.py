@@ -1,7 +1,9 @@
-"""Tier keys: every key is scoped by its namespace; segments and blobs never share keys.
+"""Tier keys: every key is scoped by its namespace; segments, blobs and counters never
+share keys.
 
-Segment: b"s\\x00" + namespace + b"\\x00" + context_key (16 bytes).
-Blob:    b"b\\x00" + namespace + b"\\x00" + utf-8 name.
+Segment:  b"s\\x00" + namespace + b"\\x00" + context_key (16 bytes).
+Blob:     b"b\\x00" + namespace + b"\\x00" + utf-8 name.
+Counters: b"c\\x00" + namespace (the sidecar's own, `counter_records`).
 Namespaces cannot contain NUL (`validate_namespace`), so no key is readable
 from another namespace. Validation failures raise `InvalidRequest`.
 """
@@ -14,6 +16,7 @@ from kvsplice.common.segment import validate_namespace
 
 SEGMENT_SPACE = b"s\x00"
 BLOB_SPACE = b"b\x00"
+COUNTER_SPACE = b"c\x00"
 MAX_BLOB_NAME_NBYTES = 256
 
 
@@ -44,3 +47,12 @@ def blob_key(namespace: str, name: str) -> bytes:
 def blob_name(key: bytes, namespace: str) -> str:
     """The name inside a blob key of `namespace` (inverse of `blob_key`)."""
     return key[len(blob_prefix(namespace)) :].decode()
+
+
+def counters_key(namespace: str) -> bytes:
+    return COUNTER_SPACE + _namespace_bytes(namespace)
+
+
+def counters_namespace(key: bytes) -> str:
+    """The namespace a counters key names (inverse of `counters_key`)."""
+    return key[len(COUNTER_SPACE) :].decode()

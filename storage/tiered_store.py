@@ -25,6 +25,7 @@ from kvsplice.storage.blob_store import BlobStore
 from kvsplice.storage.catalog import CatalogEntry, NamespaceUsage
 from kvsplice.storage.catalog_loader import load_catalog
 from kvsplice.storage.config import StoreConfig
+from kvsplice.storage.counter_records import CounterRecords
 from kvsplice.storage.keyspace import segment_key
 from kvsplice.storage.pressure import NamespacePressure, PressureCounters
 from kvsplice.storage.record import SealedRecord
@@ -122,6 +123,8 @@ class TieredStore:
             else SharedReads(shared, self._shared_catalog, self._stack, self._room, self._expired)
         )
         self._blobs = BlobStore(self._stack, self._stripe, self._write_blob, clock, shared)
+        # The sidecar's own counters, in the durable tier beside the segments (never shared).
+        self.counters = CounterRecords(self._stack.durable, self._write_blob)
         self._closed = False
         if shared is not None:
             shared.bind(self._stack.peek)

@@ -309,6 +309,7 @@ def report_request(namespace: str, report: ReuseReport) -> pb.ReportReuseRequest
         num_local_hit_tokens=hit.get("local", 0),
         num_in_place_hit_tokens=hit.get("in_place", 0),
         num_grpc_hit_tokens=hit.get("grpc", 0),
+        num_approximate_hit_tokens=report.num_approximate_hit_tokens,
         reads=[
             pb.SegmentReads(context_key=key, served=served, num_reads=n)
             for (key, served), n in report.segment_reads.items()

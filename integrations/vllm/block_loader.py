@@ -119,18 +119,18 @@ class BlockLoader:
             self.faults.record("reporting reuse failed", error)
 
     def _runs(self, spec: LoadSpec, end: int) -> list[ReusedRun]:
-        """The loaded tokens `[spec.start, end)` per stored piece, with where each was read."""
+        """The loaded tokens `[spec.start, end)` per stored piece or run read (each a read
+        of its segment), with where each was read and whether it was exact."""
         store = self.clients.for_namespace(spec.namespace)
         runs = []
         for piece in spec.pieces:
             lo, hi = max(spec.start, piece.start), min(end, piece.start + piece.num_tokens)
             if lo < hi:
                 key = bytes.fromhex(piece.segment_id)
-                whole = (lo, hi) == (piece.start, piece.start + piece.num_tokens)
-                runs.append(ReusedRun(hi - lo, store.served_from(key), key if whole else None))
-        for span in spec.spans:
+                runs.append(ReusedRun(hi - lo, store.served_from(key), key))
+        for span in spec.spans:  # approximate: computed at another position or prefix
             lo, hi = span.start, min(end, span.end)
             if lo < hi:
                 key = bytes.fromhex(span.segment_id)
-                runs.append(ReusedRun(hi - lo, store.served_from(key), None))
+                runs.append(ReusedRun(hi - lo, store.served_from(key), key, exact=False))
         return runs

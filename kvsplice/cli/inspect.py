@@ -85,6 +85,11 @@ def _percent(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1%}"
 
 
+def _chain(exact: bool | None) -> str:
+    """`ls`'s mark: off-chain segments hold K/V computed over approximate reuse."""
+    return "-" if exact is None else "exact" if exact else "off-chain"
+
+
 def stats(
     admin_url: AdminUrlOpt = "http://127.0.0.1:8081",
     namespace: Annotated[
@@ -96,7 +101,8 @@ def stats(
     tls_key: TlsKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Per-namespace segments, bytes and token hit rate from a running sidecar."""
+    """Per-namespace segments, bytes and token hit rate from a running sidecar (with the
+    reused tokens that were approximate)."""
     from rich.table import Table
 
     params = {"namespace": namespace} if namespace else {}
@@ -107,7 +113,7 @@ def stats(
         return _print_json(body)
     table = Table(
         "namespace", "segments", "stored", "token hit rate", "reused/prompt tokens",
-        "local / in place / gRPC",
+        "local / in place / gRPC", "approximate",
     )  # fmt: skip
     for row in body.get("namespaces", []):
         by_source = row.get("hit_tokens_by_source") or {}
@@ -116,6 +122,7 @@ def stats(
             _percent(row.get("hit_rate")),
             f"{row.get('num_hit_tokens', 0)}/{row.get('num_requested_tokens', 0)}",
             " / ".join(str(by_source.get(s, 0)) for s in ("local", "in_place", "grpc")),
+            str(row.get("num_approximate_hit_tokens", "-")),  # "-": a sidecar that cannot tell
         )  # fmt: skip
     console().print(table)
 
@@ -131,7 +138,7 @@ def list_segments(
     tls_key: TlsKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List a namespace's segments, one page at a time."""
+    """List a namespace's segments, one page at a time (off-chain ones marked)."""
     from rich.table import Table
 
     params = {"namespace": namespace, "offset": offset, "limit": limit}
@@ -140,13 +147,13 @@ def list_segments(
     )
     if as_json:
         return _print_json(body)
-    table = Table("segment id", "tokens", "start", "layers", "size", "ttl")
+    table = Table("segment id", "tokens", "start", "layers", "size", "ttl", "chain")
     for seg in body.get("segments", []):
         ttl = seg.get("ttl_s")
         table.add_row(
             seg["segment_id"], str(seg["num_tokens"]), str(seg["start_position"]),
             f"{seg['layer_start']}-{seg['layer_end']}", human_bytes(seg["payload_nbytes"]),
-            "-" if ttl is None else f"{ttl:g} s",
+            "-" if ttl is None else f"{ttl:g} s", _chain(seg.get("exact")),
         )  # fmt: skip
     console().print(table)
     if body.get("next_offset") is not None:

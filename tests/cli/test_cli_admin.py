@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,8 +23,9 @@ FINGERPRINT = "kvfp1-" + "0" * 32
 NAMESPACE = "tenant-a"
 
 
-def make_meta(tokens: tuple[int, ...], payload: bytes) -> SegmentMeta:
-    meta = chained_meta(NAMESPACE, FINGERPRINT, root_key(FINGERPRINT), tokens, 0, 30)
+def make_meta(tokens: tuple[int, ...], payload: bytes, exact: bool = True) -> SegmentMeta:
+    root = root_key(FINGERPRINT)
+    meta = chained_meta(NAMESPACE, FINGERPRINT, root, tokens, 0, 30, exact=exact)
     return with_payload_digest(meta, payload)
 
 
@@ -34,10 +36,12 @@ def sidecar(tmp_path: Path) -> Iterator[EmbeddedStore]:
         with StoreClient(store.target, NAMESPACE) as client:
             for i in range(3):
                 payload = random.Random(i).randbytes(3000)
-                assert client.put_segment(make_meta((i, i + 1, i + 2, i + 3), payload), payload)
-            # a worker's call of 8 prompt tokens reused 4: a token hit rate of 50%.
+                meta = make_meta((i, i + 1, i + 2, i + 3), payload, exact=i != 2)  # 2: off-chain
+                assert client.put_segment(meta, payload)
+            # a worker's call of 8 prompt tokens reused 4 (2 approximate): a hit rate of 50%.
             assert client.lookup_prefix(FINGERPRINT, [0, 1, 2, 3, 9, 9, 9, 9]) != PrefixLookup.MISS
-            client.report_reuse(8, [ReusedRun(3, "in_place"), ReusedRun(1, "grpc")])
+            runs = [ReusedRun(1, "in_place"), ReusedRun(2, "in_place", exact=False)]
+            client.report_reuse(8, [*runs, ReusedRun(1, "grpc")])
         yield store
 
 
@@ -55,9 +59,11 @@ def test_stats_json_and_table(sidecar: EmbeddedStore, capsys: pytest.CaptureFixt
     assert code == 0
     assert (row["num_segments"], row["stored_bytes"] > 9000) == (3, True)
     assert (row["num_requested_tokens"], row["num_hit_tokens"], row["hit_rate"]) == (8, 4, 0.5)
+    assert (row["num_approximate_hit_tokens"], row["num_exact_hit_tokens"]) == (2, 2)
     code, out, _ = run_cli(["stats", *url], capsys)
     assert code == 0 and "50.0%" in out and "KiB" in out and "4/8" in out
-    assert "0 / 3 / 1" in out  # local / in place / gRPC
+    (line,) = [ln for ln in out.splitlines() if NAMESPACE in ln]
+    assert re.search(r"0 / 3 / 1\W+2\W*$", line), out  # local / in place / gRPC, approximate
 
 
 def test_ls_delete_and_flush(sidecar: EmbeddedStore, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +73,11 @@ def test_ls_delete_and_flush(sidecar: EmbeddedStore, capsys: pytest.CaptureFixtu
     assert len(ids) == 3 and all(len(i) == 32 for i in ids)
     _, table, _ = run_cli(["ls", "-n", NAMESPACE, *url], capsys)
     assert ids[0] in table and "2.9 KiB" in table  # whole ids, human sizes
+    marks = {seg["segment_id"]: seg["exact"] for seg in json.loads(out)["segments"]}
+    for segment_id, exact in marks.items():
+        (line,) = [ln for ln in table.splitlines() if segment_id in ln]
+        assert ("off-chain" in line) == (not exact) and ("exact" in line) == exact
+    assert sorted(marks.values()) == [False, True, True]
 
     code, out, _ = run_cli(["delete", ids[0], "-n", NAMESPACE, *url], capsys)
     assert code == 0 and out.strip() == f"deleted {ids[0]}"

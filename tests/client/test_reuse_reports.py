@@ -14,8 +14,12 @@ from helpers.text import make_prompt
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.common.errors import InvalidRequest
 from kvsplice.common.reuse_report import ReusedRun, ReuseReport, call_report
+from kvsplice.proto import store_pb2 as pb
+from kvsplice.server import convert
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storeclient import wire as store_wire
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.config import StoreClientConfig
 from kvsplice.storeclient.reports import ReuseReporter
@@ -71,6 +75,7 @@ def test_sidecar_counts_what_engines_reused_by_where_it_was_served(
         "in_place": in_place.num_reused_tokens,
         "grpc": grpc_call.num_reused_tokens,
     }
+    assert stats.num_approximate_hit_tokens == 0  # exact reuse only
 
 
 def test_reporter_merges_reports_and_keeps_what_the_store_could_not_take() -> None:
@@ -86,15 +91,17 @@ def test_reporter_merges_reports_and_keeps_what_the_store_could_not_take() -> No
     key = bytes(range(16))
     reporter.add(call_report(10, [ReusedRun(6, "local", key)]))
     assert not reporter.flush() and sent == []  # unreachable: kept
-    reporter.add(call_report(5, [ReusedRun(4, "in_place", key), ReusedRun(1, "grpc", key)]))
+    moved = ReusedRun(3, "in_place", key, exact=False)  # computed after another prefix
+    reporter.add(call_report(8, [ReusedRun(4, "in_place", key), ReusedRun(1, "grpc", key), moved]))
     reachable[0] = True
     reporter.close()
     (report,) = sent
-    assert (report.num_calls, report.num_prompt_tokens) == (2, 15)
-    assert dict(report.hit_tokens) == {"local": 6, "in_place": 4, "grpc": 1}
+    assert (report.num_calls, report.num_prompt_tokens) == (2, 18)
+    assert dict(report.hit_tokens) == {"local": 6, "in_place": 7, "grpc": 1}
+    assert (report.num_approximate_hit_tokens, report.num_exact_hit_tokens) == (3, 11)
     # gRPC reads are counted where they are served: only unseen reads travel per segment
-    assert dict(report.segment_reads) == {(key, "local"): 1, (key, "in_place"): 1}
-    assert report.hit_rate == pytest.approx(11 / 15)
+    assert dict(report.segment_reads) == {(key, "local"): 1, (key, "in_place"): 2}
+    assert report.hit_rate == pytest.approx(14 / 18)
 
 
 def test_a_report_never_claims_more_reuse_than_prompt_tokens() -> None:
@@ -102,6 +109,24 @@ def test_a_report_never_claims_more_reuse_than_prompt_tokens() -> None:
         call_report(4, [ReusedRun(5, "local")])
     with pytest.raises(ValueError, match="served"):
         ReuseReport(1, 4, {"disk": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="approximate"):
+        ReuseReport(1, 4, {"local": 2}, num_approximate_hit_tokens=3)  # more than reused
+
+
+def test_an_approximate_report_travels_apart_and_an_old_clients_counts_as_exact() -> None:
+    key = bytes(range(16))
+    runs = [ReusedRun(2, "grpc", key), ReusedRun(5, "in_place", key, exact=False)]
+    sent = call_report(9, runs)
+    received = convert.reuse_report(store_wire.report_request(NAMESPACE, sent))
+    assert (received.num_hit_tokens, received.num_approximate_hit_tokens) == (7, 5)
+    old = store_wire.report_request(NAMESPACE, sent)
+    old.ClearField("num_approximate_hit_tokens")  # what a client before the field sends
+    received = convert.reuse_report(pb.ReportReuseRequest.FromString(old.SerializeToString()))
+    assert (received.num_approximate_hit_tokens, received.num_exact_hit_tokens) == (0, 7)
+    bad = store_wire.report_request(NAMESPACE, sent)
+    bad.num_approximate_hit_tokens = 8  # more than the 7 reused
+    with pytest.raises(InvalidRequest, match="approximate"):
+        convert.reuse_report(bad)
 
 
 def test_store_client_sends_reports_in_the_background(sidecar: SidecarProcess) -> None:

@@ -30,6 +30,7 @@ def make_summary(i: int) -> SegmentSummary:
         payload_nbytes=4096 * (i + 1),
         created_at_s=1_700_000_000.0 + i,
         ttl_s=None if i % 2 else 3600.0,
+        exact=i % 3 != 2,  # every third off the exact chain
     )
 
 
@@ -64,6 +65,7 @@ def make_source(num_segments: int = 3) -> FakeSource:
                 num_misses=1,
                 num_prompt_tokens=400,
                 hit_tokens={"grpc": 300},
+                num_approximate_hit_tokens=100,
             ),
             "tenant-b": NamespaceStats(),
         },
@@ -129,6 +131,9 @@ def test_stats_of_all_namespaces_and_of_one() -> None:
         "num_hit_tokens": 300,
         "hit_rate": 0.75,  # the token hit rate
         "hit_tokens_by_source": {"local": 0, "in_place": 0, "grpc": 300},
+        "num_approximate_hit_tokens": 100,  # of the 300: apart from the exact ones
+        "num_exact_hit_tokens": 200,
+        "exact_hit_rate": 0.5,
         "num_calls": 0,
         "num_evictions": 0,
         "num_refused_puts": 0,
@@ -163,6 +168,7 @@ def test_segment_listing_returns_summaries() -> None:
     assert first["boundary_layers"] == [10, 20]
     assert first["layer_end"] == 30
     assert first["ttl_s"] == 3600.0
+    assert [s["exact"] for s in page["segments"]] == [True, True, False]  # off-chain shown
 
 
 def test_paging_visits_every_segment_exactly_once() -> None:

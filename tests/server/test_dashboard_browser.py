@@ -45,7 +45,8 @@ def make_segment(namespace: str, tokens: tuple[int, ...], nbytes: int) -> tuple[
 
 def fill(target: str, namespace: str, num_segments: int, hits: int, misses: int) -> None:
     """`num_segments` 8-token segments; `hits` calls of 16 prompt tokens that reuse 8 of them
-    (read over gRPC, then locally, in turn), `misses` that reuse none: what workers report."""
+    (read over gRPC, locally and in place, in turn; every third approximate), `misses` that
+    reuse none: what workers report."""
     with StoreClient(target, namespace, token=TOKEN) as client:
         metas = []
         for i in range(num_segments):
@@ -56,7 +57,8 @@ def fill(target: str, namespace: str, num_segments: int, hits: int, misses: int)
             meta = metas[i % num_segments]
             client.lookup_prefix(FINGERPRINT, [*meta.token_ids, *[9999] * 8])
             client.get_segment(meta.segment_id)
-            client.report_reuse(16, [ReusedRun(8, ("grpc", "local")[i % 2], meta.context_key)])
+            served = ("grpc", "local", "in_place")[i % 3]
+            client.report_reuse(16, [ReusedRun(8, served, meta.context_key, exact=i % 3 != 1)])
         for _ in range(misses):
             client.lookup_prefix(FINGERPRINT, [7777] * 16)
             client.report_reuse(16)
@@ -83,7 +85,8 @@ def rendered_rows(page) -> dict[str, dict[str, str]]:
             stored: r.querySelector('[data-field=stored_bytes]').textContent,
             stored_bytes: r.querySelector('[data-field=stored_bytes]').dataset.value,
             hit_rate: r.querySelector('[data-field=hit_rate]').textContent,
-            tokens: r.querySelector('[data-field=tokens]').textContent}]))""",
+            tokens: r.querySelector('[data-field=tokens]').textContent,
+            approximate: r.querySelector('[data-field=approximate_tokens]').textContent}]))""",
     )
 
 
@@ -95,6 +98,7 @@ def expected_rows(store: EmbeddedStore) -> dict[str, dict[str, str]]:
             "stored_bytes": str(row["stored_bytes"]),
             "hit_rate": f"{100 * row['hit_rate']:.1f}%",
             "tokens": f"{row['num_hit_tokens']} / {row['num_requested_tokens']}",
+            "approximate": str(row["num_approximate_hit_tokens"]),
         }
         for ns, row in stats(store).items()
     }
@@ -118,6 +122,7 @@ def test_the_dashboard_shows_what_v1_stats_says_and_refreshes(
         first = rendered_rows(page)
         assert first == expected_rows(sidecar)
         assert first["team-a"]["hit_rate"] == "37.5%" and first["team-b"]["hit_rate"] == "50.0%"
+        assert first["team-a"]["approximate"] == "16"  # calls 1 and 4 of six: 8 tokens each
 
         fill(sidecar.target, "team-b", num_segments=3, hits=6, misses=4)  # the page refreshes
         page.wait_for_function(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -55,6 +56,18 @@ def scrape(store: EmbeddedStore) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 
 def sample(metrics: dict, name: str, **labels: str) -> float:
     return metrics[name, tuple(sorted(labels.items()))]
+
+
+def field(panels: str, name: str) -> list[str]:
+    """The text of every dashboard cell of `data-field` `name`."""
+    return re.findall(rf'data-field="{name}"[^>]*>([^<]*)<', panels)
+
+
+def tier_cells(panels: str, tier: str) -> list[str]:
+    """The numeric cells of the tiers panel's row of `tier`."""
+    row = re.search(rf'<tr data-tier="{tier}">(.*?)</tr>', panels)
+    assert row is not None, panels
+    return re.findall(r'<td class="num"[^>]*>([^<]*)</td>', row.group(1))
 
 
 @pytest.fixture
@@ -147,6 +160,8 @@ def test_token_hit_rate_is_what_workers_reported_everywhere(sidecar: EmbeddedSto
                 ReusedRun(4, "in_place", stored.context_key),
                 ReusedRun(3, "grpc"),
                 ReusedRun(2, "local", unknown.context_key),
+                # the same tokens computed after another prefix, moved here: approximate
+                ReusedRun(2, "in_place", stored.context_key, exact=False),
             ],
         )
         client.report_reuse(6)  # a call that reused nothing
@@ -155,16 +170,27 @@ def test_token_hit_rate_is_what_workers_reported_everywhere(sidecar: EmbeddedSto
     metrics = scrape(sidecar)
     assert sample(metrics, "kvsplice_prompt_tokens_total") == 28
     hit = {s: sample(metrics, "kvsplice_hit_tokens_total", served=s) for s in SERVED}
-    assert hit == {"local": 6, "in_place": 4, "grpc": 3}
+    assert hit == {"local": 6, "in_place": 6, "grpc": 3}
+    assert sample(metrics, "kvsplice_approximate_hit_tokens_total") == 2  # of the 15, not all
     assert sample(metrics, "kvsplice_reported_calls_total") == 3
     assert sample(metrics, "kvsplice_lookup_queried_tokens_total") == 8
     (row,) = httpx.get(f"{sidecar.admin_url}/v1/stats").json()["namespaces"]
-    assert (row["num_requested_tokens"], row["num_hit_tokens"], row["num_calls"]) == (28, 13, 3)
+    assert (row["num_requested_tokens"], row["num_hit_tokens"], row["num_calls"]) == (28, 15, 3)
+    assert (row["num_approximate_hit_tokens"], row["num_exact_hit_tokens"]) == (2, 13)
     assert row["hit_tokens_by_source"] == hit
-    assert row["hit_rate"] == pytest.approx(13 / 28)
-    top = httpx.get(f"{sidecar.admin_url}/dashboard/panels").text.split('id="top"')[1]
+    assert row["hit_rate"] == pytest.approx(15 / 28)
+    assert row["exact_hit_rate"] == pytest.approx(13 / 28)
+    panels = httpx.get(f"{sidecar.admin_url}/dashboard/panels").text
+    top = panels.split('id="top"')[1]
     assert stored.segment_id in top and unknown.segment_id not in top
-    assert "13 / 28" in httpx.get(f"{sidecar.admin_url}/dashboard/panels").text
+    # read locally once and in place twice: the sidecar served none of those reads itself
+    assert re.search(rf"{stored.segment_id}</code></td>(<td[^>]*>[^<]*</td>){{2}}"
+                     r'<td class="num">3</td>', top)  # fmt: skip
+    assert "15 / 28" in panels
+    assert field(panels, "approximate_tokens") == ["2"]
+    assert field(panels, "exact_hit_rate") == [f"{100 * 13 / 28:.1f}%"]
+    # the LMDB map was read in place twice (reported); the memory tier cannot be
+    assert tier_cells(panels, "lmdb")[-1] == "2" and tier_cells(panels, "memory")[-1] == "-"
 
 
 def test_build_info_and_process_metrics(sidecar: EmbeddedStore) -> None:

@@ -90,6 +90,12 @@ def test_naive_reuses_more_than_exact_and_stores_question_base_once(
         engine = make_store_engine(loaded, mode, store_target, f"policies-more-{mode}")
         calls = [call for q in QUESTIONS for call in run_two_agents(engine, q)]
         reused[mode] = sum(outcome.num_reused_tokens for _, outcome in calls)
+        approximate = sum(r.num_tokens for _, o in calls for r in o.reused if not r.exact)
+        assert engine.store is not None and engine.store.flush_reports()
+        stats = engine.store.stats()  # the sidecar counts approximate tokens apart
+        assert stats is not None and stats.num_hit_tokens == reused[mode]
+        assert stats.num_approximate_hit_tokens == approximate
+        assert (approximate > 0) == (mode == "naive")  # exact reuse never counts as approximate
         if mode == "naive":
             first, second = calls[0][1], calls[1][1]
             assert first.timings.base_prefill_s > 0 and second.timings.base_prefill_s == 0

@@ -472,6 +472,7 @@ def test_past_the_fence_chunks_are_saved_off_chain_after_the_exact_part_s_tail()
     on_chain = {link.key for link in chunk_links(FINGERPRINT, request.all_token_ids, BLOCK)}
     on_chain |= {link.key for link in chunk_links(FINGERPRINT, request.all_token_ids, chunk)}
     assert not {s.key for s in saves[1:]} & on_chain
+    assert [s.exact for s in saves] == [True, False, False, False]  # what `ls` shows
 
     side.absorb(WorkerNews(failed=[(s.namespace, s.key) for s in saves]))  # not stored
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", saves[0].namespace, 12)]))

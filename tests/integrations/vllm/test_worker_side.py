@@ -36,6 +36,16 @@ from kvsplice.integrations.vllm.transfer_specs import LoadSpec, StoredPiece
 from kvsplice.integrations.vllm.worker_side import WorkerSide
 
 
+def test_an_off_chain_chunk_is_stored_as_not_exact() -> None:
+    """Its meta says so: `kvsplice ls` marks it off-chain."""
+    store = FakeStore()
+    writer = make_worker(store, seed=1)
+    writer.save(replace(save_spec("w", 0, (0, 1, 2)), exact=False), 0)
+    writer.save(save_spec("w", 1, (0, 1, 2)), 0)
+    assert writer.putter.flush()
+    assert sorted(meta.exact for meta, _ in store.segments.values()) == [False, True]
+
+
 def test_a_load_writes_the_stored_blocks_bit_exact() -> None:
     store = FakeStore()
     writer = store_three_chunks(store)
@@ -203,6 +213,28 @@ def test_approximate_runs_land_moved_to_their_new_positions() -> None:
     assert torch.equal(mine_v, theirs_v)
     assert torch.allclose(mine_k, rope.shift_layers(theirs_k, 4), atol=1e-6)
     assert not torch.allclose(mine_k, theirs_k)  # moved, not copied
+
+
+def test_the_report_names_each_segment_read_and_sets_approximate_tokens_apart() -> None:
+    """An exact piece, then another chunk's tokens moved there: both reads of their segments
+    (the sidecar's dashboard counts them), the moved run reported approximate."""
+    from kvsplice.common.reuse_report import ReusedRun
+    from kvsplice.integrations.vllm.span_cover import ReusedSpan
+    from kvsplice.integrations.vllm.transfer_specs import RequestStart
+    from kvsplice.kvmath.rope import RopeSpec
+
+    store = FakeStore()
+    store_three_chunks(store)
+    reader = make_worker(store, seed=None, rope=RopeSpec.uniform(DIM, 10_000.0, LAYERS))
+    links = chunk_links(FINGERPRINT, TOKENS, BLOCK)
+    piece = StoredPiece(links[0].key.hex(), 0, 4, links[0].parent_key)
+    span = ReusedSpan(links[2].key.hex(), 4, 4, 0, 8)  # chunk 2 (positions 8..12) at 4..8
+    tokens = TOKENS[0:4] + TOKENS[8:12]
+    spec = LoadSpec("r", NS, FINGERPRINT, 0, 8, (5, 6), tokens, (piece,), spans=(span,))
+    assert reader.load(spec) == set()
+    reader.report(RequestStart("r", NS, 10))
+    exact, moved = ReusedRun(4, "grpc", links[0].key), ReusedRun(4, "grpc", links[2].key, False)
+    assert store.reported == [(10, (exact, moved))]
 
 
 def test_an_approximate_run_over_other_tokens_is_refused_and_recomputed() -> None:

@@ -200,6 +200,7 @@ def test_a_gated_request_gets_the_shared_context_moved_and_nobody_else_does(
     engines["b"].complete(earlier, max_tokens=1)  # B's persona, stored by an earlier task
     wait_until_stored(sidecar, NAMESPACE)
     prompt = persona_prompt(transcript, PERSONA_B, user)
+    counted = reported_settled(sidecar)
     gated = engines["b"].complete_with_params(
         prompt, max_tokens=MAX_TOKENS, kv_transfer_params={"kvsplice": {"reuse": "gated"}}
     )
@@ -209,6 +210,12 @@ def test_a_gated_request_gets_the_shared_context_moved_and_nobody_else_does(
     assert report["approximate_tokens"] >= 0.6 * len(prompt), report
     assert len(gated.token_ids) == MAX_TOKENS
     wait_until_stored(sidecar, NAMESPACE)  # what it saved past its fence, off-chain
+    # what an operator sees: the sidecar counts the approximate tokens apart from the exact
+    gated_counted = reported_settled(sidecar, calls=counted["num_calls"] + 1)
+    grown = {k: gated_counted[k] - counted[k] for k in counted}
+    assert grown["num_approximate_hit_tokens"] == report["approximate_tokens"], grown
+    assert grown["num_exact_hit_tokens"] == report["exact_tokens"], grown
+    assert any(not s["exact"] for s in sidecar.segments(NAMESPACE))  # `ls`: off-chain
 
     before = engines["b"].counters()
     plain = engines["b"].complete(prompt, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
@@ -218,6 +225,36 @@ def test_a_gated_request_gets_the_shared_context_moved_and_nobody_else_does(
     external = _delta(after, before, "vllm:external_prefix_cache_hits_total")
     assert local + external <= report["exact_tokens"]  # never the approximate blocks
     assert plain.token_ids == expected.token_ids
+    plain_counted = reported_settled(sidecar, calls=gated_counted["num_calls"] + 1)
+    assert (
+        plain_counted["num_approximate_hit_tokens"] == gated_counted["num_approximate_hit_tokens"]
+    )  # the request that did not opt in: nothing approximate
+    assert plain_counted["num_exact_hit_tokens"] - gated_counted["num_exact_hit_tokens"] == external
+    sidecar.restart()  # the same counts after a restart on the same LMDB
+    assert reported_settled(sidecar) == plain_counted
+
+
+REPORTED = (
+    "num_calls",
+    "num_requested_tokens",
+    "num_exact_hit_tokens",
+    "num_approximate_hit_tokens",
+)
+
+
+def reported_settled(sidecar: Sidecar, calls: int = 0) -> dict[str, int]:
+    """The namespace's reported counts once they hold `calls` calls and stopped moving
+    (engines flush their reports in the background, about once a second)."""
+    last: dict[str, int] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        row = sidecar.namespace_stats(NAMESPACE)
+        now = {name: row.get(name, 0) for name in REPORTED}
+        if now == last and now["num_calls"] >= calls:
+            return now
+        last = now
+        time.sleep(2.0)
+    raise AssertionError(f"reported counts never settled at {calls} calls: {last}")
 
 
 def test_a_corrupt_record_costs_a_recompute_never_a_wrong_token(
