@@ -24,6 +24,7 @@ class FakeStore:
         self.gone: set[str] = set()
         self.corrupt: set[str] = set()
         self.deleted: list[str] = []
+        self.reported: list[tuple[int, tuple]] = []
         self.counters = SimpleNamespace(num_corrupt_payloads=0, num_degraded_calls=0)
 
     def put_segment(self, meta: object, payload: bytes) -> bool:
@@ -43,7 +44,7 @@ class FakeStore:
         return self.segments.pop(segment_id, None) is not None
 
     def report_reuse(self, num_prompt_tokens: int, runs: object = ()) -> None:
-        return
+        self.reported.append((num_prompt_tokens, tuple(runs)))  # type: ignore[call-overload]
 
     def served_from(self, key: bytes) -> str:
         return "grpc"
