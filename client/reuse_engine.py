@@ -33,8 +33,7 @@ from kvsplice.client.modes.admission import AdmissionPolicy, default_policy
 from kvsplice.client.modes.base import CallContext, ReusePolicy, SpannedPrompt, StoreContext
 from kvsplice.client.modes.registry import CHAIN_ONLY_MODES
 from kvsplice.client.tiers.local_tier import LocalTier
-from kvsplice.client.tiers.segment_io import DirectPuts
-from kvsplice.client.tiers.segment_writer import SegmentWriter
+from kvsplice.client.tiers.segment_io import DirectPuts, SegmentWriter
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.kvmath import cpu_decode
 from kvsplice.kvmath.quant import QUANT_SCHEMES

@@ -2,7 +2,7 @@
 
 Protobuf stops here. A malformed message raises `InvalidRequest`; a payload stream
 whose bytes disagree with its header raises `CorruptPayload`. Payload chunks may
-also travel as `proto.chunk_frames` (`parse_put_request`, `segment_frames`).
+also travel as `proto.segment_stream` (`parse_put_request`, `segment_frames`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from kvsplice.common.reuse_report import MAX_REPORTED_SEGMENTS, SERVED, ReuseRep
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
 from kvsplice.index.similarity_index import SimilarMatch
-from kvsplice.proto import segment_header
+from kvsplice.proto import segment_stream
 from kvsplice.proto import store_pb2 as pb
-from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
-from kvsplice.proto.segment_header import meta_to_header
+from kvsplice.proto.segment_stream import chunk_view, encode_chunk, meta_to_header
 from kvsplice.server.anchor_service import AnchorRecord, AnchorWrite
 from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
@@ -35,7 +34,7 @@ _SEGMENT_REF_FIELDS = tuple(pb.SegmentRef.DESCRIPTOR.fields_by_name)
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
     """The header as `SegmentMeta` (created_at_s is the server's to set, so it is dropped)."""
     try:
-        return segment_header.header_to_meta(header, keep_created_at=False)
+        return segment_stream.header_to_meta(header, keep_created_at=False)
     except ValueError as error:
         raise InvalidRequest(f"bad segment header: {error}") from error
 

@@ -245,7 +245,7 @@ async def _offloaded(nbytes: int | None, function: Callable[..., T], *args: Any)
 
 def add_to_server(servicer: SegmentStoreServicer, server: aio.Server) -> None:
     """Register `servicer` like `store_pb2_grpc.add_SegmentStoreServicer_to_server`, except
-    that PutSegment/GetSegment payload chunks skip protobuf objects (`proto.chunk_frames`).
+    that PutSegment/GetSegment payload chunks skip protobuf objects (`proto.segment_stream`).
 
     NOTE: the bytes on the wire are the same; a multi-MiB chunk just avoids protobuf's
     copies into fresh pages (~20 ms per 8 MiB and direction on a loaded 2-core host).

@@ -2,7 +2,7 @@
 
 Builds requests, chunks payloads, turns responses into `results` records, and
 verifies a segment read back (length and xxh3-64 against its header). Payload chunks
-travel as `proto.chunk_frames`, not as protobuf objects (see `PUT_SEGMENT`).
+travel as `proto.segment_stream`, not as protobuf objects (see `PUT_SEGMENT`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from kvsplice.common.errors import CorruptPayload, InvalidRequest
 from kvsplice.common.keys import KEY_NBYTES
 from kvsplice.common.reuse_report import ReuseReport
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.proto import segment_header
+from kvsplice.proto import segment_stream
 from kvsplice.proto import store_pb2 as pb
-from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
-from kvsplice.proto.segment_header import meta_to_header
+from kvsplice.proto.segment_stream import chunk_view, encode_chunk, meta_to_header
 from kvsplice.storeclient.results import (
     AnchorEntry,
     DataPlaneInfo,
@@ -57,7 +56,7 @@ def with_payload_digest(meta: SegmentMeta, payload: bytes) -> SegmentMeta:
 def header_to_meta(header: pb.SegmentHeader) -> SegmentMeta:
     """The server's header as `SegmentMeta`; a malformed one is a corrupt reply."""
     try:
-        return segment_header.header_to_meta(header, keep_created_at=True)
+        return segment_stream.header_to_meta(header, keep_created_at=True)
     except ValueError as error:
         raise CorruptPayload(f"segment header from the store is malformed: {error}") from error
 

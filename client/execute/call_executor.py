@@ -40,7 +40,7 @@ from kvsplice.client.model.hf_cache import (
     install_layers,
     read_layers,
 )
-from kvsplice.client.model.lm_head import fp32_head
+from kvsplice.client.model.models import fp32_head
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.fused_decode import PinnedStaging, decode_into
@@ -59,7 +59,7 @@ class CallExecutor:
         self._layout = layout
         self._rope = rope
         self._staging = PinnedStaging()  # carries int8 payload bytes to a GPU model
-        self._head = fp32_head(model)  # every logit read in float32 (`lm_head`)
+        self._head = fp32_head(model)  # every logit read in float32 (`models.fp32_head`)
         self.num_layers = layout.num_layers
 
     @property

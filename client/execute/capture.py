@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, read_layers
-from kvsplice.client.model.lm_head import fp32_head
+from kvsplice.client.model.models import fp32_head
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from kvsplice.client.model.lm_head import fp32_head
+from kvsplice.client.model.models import fp32_head
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class DecoderAdapter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden], the residual stream after the last layer -> [N, V] float32.
 
-        The model's final norm, then its LM head in float32 (`lm_head`), as the call
+        The model's final norm, then its LM head in float32 (`models.fp32_head`), as the call
         executor's forward reads every other logit.
         """
         return fp32_head(self.model)(self.model.get_decoder().norm(hidden))

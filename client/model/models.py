@@ -1,7 +1,12 @@
 """Loading the worker's model: a packaged GGUF (SmolLM2, Qwen2.5-Coder) or any local HF directory.
 
 Owns the one-time GGUF -> safetensors conversion and the `LoadedModel` bundle (model,
-tokenizer, fingerprint, KV layout, RoPE spec). Where a packaged model's GGUF lies is
+tokenizer, fingerprint, KV layout, RoPE spec) and the model's LM head in float32 that every
+logit the client reads goes through (`fp32_head`, built once per model object, whatever
+the weights' dtype: a bf16 head rounds logits near 16 to steps of 0.0625, so a judge reads
+ties and two computations of one prompt, a prefill or a reused prefix plus the rest, round
+to different sides of a step; Gemma-style final soft-capping applied as the model's
+`*ForCausalLM.forward` applies it). Where a packaged model's GGUF lies is
 `packaged_models`', where its converted copy lies `model_cache`'. It never touches a model
 hub and never reads environment variables (the CLI does).
 """
@@ -13,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,3 +198,34 @@ def model_directory(config: ModelConfig) -> Path:
     """The local HF directory of `config.source` (converting the bundled GGUF once): what an
     engine such as vLLM is pointed at."""
     return _resolve_model_dir(config)
+
+
+class Fp32Head:
+    """`model`'s output embedding as float32 tensors (a copy only when its dtype is not)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        head = model.get_output_embeddings()
+        weight = head.weight.detach()
+        bias = getattr(head, "bias", None)
+        self.weight = weight if weight.dtype == torch.float32 else weight.float()
+        self.bias = None if bias is None else bias.detach().float()
+        config = model.config.get_text_config(decoder=True)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    def __call__(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed: [..., hidden], after the final norm -> [..., V] float32 logits."""
+        logits = torch.nn.functional.linear(normed.float(), self.weight, self.bias)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+_HEADS: weakref.WeakKeyDictionary[PreTrainedModel, Fp32Head] = weakref.WeakKeyDictionary()
+
+
+def fp32_head(model: PreTrainedModel) -> Fp32Head:
+    """The model's float32 head, built once per model object."""
+    head = _HEADS.get(model)
+    if head is None:
+        head = _HEADS[model] = Fp32Head(model)
+    return head

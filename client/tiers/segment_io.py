@@ -1,29 +1,39 @@
 """Store ⇄ tensors: fetch-and-verify a segment, build the meta of a span and put it.
 
 Owns the conversions between K/V and what the store holds (payload bytes plus
-`SegmentMeta`: fetched K/V stay in stored form until a splice writes them), the off-chain key of approximate K/V, and
-storing a call's segments before the caller goes on (`DirectPuts`, in chain order
-until one fails, each stored one kept in the worker's local tier; `SegmentSink`: what
-takes a call's records, this or the background `SegmentWriter`). It decides nothing
-about reuse or what a call stores; the store client owns transport and retries.
+`SegmentMeta`: fetched K/V stay in stored form until a splice writes them), the off-chain
+key of approximate K/V, and the two ways a call's segments get stored (`SegmentSink`):
+before the caller goes on (`DirectPuts`, in chain order until one fails, each stored one
+kept in the worker's local tier), or off the critical path (`SegmentWriter`: a bounded
+queue and one writer thread that encodes and puts them in order while the next call
+runs; a batch stops at its first failed put, since the segments after it would hang off a
+missing link of the key chain; every segment is counted as stored or failed, a full
+queue blocks the submitter rather than dropping work; with a `LocalTier` each segment is
+held there as pending from submission, confirmed when acked, dropped when it fails; while
+the engine prefills (`paused()`) the thread starts no new put, since encoding competes
+with the prefill for the same cores). It decides nothing about reuse or what a call
+stores; the store client owns transport and retries.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 from kvsplice.client.execute.execution import CallTimings, timed
 from kvsplice.client.tiers.local_tier import LocalTier
-from kvsplice.common.errors import CorruptPayload, ResourceExhausted
+from kvsplice.common.errors import CorruptPayload, KvspliceError, ResourceExhausted
 from kvsplice.common.keys import content_key, context_key
 from kvsplice.common.segment import MAX_LEFT_TAIL, SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import StoredKV, decode_stored, encode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.storeclient.client import StoreClient
+from kvsplice.storeclient.put_queue import PutQueue
 
 logger = logging.getLogger(__name__)
 
@@ -166,4 +176,101 @@ class DirectPuts:
             return False
         if stored:
             self.local.put(meta, record.kv)
+        return stored
+
+
+# One call's segments, in chain order.
+Batch = list[tuple[SegmentMeta, SpanRecord]]
+
+
+@dataclass
+class WriterCounters:
+    """Segments by outcome; `num_batches` calls submitted."""
+
+    num_batches: int = 0
+    num_stored: int = 0
+    num_failed: int = 0
+
+
+class SegmentWriter:
+    """Puts submitted batches in order on one daemon thread. `close()` drains it first."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        *,
+        fingerprint: str,
+        quant: str,
+        local: LocalTier | None = None,
+        max_queued_batches: int = 16,
+    ) -> None:
+        if max_queued_batches < 1:
+            raise ValueError(f"max_queued_batches {max_queued_batches} must be >= 1")
+        self._store, self._fingerprint, self._quant, self._local = store, fingerprint, quant, local
+        self.counters = WriterCounters()
+        self._may_put = threading.Event()
+        self._may_put.set()
+        self._puts: PutQueue[Batch] = PutQueue(
+            self._put_batch, max_queued_batches, name="kvsplice-writer"
+        )
+
+    def submit(self, records: Sequence[SpanRecord]) -> list[SegmentMeta]:
+        """Queue `records` (one call's, in chain order); returns their metas. Blocks when full."""
+        if not self._puts.running:
+            raise RuntimeError("the segment writer is closed")
+        metas = [
+            span_meta(self._store.namespace, r, fingerprint=self._fingerprint) for r in records
+        ]
+        if self._local is not None:
+            for meta, record in zip(metas, records, strict=True):
+                self._local.put(meta, record.kv, pending=True)
+        if records:
+            self.counters.num_batches += 1
+            self._puts.put(list(zip(metas, records, strict=True)))
+        return metas
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No new put starts inside the `with` (one already sending finishes)."""
+        self._may_put.clear()
+        try:
+            yield
+        finally:
+            self._may_put.set()
+
+    def flush(self) -> None:
+        """Return once every batch submitted so far has been put (or has failed)."""
+        self._puts.flush()
+
+    def close(self) -> None:
+        """Put what is queued, then stop the thread."""
+        self._puts.close()
+
+    def _put_batch(self, batch: Batch) -> None:
+        for index, (meta, record) in enumerate(batch):
+            self._may_put.wait()
+            if self._put(meta, record):
+                self.counters.num_stored += 1
+                if self._local is not None:
+                    self._local.confirm(meta.context_key)
+                continue
+            failed = batch[index:]
+            self.counters.num_failed += len(failed)
+            logger.warning("%d of %d segments of a call not stored", len(failed), len(batch))
+            if self._local is not None:
+                for lost, _ in failed:
+                    self._local.invalidate(lost.context_key)
+            return
+
+    def _put(self, meta: SegmentMeta, record: SpanRecord) -> bool:
+        start_s = time.perf_counter()
+        try:
+            stored = put_meta(self._store, meta, record.kv, quant=self._quant)
+        except KvspliceError as error:  # a full store costs later hits, never a call
+            logger.warning("segment %s not stored: %s", meta.segment_id, error)
+            return False
+        except Exception:  # the thread must outlive any one put; the failure is counted
+            logger.exception("segment %s not stored", meta.segment_id)
+            return False
+        logger.debug("put %s in %.1f ms", meta.segment_id, (time.perf_counter() - start_s) * 1e3)
         return stored

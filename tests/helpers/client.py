@@ -14,7 +14,7 @@ from helpers.text import CharTokenizer
 from kvsplice.client.model.models import LoadedModel, bundle_model
 from kvsplice.client.modes.base import ReusePolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.client.tiers.segment_writer import SegmentWriter
+from kvsplice.client.tiers.segment_io import SegmentWriter
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storeclient.client import StoreClient
 

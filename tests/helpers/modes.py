@@ -65,6 +65,13 @@ def make_ids(num_tokens: int, seed: int) -> tuple[int, ...]:
     return tuple(torch.randint(0, VOCAB, (num_tokens,), generator=generator).tolist())
 
 
+# One prompt the approximate-mode oracles share: a left context, a chunk reused from another
+# context, a tail; the chunk spans [START, END).
+LEFT, CHUNK, TAIL = make_ids(8, 21), make_ids(12, 23), make_ids(4, 24)
+IDS = (*LEFT, *CHUNK, *TAIL)
+START, END = len(LEFT), len(LEFT) + len(CHUNK)
+
+
 def dense_logits(model: LlamaForCausalLM, ids: Sequence[int]) -> torch.Tensor:
     """The model's own forward over `ids`: last-token logits [V] float32."""
     with torch.inference_mode():
@@ -145,3 +152,9 @@ class AgentScene:
 
 def make_scene(model: LlamaForCausalLM) -> AgentScene:
     return AgentScene(model, make_rope(model), make_ids(6, 11), make_ids(5, 12), make_ids(3, 13))
+
+
+def foreign_chunk(model: LlamaForCausalLM) -> SegmentKV:
+    """`CHUNK`'s K/V captured after another left context (what a chunk cache holds)."""
+    other = make_ids(5, 22)
+    return capture(model, (*other, *CHUNK), len(other), len(other) + len(CHUNK))

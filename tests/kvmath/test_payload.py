@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 
 from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, LayoutMismatch
 from kvsplice.kvmath.payload import (
+    MAX_HEADER_NBYTES,
+    PREFIX,
     SECTION_ALIGN,
+    PayloadHeader,
     decode_payload,
     encode_payload,
     payload_sections,
     read_payload_header,
 )
-from kvsplice.kvmath.payload_header import MAX_HEADER_NBYTES, PREFIX, PayloadHeader
 from kvsplice.kvmath.quant import SCALE_FLOOR
 from kvsplice.kvmath.segment_kv import SegmentKV
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvsplice.proto import store_pb2 as pb
-from kvsplice.proto.chunk_frames import chunk_view, encode_chunk
+from kvsplice.proto.segment_stream import chunk_view, encode_chunk
 
 CHUNK_MESSAGES = (pb.PutSegmentRequest, pb.GetSegmentResponse)
 # Lengths around every varint width change (1, 2, 3 and 4 length bytes).

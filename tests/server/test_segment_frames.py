@@ -18,7 +18,7 @@ from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
-from kvsplice.proto.chunk_frames import encode_chunk
+from kvsplice.proto.segment_stream import encode_chunk
 from kvsplice.server import convert
 from kvsplice.server.anchor_service import AnchorService
 from kvsplice.server.config import SegmentServiceConfig

@@ -34,8 +34,7 @@ from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
 from kvsplice.client.model.hf_cache import cache_kwarg, full_length_cache, truncate
-from kvsplice.client.model.lm_head import fp32_head
-from kvsplice.client.model.models import LoadedModel
+from kvsplice.client.model.models import LoadedModel, fp32_head
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.eval.bench.core.counts import CallCounts, count_call
 from kvsplice.eval.measure.machine_load import busy_machine_warning, load_average, warn_if_busy

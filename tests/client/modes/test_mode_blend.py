@@ -8,10 +8,13 @@ import pytest
 import torch
 from helpers.modes import (
     ATOL,
+    END,
+    IDS,
+    START,
     capture,
     dense_logits,
+    foreign_chunk,
     full_reuse_span,
-    make_ids,
     make_llama,
     make_rope,
     plan_with,
@@ -30,17 +33,6 @@ from kvsplice.client.modes.shared import (
     num_selected,
     token_deviation,
 )
-from kvsplice.kvmath.segment_kv import SegmentKV
-
-LEFT, CHUNK, TAIL = make_ids(8, 21), make_ids(12, 23), make_ids(4, 24)
-IDS = (*LEFT, *CHUNK, *TAIL)
-START, END = len(LEFT), len(LEFT) + len(CHUNK)
-
-
-def foreign_chunk(model: LlamaForCausalLM) -> SegmentKV:
-    """The chunk's K/V captured after another left context (what a chunk cache holds)."""
-    other = make_ids(5, 22)
-    return capture(model, (*other, *CHUNK), len(other), len(other) + len(CHUNK))
 
 
 def run_blend(model: LlamaForCausalLM, params: Params) -> LayerwiseResult:

@@ -8,9 +8,14 @@ import pytest
 import torch
 from helpers.modes import (
     ATOL,
+    CHUNK,
+    END,
+    IDS,
     NUM_LAYERS,
+    START,
     capture,
     dense_logits,
+    foreign_chunk,
     full_reuse_span,
     make_ids,
     make_llama,
@@ -34,10 +39,6 @@ from kvsplice.client.modes.halo import (
 )
 from kvsplice.kvmath.segment_kv import SegmentKV
 
-LEFT, CHUNK, TAIL = make_ids(8, 21), make_ids(12, 23), make_ids(4, 24)
-IDS = (*LEFT, *CHUNK, *TAIL)
-START, END = len(LEFT), len(LEFT) + len(CHUNK)
-
 
 def make_span(start: int = 3, end: int = 9) -> PlanSpan:
     keys = torch.randn(2, 1, end - start, 4, generator=torch.Generator().manual_seed(start))
@@ -46,11 +47,6 @@ def make_span(start: int = 3, end: int = 9) -> PlanSpan:
 
 def naive_plan(model: LlamaForCausalLM, segment: SegmentKV) -> CallPlan:
     return plan_with(IDS, full_reuse_span(segment, START, make_rope(model)))
-
-
-def foreign_chunk(model: LlamaForCausalLM) -> SegmentKV:
-    other = make_ids(5, 22)
-    return capture(model, (*other, *CHUNK), len(other), len(other) + len(CHUNK))
 
 
 def test_halo_split_computes_the_first_h_tokens_and_keeps_the_rest() -> None:

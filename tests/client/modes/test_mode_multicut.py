@@ -6,7 +6,11 @@ import pytest
 import torch
 from helpers.modes import (
     ATOL,
+    CHUNK,
+    END,
+    IDS,
     NUM_LAYERS,
+    START,
     capture,
     dense_logits,
     full_reuse_span,
@@ -32,9 +36,6 @@ from kvsplice.client.modes.multicut import (
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 W = ExactWindow(((0, 0), (2, 4), (4, FULL)))
-LEFT, CHUNK, TAIL = make_ids(8, 21), make_ids(12, 23), make_ids(4, 24)
-IDS = (*LEFT, *CHUNK, *TAIL)
-START, END = len(LEFT), len(LEFT) + len(CHUNK)
 ALL_CUTS = tuple(range(NUM_LAYERS + 1))
 
 

@@ -12,8 +12,7 @@ import torch
 from helpers.store import FINGERPRINT, NAMESPACE
 
 from kvsplice.client.tiers.local_tier import LocalTier
-from kvsplice.client.tiers.segment_io import DirectPuts, SpanRecord
-from kvsplice.client.tiers.segment_writer import SegmentWriter
+from kvsplice.client.tiers.segment_io import DirectPuts, SegmentWriter, SpanRecord
 from kvsplice.common.errors import ResourceExhausted
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import SegmentMeta
