@@ -54,6 +54,9 @@ class _Tracked:
     num_approximate_tokens: int = 0  # loaded from runs computed elsewhere (the last load)
     num_promised_runs: int = 0  # approximate runs the last promise loads
     load_failed: bool = False  # a load of it failed (the worker's news)
+    # NOTE: where its first failed load stopped: never promised past it again (vLLM's
+    # "recompute" asks again; the cached answer would promise the same failing piece)
+    max_promise_tokens: int | None = None
 
 
 class SchedulerSide:
@@ -102,6 +105,8 @@ class SchedulerSide:
         tracked.num_local_tokens = num_computed_tokens
         num_tokens = len(request.all_token_ids)
         cap = (num_tokens - 1) // self.block_size * self.block_size
+        if tracked.max_promise_tokens is not None:
+            cap = min(cap, tracked.max_promise_tokens)
         if self.disabled or tracked.saves is None or cap <= num_computed_tokens:
             return 0  # nothing the sidecar could add: no lookup
         stale = tracked.answer is None or tracked.answer.is_stale(num_tokens)
@@ -227,6 +232,8 @@ class SchedulerSide:
             tracked = self._tracked.get(fault.request_id)
             if tracked is not None:
                 tracked.load_failed = True
+                before = tracked.max_promise_tokens
+                tracked.max_promise_tokens = min(fault.position, before if before is not None else fault.position)
                 if tracked.saves is not None:
                     tracked.saves.rewind(fault.position, tracked.request.all_token_ids)
         if news.disabled and not self.disabled:
