@@ -233,7 +233,9 @@ class SchedulerSide:
             if tracked is not None:
                 tracked.load_failed = True
                 before = tracked.max_promise_tokens
-                tracked.max_promise_tokens = min(fault.position, before if before is not None else fault.position)
+                tracked.max_promise_tokens = min(
+                    fault.position, before if before is not None else fault.position
+                )
                 if tracked.saves is not None:
                     tracked.saves.rewind(fault.position, tracked.request.all_token_ids)
         if news.disabled and not self.disabled:

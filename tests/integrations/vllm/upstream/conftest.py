@@ -27,12 +27,12 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make vllm; make 
 
 from connector_stand_in import stand_in
 from failure_outcomes import check_outcomes, disable_taint
+from failure_plan import ASYNC_LOAD_TESTS, FAULTS, NEGATIVE_CONTROLS, REQUIRED_HOOKS
 from hook_counts import HookCounts
 from kvsplice_behind import KvspliceBehind
 from load_faults import LoadFaults
 from prefix_producer import PrefixProducer
 from vllm.v1.core.sched.scheduler import Scheduler
-from failure_plan import ASYNC_LOAD_TESTS, FAULTS, NEGATIVE_CONTROLS, REQUIRED_HOOKS
 from vllm_unit_tests import RUN, fetched_sdist_root, import_unit_package
 from worker_steps import RUNNERS, WorkerBehind
 
@@ -103,7 +103,9 @@ def session_sidecar() -> Iterator[EmbeddedStore]:
 
 
 @pytest.fixture
-def sidecar(request: pytest.FixtureRequest, session_sidecar: EmbeddedStore) -> Iterator[EmbeddedStore]:
+def sidecar(
+    request: pytest.FixtureRequest, session_sidecar: EmbeddedStore
+) -> Iterator[EmbeddedStore]:
     """The session's sidecar, or one of the test's own where the test kills it."""
     if FAULTS.get(request.node.originalname) != "killed":
         yield session_sidecar
@@ -126,15 +128,23 @@ def kvsplice_for_vllm_helpers(
     if taint == "off":
         disable_taint(monkeypatch)
     kind = FAULTS.get(test_name)
-    faults = None if kind is None else LoadFaults(kind, sidecar, owns_sidecar=sidecar is not session_sidecar)
+    faults = (
+        None
+        if kind is None
+        else LoadFaults(kind, sidecar, owns_sidecar=sidecar is not session_sidecar)
+    )
     behind: list[KvspliceBehind] = []
     stand_ins: list[Any] = []
     producer = PrefixProducer(
         utils.create_scheduler, utils.create_model_runner_output, utils.EOS_TOKEN_ID
     )
     helpers = {
-        "create_vllm_config": _create_vllm_config(utils.create_vllm_config, model_dir, extra, load_async),
-        "create_scheduler": _behind(utils.create_scheduler, behind, faults, stand_ins, model_runner),
+        "create_vllm_config": _create_vllm_config(
+            utils.create_vllm_config, model_dir, extra, load_async
+        ),
+        "create_scheduler": _behind(
+            utils.create_scheduler, behind, faults, stand_ins, model_runner
+        ),
         "create_mock_connector": _stand_in_factory(behind, producer, counts, stand_ins),
         "ExampleConnector": _kvsplice_as_example_connector,
     }
@@ -168,16 +178,26 @@ def _patch_helpers(monkeypatch: pytest.MonkeyPatch, helpers: dict[str, Any]) -> 
         originals[name] = getattr(utils, name)
     for module in _upstream_modules():
         for attr, value in vars(module).items():
-            if attr.startswith(("create_", "make_")) and attr not in originals and module is not utils:
-                pytest.fail(f"{module.__name__} uses utils' {attr}, which conftest.py does not know")
+            if (
+                attr.startswith(("create_", "make_"))
+                and attr not in originals
+                and module is not utils
+            ):
+                pytest.fail(
+                    f"{module.__name__} uses utils' {attr}, which conftest.py does not know"
+                )
             for name, original in originals.items():
                 if value is original and name in helpers:
                     monkeypatch.setattr(module, attr, helpers[name])
         if hasattr(module, "ExampleConnectorMetadata"):
-            monkeypatch.setattr(module, "ExampleConnectorMetadata", helpers["ExampleConnectorMetadata"])
+            monkeypatch.setattr(
+                module, "ExampleConnectorMetadata", helpers["ExampleConnectorMetadata"]
+            )
     lifecycle = vars(UNIT).get("test_kv_connector_lifecycle")
     if lifecycle is not None and not hasattr(lifecycle, "ExampleConnectorMetadata"):
-        pytest.fail("vLLM's lifecycle test no longer uses ExampleConnectorMetadata: adapt conftest.py")
+        pytest.fail(
+            "vLLM's lifecycle test no longer uses ExampleConnectorMetadata: adapt conftest.py"
+        )
 
 
 def _upstream_modules() -> list[ModuleType]:
@@ -188,7 +208,9 @@ def _upstream_modules() -> list[ModuleType]:
     return [utils, *(importlib.import_module(name) for name in names)]
 
 
-def _create_vllm_config(original: Any, model_dir: str, extra: dict[str, str], load_async: str) -> Any:
+def _create_vllm_config(
+    original: Any, model_dir: str, extra: dict[str, str], load_async: str
+) -> Any:
     """vLLM's `create_vllm_config` with KvspliceConnector where a test takes the default
     (NixlConnector), and the sidecar's settings added where it names its own connector."""
 

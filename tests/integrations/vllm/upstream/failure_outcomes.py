@@ -37,7 +37,11 @@ def check_outcomes(
             assert not faults.is_stored(injected.namespace, injected.segment_id), (
                 f"kvsplice left the corrupt piece {injected.segment_id} in the sidecar"
             )
-        good = 0 if injected.kind == "killed" else load.start + injected.index * each.worker.side.paged.block_size
+        good = (
+            0
+            if injected.kind == "killed"
+            else load.start + injected.index * each.worker.side.paged.block_size
+        )
         promised[injected.request_id] = _promised_again(each, producer, load)
         assert promised[injected.request_id] == good, (
             f"after the {injected.kind} piece {injected.index}, kvsplice promises "

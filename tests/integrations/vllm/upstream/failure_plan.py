@@ -53,8 +53,12 @@ REQUIRED_HOOKS: dict[str, tuple[str, ...]] = {
     "test_async_recompute_blocks_not_cached_when_invalid": _NO_FINISH,
     # the no-forward path of the model runner, a worker-role connector only
     "test_kv_connector_mixin_clears_metadata": (
-        "__init__(worker)", "start_load_kv", "wait_for_save", "get_finished",
-        "get_block_ids_with_load_errors", "build_connector_worker_meta",
+        "__init__(worker)",
+        "start_load_kv",
+        "wait_for_save",
+        "get_finished",
+        "get_block_ids_with_load_errors",
+        "build_connector_worker_meta",
     ),
     # vLLM's scheduler refuses block-level errors on a two-group layout before any
     # connector is asked; kvsplice's scheduler half is only built (kvsplice is not HMA)

@@ -205,4 +205,3 @@ def kv_caches_like_vllm(
     else:
         cache = torch.zeros(shape, dtype=model.dtype)
     return {"model.layers.0.self_attn.attn": cache}
-
