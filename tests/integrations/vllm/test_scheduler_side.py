@@ -349,6 +349,24 @@ def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_
     assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 4
 
 
+def test_a_request_whose_load_failed_is_never_promised_past_the_fault_again() -> None:
+    """vLLM's "recompute" asks the connector again for the same request; its cached answer
+    would promise the failing piece again (a sidecar gone: a promise it can never keep)."""
+    prompt = list(range(10, 23))
+    side, _ = make_side(prompt)
+    request = FakeRequest("r", prompt)
+    assert side.num_new_matched_tokens(request, 0) == 12
+    side.after_alloc(request, [7, 3, 9, 1], 12)
+    (load,), _, _ = side.build_step(
+        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
+    )
+    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 8, None)]))  # unreachable
+    assert side.num_new_matched_tokens(request, 0) == 8  # recompute: asked again from 0
+    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 0, None)]))
+    assert side.num_new_matched_tokens(request, 0) == 0
+    assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 12  # its own lookup
+
+
 def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing() -> None:
     prompt = list(range(10, 22))
     side, store = make_side(prompt)
