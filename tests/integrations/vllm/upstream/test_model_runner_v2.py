@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import vllm_kv_connector_unit.utils as utils
+import worker_steps
 from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
@@ -46,5 +47,13 @@ def test_v2_disables_and_captures_around_kvsplice(monkeypatch: Any) -> None:
             "scheduler_output", "request_state_indices", "request_ids", "num_tokens",
         }  # fmt: skip
         assert calls[-1]["request_ids"] == [request.request_id]
+        # a step whose forward built attention metadata: V2 hands it on too
+        scheduler.add_request(utils.create_request(num_tokens=2 * scheduler.block_size))
+        step = scheduler.schedule()
+        with worker.agent():
+            active.pre_forward(step, worker_steps.input_batch(step), attn_metadata={})
+            active.finish_forward()
+            assert active.post_forward(step.finished_req_ids) is not None
+        assert set(calls[-1]) >= {"attn_metadata", "request_ids"}
     finally:
         worker.shutdown()

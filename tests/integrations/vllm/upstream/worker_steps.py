@@ -131,7 +131,7 @@ def _v2_step(
 ) -> KVConnectorOutput:
     """GPUModelRunner.execute_model (V2): pre_forward with the step's InputBatch (no batch:
     `no_forward`), the forward, finish_forward, post_forward."""
-    batch = _input_batch(scheduler_output)
+    batch = input_batch(scheduler_output)
     if batch is None:  # NOTE: an output with nothing in it comes back as no output
         output = active.no_forward(scheduler_output).kv_connector_output or KVConnectorOutput()
     else:
@@ -144,7 +144,8 @@ def _v2_step(
     return output
 
 
-def _input_batch(scheduler_output: SchedulerOutput) -> InputBatch | None:
+def input_batch(scheduler_output: SchedulerOutput) -> InputBatch | None:
+    """V2's batch for the step's scheduled requests (None: nothing scheduled, no forward)."""
     scheduled = scheduler_output.num_scheduled_tokens
     if not scheduled:
         return None
