@@ -23,7 +23,7 @@ from kvsplice.common.errors import (
 from kvsplice.common.keys import KeyChain, chunk_links, off_chain_key, root_key
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
-from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, SaveSpec, WorkerNews
+from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, LoadSpec, SaveSpec, WorkerNews
 from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 FINGERPRINT = "kvfp1-" + "cd" * 16
@@ -329,15 +329,21 @@ def test_a_chunk_counts_as_stored_only_once_the_sidecar_acknowledged_it() -> Non
     assert [s.start for s in saves_of("r4")] == [0, 4]
 
 
-def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_again() -> None:
-    prompt = list(range(10, 23))
+def promised_load(prompt: list[int]) -> tuple[SchedulerSide, FakeRequest, LoadSpec]:
+    """Request "r" for `prompt`, all of it stored but its last token, promised and loading."""
     side, _ = make_side(prompt)
     request = FakeRequest("r", prompt)
     assert side.num_new_matched_tokens(request, 0) == 12
     side.after_alloc(request, [7, 3, 9, 1], 12)
-    (load,), saves, _ = side.build_step(
+    (load,), _, _ = side.build_step(
         Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
     )
+    return side, request, load
+
+
+def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_again() -> None:
+    prompt = list(range(10, 23))
+    side, _, load = promised_load(prompt)
     bad = load.pieces[1]
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 4, bad.segment_id)]))
     assert side.num_faults_seen == 1
@@ -353,13 +359,7 @@ def test_a_request_whose_load_failed_is_never_promised_past_the_fault_again() ->
     """vLLM's "recompute" asks the connector again for the same request; its cached answer
     would promise the failing piece again (a sidecar gone: a promise it can never keep)."""
     prompt = list(range(10, 23))
-    side, _ = make_side(prompt)
-    request = FakeRequest("r", prompt)
-    assert side.num_new_matched_tokens(request, 0) == 12
-    side.after_alloc(request, [7, 3, 9, 1], 12)
-    (load,), _, _ = side.build_step(
-        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
-    )
+    side, request, load = promised_load(prompt)
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 8, None)]))  # unreachable
     assert side.num_new_matched_tokens(request, 0) == 8  # recompute: asked again from 0
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 0, None)]))
