@@ -28,6 +28,7 @@ from kvsplice.common.reuse_report import ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
+from kvsplice.server.session_service import SessionService
 from kvsplice.server.admin_models import SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.reported_reuse import ReportedReuse
@@ -83,6 +84,7 @@ class SegmentService:
         config: SegmentServiceConfig,
     ) -> None:
         self._store = store
+        self.sessions = SessionService(store)
         self._exact = exact
         self._similar = similar
         self.config = config

@@ -17,9 +17,7 @@ from kvsplice.storage.tier import EvictionRelay, StorageTier
 from kvsplice.storage.tiered_store import TieredStore
 
 
-def build_tiered_store(
-    config: StoreConfig, clock: Callable[[], float] = time.time
-) -> TieredStore:
+def build_tiered_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> TieredStore:
     # Only a durable memory tier's evictions remove segments; the store is built
     # after its tiers, so that tier reports through a relay bound below.
     relay = EvictionRelay()

@@ -217,6 +217,12 @@ def rpc_calls(
             ),
             metadata=md,
         ),
+        "RenewSession": lambda s, md: s.RenewSession(
+            pb.SessionRenewRequest(namespace=ns, session_id="s"), metadata=md
+        ),
+        "EndSession": lambda s, md: s.EndSession(
+            pb.SessionEndRequest(namespace=ns, session_id="s"), metadata=md
+        ),
     }
 
 
@@ -243,7 +249,14 @@ def test_every_rpc_aimed_at_another_tenant_is_refused(store: EmbeddedStore) -> N
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
             assert code_of(lambda c=call: c(stub, ())) is grpc.StatusCode.UNAUTHENTICATED, name  # type: ignore[misc]
         reader_calls = rpc_calls(meta.context_key, "team-a")
-        for name in ("PutSegment", "PutAnchor", "Delete", "ReportReuse"):
+        for name in (
+            "PutSegment",
+            "PutAnchor",
+            "Delete",
+            "ReportReuse",
+            "RenewSession",
+            "EndSession",
+        ):
             code = code_of(lambda c=reader_calls[name]: c(stub, metadata("reader")))  # type: ignore[misc]
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
         # bob's segment is intact; bob and the admin read it.
