@@ -28,7 +28,6 @@ from kvsplice.common.reuse_report import ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import ExactIndex, PrefixMatch
 from kvsplice.index.similarity_index import SimilarityIndex, SimilarMatch
-from kvsplice.server.session_service import SessionService
 from kvsplice.server.admin_models import SegmentHits, SegmentSummary
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.reported_reuse import ReportedReuse
@@ -39,6 +38,7 @@ from kvsplice.server.request_checks import (
     check_namespace,
     check_token_ids,
 )
+from kvsplice.server.session_service import SessionService
 from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.pressure import NamespacePressure

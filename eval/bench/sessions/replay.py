@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import chained_meta
-from kvsplice.index.exact_index import ExactIndex
-from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.eval.bench.sessions.config import SessionBenchConfig
 from kvsplice.eval.bench.sessions.trace import TraceRequest
+from kvsplice.index.exact_index import ExactIndex
+from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.server.config import SegmentServiceConfig
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import (

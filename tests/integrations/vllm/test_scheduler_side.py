@@ -40,7 +40,9 @@ class FakeStore:
         default_factory=lambda: SimpleNamespace(num_degraded_calls=0, num_corrupt_payloads=0)
     )
 
-    def lookup_prefix(self, fingerprint: str, token_ids: list[int]) -> PrefixLookup:
+    def lookup_prefix(
+        self, fingerprint: str, token_ids: list[int], session_id: str = ""
+    ) -> PrefixLookup:
         self.lookups.append((self.namespace, len(token_ids)))
         self.roots.append(fingerprint)
         if fingerprint != FINGERPRINT:  # the chain is held under the plain model's root
@@ -244,7 +246,9 @@ class BlockingStore(FakeStore):
         self.release = threading.Event()
         self.error = error
 
-    def lookup_prefix(self, fingerprint: str, token_ids: list[int]) -> PrefixLookup:
+    def lookup_prefix(
+        self, fingerprint: str, token_ids: list[int], session_id: str = ""
+    ) -> PrefixLookup:
         self.release.wait(10)
         if self.error is not None:
             self.lookups.append((self.namespace, len(token_ids)))
