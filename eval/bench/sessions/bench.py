@@ -107,7 +107,12 @@ def trace_summary(
         "duration_s": trace[-1].time_s,
         "pipeline_duration_s_mean": statistics.fmean(end - start for start, end in live),
         "concurrent_pipelines_max": _max_overlap(live),
-        "concurrent_pipelines_mean": _mean_overlap(live),
+        "concurrent_pipelines_mean": _mean_overlap(
+            live, min(e for _, e in live), max(s for s, _ in live)
+        ),
+        "concurrent_pipelines_mean_whole_trace": _mean_overlap(
+            live, min(s for s, _ in live), max(e for _, e in live)
+        ),
         "distinct_kv_bytes": total_kv,
         "kv_over_memory_plus_lmdb": total_kv / (config.memory_bytes + config.lmdb_bytes),
     }
@@ -135,7 +140,8 @@ def _max_overlap(spans: Sequence[tuple[float, float]]) -> int:
     return best
 
 
-def _mean_overlap(spans: Sequence[tuple[float, float]]) -> float:
-    """Pipelines live on average between the first start and the last end."""
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    return sum(end - start for start, end in spans) / max(last - first, 1e-9)
+def _mean_overlap(spans: Sequence[tuple[float, float]], first: float, last: float) -> float:
+    """Pipelines live on average in [first, last]: the steady state from the first end to the
+    last start (the ramps before and after left out), or the whole trace."""
+    covered = sum(max(0.0, min(end, last) - max(start, first)) for start, end in spans)
+    return covered / max(last - first, 1e-9)
