@@ -32,6 +32,7 @@ from kvsplice.server.interceptors import bearer_of
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.request_checks import check_namespace
 from kvsplice.server.segment_service import SegmentService, similar_hit_tokens
+from kvsplice.server.session_service import checked_session
 from kvsplice.server.tenants import Authenticator
 from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.tiered_store import StoredSegment
@@ -93,7 +94,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
             session_ids: list[str] = []
             meta, payload = await convert.receive_segment(
                 request_iterator, admit, self._uploads.idle_timeout_s, self._read_staged,
-                on_header=lambda header: session_ids.append(header.session_id),
+                on_header=lambda header: session_ids.append(checked_session(header.session_id)),
             )  # fmt: skip
             stored = await _offloaded(meta.payload_nbytes, self._segments.write, meta, payload)
         self._segments.index(stored)
@@ -142,13 +143,14 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self, request: pb.LookupPrefixRequest, context: aio.ServicerContext
     ) -> pb.LookupPrefixResponse:
         namespace = self._allow(context, request.namespace)
+        session_id = checked_session(request.session_id)  # refused before any work
         probe = self._segments.lookup_local(namespace, request.model_fingerprint, request.token_ids)
         match = probe.match
         if probe.extendable:
             match = await asyncio.to_thread(self._segments.extend_shared, probe)
         match = self._segments.counted(namespace, match)
-        if request.session_id:
-            self._hold_matched(context, namespace, request.session_id, match.segments)
+        if session_id:
+            self._hold_matched(context, namespace, session_id, match.segments)
         num_queried = len(request.token_ids)
         self._metrics.record_lookup(
             "exact", match.num_matched_tokens > 0, num_queried, match.num_matched_tokens

@@ -25,6 +25,11 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
+def checked_session(session_id: str) -> str:
+    """A request's optional session id: empty (none) or a valid one (else InvalidRequest)."""
+    return session_id and check_session_id(session_id)
+
+
 class SessionService:
     def __init__(self, store: TieredStore) -> None:
         self._store = store

@@ -23,6 +23,8 @@ class Retention(Protocol):
         self, lru_keys: Iterable[bytes], in_scope: Callable[[bytes], bool]
     ) -> Iterable[bytes]: ...
 
+    def touched(self, key: bytes) -> None: ...
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -91,6 +93,8 @@ class Catalog:
 
     def touch(self, key: bytes) -> None:
         entry = self._entries[key]
+        if self.retention is not None:
+            self.retention.touched(key)
         self._entries.move_to_end(key)
         self._namespace_order[entry.meta.namespace].move_to_end(key)
 

@@ -125,6 +125,10 @@ class SessionLeases:
         self._released.pop(key, None)
         self._key_nbytes.pop(key, None)
 
+    def touched(self, key: bytes) -> None:
+        """`key` was used again (by any request): no longer first in line as released."""
+        self._released.pop(key, None)
+
     def is_held(self, key: bytes) -> bool:
         return key in self._holders
 

@@ -52,3 +52,13 @@ def test_renewal_outcomes_come_back_accepted_clipped_or_rejected(embedded) -> No
         assert rejected is not None and rejected.outcome == "rejected"
         with pytest.raises(InvalidRequest):
             client.renew_session("x" * 300)
+
+
+def test_a_bad_session_id_is_refused_before_anything_is_stored(embedded) -> None:
+    ((meta, payload),) = make_chain([(1, 2)])
+    with StoreClient(embedded.target, meta.namespace) as client:
+        with pytest.raises(InvalidRequest):
+            client.put_segment(meta, payload, session_id="bad\nid")
+        with pytest.raises(InvalidRequest):
+            client.lookup_prefix(FINGERPRINT, [1, 2], session_id="x" * 300)
+        assert client.lookup_prefix(FINGERPRINT, [1, 2]).num_matched_tokens == 0

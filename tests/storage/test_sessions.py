@@ -96,6 +96,15 @@ def test_a_forgotten_key_leaves_every_session_and_the_released_line() -> None:
     assert leases.held_nbytes("ns") == 0
 
 
+def test_a_released_key_used_again_goes_back_to_lru_order() -> None:
+    clock = Clock()
+    leases = make_leases(clock)
+    leases.hold(("ns", "s"), [(b"a", 1), (b"b", 1)])
+    leases.end(("ns", "s"))
+    leases.touched(b"b")  # a request without a session read it: the newest in LRU order
+    assert order(leases, [b"x", b"a", b"b"]) == [b"a", b"x", b"b"]
+
+
 def test_a_released_key_held_again_leaves_the_released_line() -> None:
     clock = Clock()
     leases = make_leases(clock)
