@@ -27,7 +27,7 @@ SERVE_FLAGS = (
     "quota-mib", "default-ttl-s", "max-payload-mib", "max-inflight-upload-mib",
     "stream-idle-timeout-s", "chunk-mib", "auth-token", "tenants", "tls-cert", "tls-key",
     "tls-client-ca", "grace-period-s", "lsh-threshold", "lsh-num-perm", "anchor-capacity",
-    "anchor-window", "log-level",
+    "anchor-window", "log-level", "session-lease-s", "session-max-lease-s",
 )  # fmt: skip
 SWITCHES = ("lmdb-sync", "compress", "redis-cluster", "redis-read-replicas")
 
