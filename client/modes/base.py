@@ -88,7 +88,7 @@ class StoreContext(CallContext):
     """A call's context on an engine with a store; code that looks segments up or puts
     them takes this one (without a store there is nothing to find and nowhere to put).
 
-    `local`: the worker's decoded tier (0 bytes: none). `writer`: where `record_call`
+    `local`: the worker's decoded tier (0 bytes: none). `writer`: where `RecordingPolicy`
     hands the call's segments (the engine's `SegmentWriter` thread, or `DirectPuts`).
     """
 
