@@ -120,7 +120,8 @@ def _pieces(
 class RecordingPolicy:
     """Base of the policies: after a call with a store, store what it computed
     (`call_records`) as `store_records` says: by default handed to `ctx.writer` (the
-    engine's writer thread, or `DirectPuts`)."""
+    engine's writer thread, or `DirectPuts`); a policy that stores otherwise overrides
+    only `store_records`."""
 
     def after_call(
         self,
@@ -131,13 +132,15 @@ class RecordingPolicy:
         response_ids: Sequence[int],
     ) -> None:
         if isinstance(ctx, StoreContext):
-            records = call_records(prompt, planned, state, ctx, response_ids)
-            self.store_records(ctx, prompt, records)
+            batch = call_records(prompt, planned, state, ctx, response_ids)
+            self.store_records(ctx, prompt, state, batch)
 
     def store_records(
-        self, ctx: StoreContext, prompt: SpannedPrompt, records: Sequence[SpanRecord]
+        self, ctx: StoreContext, prompt: SpannedPrompt, run: ExecutionState, batch: list[SpanRecord]
     ) -> None:
-        ctx.writer.submit(records)
+        """Store `batch`, the call's records in chain order (`run`: the execution that
+        computed them)."""
+        ctx.writer.submit(batch)
 
 
 class WholeSpanRecordingPolicy(RecordingPolicy):
@@ -146,9 +149,9 @@ class WholeSpanRecordingPolicy(RecordingPolicy):
     (`whole_span_records`), synchronously."""
 
     def store_records(
-        self, ctx: StoreContext, prompt: SpannedPrompt, records: Sequence[SpanRecord]
+        self, ctx: StoreContext, prompt: SpannedPrompt, run: ExecutionState, batch: list[SpanRecord]
     ) -> None:
-        put_records(ctx, whole_span_records(records, prompt.spans))
+        put_records(ctx, whole_span_records(batch, prompt.spans))
 
 
 def whole_span_records(

@@ -39,7 +39,7 @@ RECORDS = [
 def test_a_recording_policy_hands_every_record_to_the_writer() -> None:
     handed: list[SpanRecord] = []
     ctx: Any = SimpleNamespace(writer=SimpleNamespace(submit=handed.extend))
-    ExactPolicy().store_records(ctx, PROMPT, RECORDS)
+    ExactPolicy().store_records(ctx, PROMPT, None, RECORDS)  # type: ignore[arg-type]
     assert handed == RECORDS
 
 
@@ -48,5 +48,5 @@ def test_a_whole_span_policy_puts_all_but_partial_approximate_prompt_pieces(
 ) -> None:
     put: list[SpanRecord] = []
     monkeypatch.setattr(recorder, "put_records", lambda _ctx, records: put.extend(records))
-    BlendPolicy().store_records(None, PROMPT, RECORDS)  # type: ignore[arg-type]
+    BlendPolicy().store_records(None, PROMPT, None, RECORDS)  # type: ignore[arg-type]
     assert put == [RECORDS[0], RECORDS[2], RECORDS[3]]
