@@ -2,7 +2,8 @@
 
 Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
 for faults), so the worker falls back to dense; server faults raise our errors. No torch.
-Reuse reports go out through `reports.ReuseReporter` (a call never waits on the network).
+Reuse reports go out through `common.reuse_report.ReuseReporter` (a call never waits on the
+network).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cachetools import LRUCache
 from kvsplice.common.buffers import BufferPool
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, StoreUnavailable
 from kvsplice.common.namespace_stats import NamespaceStats
-from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_report
+from kvsplice.common.reuse_report import ReusedRun, ReuseReport, ReuseReporter, Served, call_report
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.proto.stats_wire import stats_of
@@ -37,7 +38,6 @@ from kvsplice.storeclient.faults import (
     warn_degraded,
 )
 from kvsplice.storeclient.put_staging import MIN_STAGED_NBYTES, PutStaging
-from kvsplice.storeclient.reports import ReuseReporter
 from kvsplice.storeclient.results import (
     AnchorEntry,
     ClientCounters,
