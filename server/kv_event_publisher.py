@@ -71,7 +71,7 @@ class KvEventPublisher:
         self._log = KvEventLog(config.block_hashes, config.buffer_steps)
         self._changes: queue.SimpleQueue[Change | None] = queue.SimpleQueue()
         self._topic = config.topic.encode()
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._bound(zmq.PUB, config.endpoint)
         self._replay = None
         if config.replay_endpoint is not None:

@@ -64,7 +64,9 @@ def state_after(batches: list[KvEventBatch]) -> set[int | bytes]:
 
 def test_a_block_two_segments_hold_is_removed_with_the_last_of_them() -> None:
     (chunk, _), = engine_chain(1)  # fmt: skip
-    tail = replace(make_meta(range(4), make_payload(256)), engine_block_hashes=chunk.engine_block_hashes[:1])
+    tail = replace(
+        make_meta(range(4), make_payload(256)), engine_block_hashes=chunk.engine_block_hashes[:1]
+    )
     log = KvEventLog("bytes", 100)
     assert [type(e) for e in log.events([Cleared(), Indexed(chunk), Indexed(tail)])] == [
         AllBlocksCleared, BlockStored, BlockStored,
@@ -171,7 +173,7 @@ def replay(endpoint: str, start_seq: int) -> list[tuple[int, KvEventBatch]]:
     req.send_multipart([b"", start_seq.to_bytes(8, "big")])
     batches = []
     while req.poll(2000):
-        _, topic, seq, payload = req.recv_multipart()
+        _, _, seq, payload = req.recv_multipart()
         if not payload:
             assert int.from_bytes(seq, "big", signed=True) == -1
             break
@@ -190,7 +192,7 @@ def test_puts_deletes_and_expiry_reach_subscribers_within_a_second(
     for meta, payload in chain:
         service.put(meta, payload)
     seen: list[KvEventBatch] = []
-    while (got := receive(sub)) is not None and len(state_after(seen + [got[1]])) < 4:
+    while (got := receive(sub)) is not None and len(state_after([*seen, got[1]])) < 4:
         seen.append(got[1])
     assert got is not None
     seen.append(got[1])

@@ -61,7 +61,9 @@ def vllms_event(request: Request) -> BlockStored:
     return event
 
 
-def planned_saves(request: Request, fence_at: int | None = None) -> tuple[SchedulerSide, list[SaveSpec]]:
+def planned_saves(
+    request: Request, fence_at: int | None = None
+) -> tuple[SchedulerSide, list[SaveSpec]]:
     side = SchedulerSide(Clients(), FINGERPRINT, BLOCK, CHUNK, lookup_wait_s=10.0)  # type: ignore[arg-type]
     assert side.num_new_matched_tokens(request, 0) == 0  # a miss: all of it is computed
     if fence_at is not None:
@@ -114,7 +116,9 @@ def test_the_saves_carry_the_same_hashes_to_the_sidecar() -> None:
 @pytest.mark.parametrize("news", ["failed", "unanswered"])
 def test_a_chunk_not_acknowledged_yields_nothing(news: str) -> None:
     side, saves = planned_saves(make_request())
-    side.absorb(WorkerNews(acked=keys(saves[:1]), failed=keys(saves[1:]) if news == "failed" else []))
+    side.absorb(
+        WorkerNews(acked=keys(saves[:1]), failed=keys(saves[1:]) if news == "failed" else [])
+    )
     (event,) = side.events.take()
     assert event.token_ids == PROMPT[:8]
     side.absorb(WorkerNews(acked=keys(saves[1:])))  # a late answer to a failed put: stale
