@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from enum import Enum
 
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.server.kv_event_wire import (
@@ -25,23 +25,14 @@ from kvsplice.server.kv_event_wire import (
 Key = tuple[str, bytes]  # (namespace, context key)
 
 
-@dataclass(frozen=True)
-class Indexed:
-    meta: SegmentMeta
-
-
-@dataclass(frozen=True)
-class Unindexed:
-    namespace: str
-    context_key: bytes
-
-
-@dataclass(frozen=True)
-class Cleared:
+class Cleared(Enum):
     """The index starts empty (a sidecar start): subscribers drop what they held."""
 
+    CLEARED = "cleared"
 
-Change = Indexed | Unindexed | Cleared
+
+# A segment indexed (its meta), one unindexed (its key), or the index emptied.
+Change = SegmentMeta | Key | Cleared
 
 
 class KvEventLog:
@@ -60,10 +51,10 @@ class KvEventLog:
                 self._held.clear()
                 self._holders.clear()
                 events.append(AllBlocksCleared())
-            elif isinstance(change, Indexed):
-                events += self._indexed(change.meta)
+            elif isinstance(change, SegmentMeta):
+                events += self._indexed(change)
             else:
-                events += self._unindexed((change.namespace, change.context_key))
+                events += self._unindexed(change)
         return events
 
     def published(self, payload: bytes) -> int:

@@ -20,7 +20,7 @@ import zmq
 from kvsplice.common.config_flags import flag
 from kvsplice.common.errors import ServeRefused
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.server.kv_event_log import Change, Cleared, Indexed, KvEventLog, Unindexed
+from kvsplice.server.kv_event_log import Change, Cleared, KvEventLog
 from kvsplice.server.kv_event_wire import END_SEQ, HASH_FORMATS, encode_batch, frames
 
 logger = logging.getLogger(__name__)
@@ -82,15 +82,15 @@ class KvEventPublisher:
                 raise
         self.endpoint = _last_endpoint(self._pub)
         self.replay_endpoint = None if self._replay is None else _last_endpoint(self._replay)
-        self._changes.put(Cleared())
+        self._changes.put(Cleared.CLEARED)
         self._thread = threading.Thread(target=self._run, name="kvsplice-kv-events", daemon=True)
         self._thread.start()
 
     def indexed(self, meta: SegmentMeta) -> None:
-        self._changes.put(Indexed(meta))
+        self._changes.put(meta)
 
     def unindexed(self, namespace: str, context_key: bytes) -> None:
-        self._changes.put(Unindexed(namespace, context_key))
+        self._changes.put((namespace, context_key))
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Publish what is queued, then close the sockets."""

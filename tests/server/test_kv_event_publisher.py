@@ -11,11 +11,12 @@ from dataclasses import replace
 import msgspec
 import pytest
 import zmq
+from helpers.kv_event_state import held_after
 from helpers.store import NAMESPACE, make_chain, make_meta, make_payload, make_service
 
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto.segment_stream import header_to_meta, meta_to_header
-from kvsplice.server.kv_event_log import Cleared, Indexed, KvEventLog, Unindexed
+from kvsplice.server.kv_event_log import Cleared, KvEventLog
 from kvsplice.server.kv_event_publisher import KvEventPublisher, KvEventsConfig
 from kvsplice.server.kv_event_wire import (
     AllBlocksCleared,
@@ -46,17 +47,7 @@ def engine_chain(num_chunks: int, seed: int = 1) -> list[tuple[SegmentMeta, byte
 
 
 def state_after(batches: list[KvEventBatch]) -> set[int | bytes]:
-    """The blocks a router holds after applying `batches` in order."""
-    held: set[int | bytes] = set()
-    for batch in batches:
-        for event in batch.events:
-            if isinstance(event, AllBlocksCleared):
-                held.clear()
-            elif isinstance(event, BlockStored):
-                held.update(event.block_hashes)
-            else:
-                held.difference_update(event.block_hashes)
-    return held
+    return held_after(event for batch in batches for event in batch.events)
 
 
 # ---- the log: which events are due -----------------------------------------------------
@@ -68,11 +59,11 @@ def test_a_block_two_segments_hold_is_removed_with_the_last_of_them() -> None:
         make_meta(range(4), make_payload(256)), engine_block_hashes=chunk.engine_block_hashes[:1]
     )
     log = KvEventLog("bytes", 100)
-    assert [type(e) for e in log.events([Cleared(), Indexed(chunk), Indexed(tail)])] == [
+    assert [type(e) for e in log.events([Cleared.CLEARED, chunk, tail])] == [
         AllBlocksCleared, BlockStored, BlockStored,
     ]  # fmt: skip
-    assert log.events([Unindexed(NAMESPACE, tail.context_key)]) == []  # the chunk holds it
-    (removed,) = log.events([Unindexed(NAMESPACE, chunk.context_key)])
+    assert log.events([(NAMESPACE, tail.context_key)]) == []  # the chunk holds it
+    (removed,) = log.events([(NAMESPACE, chunk.context_key)])
     assert isinstance(removed, BlockRemoved)
     assert set(removed.block_hashes) == set(chunk.engine_block_hashes)
     assert log.held_hashes() == set()
@@ -82,13 +73,13 @@ def test_segments_without_engine_blocks_and_repeated_puts_say_nothing() -> None:
     (chunk, _), = engine_chain(1)  # fmt: skip
     plain = make_meta(range(3), make_payload(64))
     log = KvEventLog("int", 100)
-    assert log.events([Indexed(plain), Unindexed(NAMESPACE, plain.context_key)]) == []
-    assert len(log.events([Indexed(chunk), Indexed(chunk)])) == 1
+    assert log.events([plain, (NAMESPACE, plain.context_key)]) == []
+    assert len(log.events([chunk, chunk])) == 1
 
 
 def test_stored_event_fields_match_the_segment() -> None:
     (_, _), (second, _) = engine_chain(2)
-    (event,) = KvEventLog("int", 100).events([Indexed(second)])
+    (event,) = KvEventLog("int", 100).events([second])
     assert isinstance(event, BlockStored)
     assert event.block_hashes == [external_hash(h, "int") for h in second.engine_block_hashes]
     assert event.parent_block_hash == external_hash(second.engine_parent_block_hash, "int")
@@ -102,8 +93,8 @@ def test_replay_is_the_buffer_or_else_a_snapshot_of_what_is_held() -> None:
     chain = engine_chain(3)
     log = KvEventLog("bytes", buffer_steps=2)
     payloads = []
-    for change in [Indexed(chain[0][0]), Indexed(chain[1][0]), Indexed(chain[2][0]),
-                   Unindexed(NAMESPACE, chain[1][0].context_key)]:  # fmt: skip
+    for change in [chain[0][0], chain[1][0], chain[2][0],
+                   (NAMESPACE, chain[1][0].context_key)]:  # fmt: skip
         payload = msgspec.msgpack.encode(KvEventBatch(0.0, log.events([change])))
         payloads.append(payload)
         log.published(payload)

@@ -16,6 +16,7 @@ import httpx
 import msgspec
 import zmq
 from conftest import NAMESPACE, KvEventEndpoints
+from helpers.kv_event_state import held_after
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from kvsplice.common.keys import chunk_links
@@ -66,20 +67,14 @@ def replayed_state(endpoint: str) -> set[int | bytes]:
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.connect(endpoint)
     dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-    held: set[int | bytes] = set()
+    events: list[Event] = []
     while dealer.poll(5000):
         _, _, _, payload = dealer.recv_multipart()
         if not payload:
             break
-        for e in DECODER.decode(payload).events:
-            if isinstance(e, AllBlocksCleared):
-                held.clear()
-            elif isinstance(e, BlockStored):
-                held.update(e.block_hashes)
-            else:
-                held.difference_update(e.block_hashes)
+        events += DECODER.decode(payload).events
     dealer.close(linger=0)
-    return held
+    return held_after(events)
 
 
 def num_engine_blocks_held(sidecar: Sidecar) -> int:
