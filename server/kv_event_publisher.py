@@ -83,14 +83,17 @@ class KvEventPublisher:
         self.endpoint = _last_endpoint(self._pub)
         self.replay_endpoint = None if self._replay is None else _last_endpoint(self._replay)
         self._changes.put(Cleared.CLEARED)
+        self._alive = True
         self._thread = threading.Thread(target=self._run, name="kvsplice-kv-events", daemon=True)
         self._thread.start()
 
     def indexed(self, meta: SegmentMeta) -> None:
-        self._changes.put(meta)
+        if self._alive:  # a stream that stopped takes nothing more (nobody would drain it)
+            self._changes.put(meta)
 
     def unindexed(self, namespace: str, context_key: bytes) -> None:
-        self._changes.put((namespace, context_key))
+        if self._alive:
+            self._changes.put((namespace, context_key))
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Publish what is queued, then close the sockets."""
@@ -114,6 +117,7 @@ class KvEventPublisher:
         except Exception:  # a broken stream must not take the store down; say so once
             logger.exception("the KV event stream stopped")
         finally:
+            self._alive = False
             self._pub.close(linger=0)
             if self._replay is not None:
                 self._replay.close(linger=0)

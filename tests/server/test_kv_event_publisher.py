@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -231,3 +232,37 @@ def test_an_endpoint_taken_is_refused_clearly(publisher: KvEventPublisher) -> No
 def test_bad_config_is_refused(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         KvEventsConfig(**fields)
+
+
+def test_a_served_sidecar_publishes_its_clients_puts_and_again_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """`serve` wiring: hashes cross gRPC with the put, rest in LMDB, and a restarted sidecar
+    opens its stream with AllBlocksCleared and what it rebuilt from its tiers."""
+    from kvsplice.server.embedded import EmbeddedStore, loopback_config
+    from kvsplice.storeclient.client import StoreClient
+
+    config = KvEventsConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0",
+                            topic="kv", block_hashes="bytes")  # fmt: skip
+    chain = engine_chain(2)
+    expected = {h for meta, _ in chain for h in meta.engine_block_hashes}
+    for attempt in ("first", "restarted"):
+        with EmbeddedStore(loopback_config(str(tmp_path / "lmdb"), kv_events=config)) as store:
+            if attempt == "first":
+                with StoreClient(store.target, NAMESPACE) as client:
+                    assert all(client.put_segment(meta, payload) for meta, payload in chain)
+            publisher = store.server.kv_events
+            assert publisher is not None and publisher.replay_endpoint is not None
+            batches = [batch for _, batch in wait_replayed(publisher.replay_endpoint, expected)]
+            assert isinstance(batches[0].events[0], AllBlocksCleared)
+            assert state_after(batches) == expected, attempt
+
+
+def wait_replayed(endpoint: str, expected: set[bytes]) -> list[tuple[int, KvEventBatch]]:
+    deadline = time.monotonic() + 5.0
+    while True:
+        batches = replay(endpoint, 0)
+        if state_after([batch for _, batch in batches]) == expected:
+            return batches
+        assert time.monotonic() < deadline, "the stream never held the puts"
+        time.sleep(0.1)
