@@ -32,6 +32,8 @@ _BLOB_HEADER = struct.Struct("<Bdd")
 BODY_HEADER_NBYTES = _BODY_HEADER.size
 _KEY_FIELDS = ("context_key", "parent_key", "content_key", "engine_parent_block_hash")
 _HASH_LIST_FIELDS = ("engine_block_hashes",)  # bytes each, hex in the JSON
+# Written only when set: a record without them is the size it was before they existed.
+_OMITTED_WHEN_EMPTY = ("engine_block_hashes", "engine_parent_block_hash")
 _PACKED_FIELDS = ("token_ids", "left_tail_ids")
 
 
@@ -41,6 +43,7 @@ def encode_meta(meta: SegmentMeta) -> bytes:
         f.name: _jsonable(f.name, getattr(meta, f.name))
         for f in dataclasses.fields(SegmentMeta)
         if f.name not in _PACKED_FIELDS
+        and not (f.name in _OMITTED_WHEN_EMPTY and not getattr(meta, f.name))
     }
     text = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join(
