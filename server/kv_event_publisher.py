@@ -40,7 +40,9 @@ class KvEventsConfig:
         None, "Answer KV event replay requests (ZMQ ROUTER) on this bound address.",
         name="kv-events-replay-endpoint",
     )  # fmt: skip
-    topic: str = flag("", "Topic of the published KV event frames.", name="kv-events-topic")
+    topic: str | None = flag(
+        None, "Topic of the published KV event frames (none: empty).", name="kv-events-topic"
+    )
     block_hashes: str = flag(
         "int", "Block hashes as vLLM publishes them: int (its default) or bytes.",
         name="kv-events-block-hashes", choices=HASH_FORMATS,
@@ -70,7 +72,7 @@ class KvEventPublisher:
         self.config = config
         self._log = KvEventLog(config.block_hashes, config.buffer_steps)
         self._changes: queue.SimpleQueue[Change | None] = queue.SimpleQueue()
-        self._topic = config.topic.encode()
+        self._topic = (config.topic or "").encode()
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._bound(zmq.PUB, config.endpoint)
         self._replay = None

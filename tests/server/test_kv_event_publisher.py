@@ -266,3 +266,26 @@ def wait_replayed(endpoint: str, expected: set[bytes]) -> list[tuple[int, KvEven
             return batches
         assert time.monotonic() < deadline, "the stream never held the puts"
         time.sleep(0.1)
+
+
+def test_serve_flags_make_the_stream_s_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvsplice.cli import main
+    from kvsplice.server.config import ServerConfig
+
+    started: list[ServerConfig] = []
+    monkeypatch.setattr("kvsplice.server.app.serve", started.append)
+    base = ["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off",
+            "--lmdb-path", str(tmp_path / "lmdb")]  # fmt: skip
+    for argv in (
+        [],
+        ["--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-block-hashes", "bytes"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main([*base, *argv])
+        assert exited.value.code == 0
+    off, on = started
+    assert off.kv_events is None
+    assert on.kv_events == KvEventsConfig(endpoint="tcp://127.0.0.1:0", block_hashes="bytes")
+    KvEventPublisher(on.kv_events).close()  # what the defaults make, it builds
