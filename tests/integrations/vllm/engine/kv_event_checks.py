@@ -43,7 +43,8 @@ class Subscriber:
         deadline = time.monotonic() + timeout_s
         while not done(self.events):
             left = deadline - time.monotonic()
-            assert left > 0, f"no such events within {timeout_s} s; got {self.events[-5:]}"
+            seen = [(type(e).__name__, getattr(e, "block_hashes", None)) for e in self.events]
+            assert left > 0, f"no such events within {timeout_s} s; got {seen[-8:]}"
             if self.sock.poll(int(min(left, 0.5) * 1000)):  # `done` may act meanwhile
                 self.events += DECODER.decode(self.sock.recv_multipart()[2]).events
 
