@@ -116,7 +116,7 @@ class ChunkPutter:
             engine_block_hashes=spec.block_hashes, engine_parent_block_hash=spec.parent_block_hash,
         )  # fmt: skip
         payload = encode_payload(kv, model_fingerprint=spec.root, quant=self.quant)
-        if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
+        if self.clients.for_namespace(spec.namespace).put_segment(meta, payload, spec.session_id):
             self.counters.num_put += 1
             return True
         self.counters.num_failed += 1

@@ -26,6 +26,7 @@ from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import RequestedReuse, asked, requested_reuse
 from kvsplice.integrations.vllm.save_chain import SaveChain, SaveRules
 from kvsplice.integrations.vllm.save_ledger import SaveLedger
+from kvsplice.integrations.vllm.sessions import SessionEnds, SessionScope, session_scope
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -46,6 +47,7 @@ class _Tracked:
     saves: SaveChain | None  # None: nothing of it is saved (no root)
     reuse: RequestedReuse
     fence: Fence
+    session: SessionScope | None = None  # its agent session (`sessions`)
     answer: Answer | None = None  # None: not answered yet
     promised_spans: tuple[ReusedSpan, ...] = ()  # the approximate runs of the last promise
     num_local_tokens: int = 0  # computed or cached in the engine when the load was promised
@@ -84,6 +86,7 @@ class SchedulerSide:
         self.loads = PromisedLoads(block_size, load_async, self.faults)
         self.ledger = SaveLedger()
         self.events = StoredEvents(block_size, self.hash_block_size)  # for take_events
+        self.session_ends = SessionEnds(clients)
         self._tracked: dict[str, _Tracked] = {}
         self.disabled: str | None = None
         self.num_hit_tokens = 0
@@ -129,7 +132,7 @@ class SchedulerSide:
         request, root = tracked.request, saves.root
         query = LookupQuery(
             tracked.namespace, root, len(request.all_token_ids),
-            approximate=self._wants_spans(tracked),
+            approximate=self._wants_spans(tracked), session=tracked.session,
         )  # fmt: skip
         found = self.lookups.poll(request.request_id, query, request.all_token_ids)
         if found is None:
@@ -210,6 +213,8 @@ class SchedulerSide:
         tracked = self._tracked.pop(request.request_id, None)
         self.loads.forget(request.request_id)
         self.lookups.forget(request.request_id)
+        if tracked is not None and tracked.session is not None and tracked.session.release:
+            self.session_ends.end(tracked.namespace, tracked.session)
         if tracked is None or not asked(request):
             return None
         admitted = self._wants_spans(tracked)
@@ -277,12 +282,16 @@ class SchedulerSide:
         if reuse.problem:
             self.faults.record("a request's kv_transfer_params were ignored", reuse.problem)
         fence = Fence()
+        session = session_scope(request)
+        # NOTE: a released session's own puts are not held: one landing after the release
+        # would start the session again, held for a whole lease nobody renews.
+        held_for = "" if session is None or session.release else session.session_id
         saves = (
             None
             if root is None
-            else SaveChain(request.request_id, namespace, root, self.rules, fence)
+            else SaveChain(request.request_id, namespace, root, self.rules, fence, held_for)
         )
-        tracked = _Tracked(request, namespace, root, saves, reuse, fence)
+        tracked = _Tracked(request, namespace, root, saves, reuse, fence, session)
         self._tracked[request.request_id] = tracked
         return tracked
 
