@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from kvsplice.common.engine_blocks import check_engine_blocks
 from kvsplice.common.keys import KEY_NBYTES, MAX_TOKEN_ID, content_key, context_key, is_fingerprint
 
 # fullmatch, never `$`: `$` also matches before a trailing newline ("ns\n").
@@ -54,6 +55,8 @@ class SegmentMeta:
     `kind`: what the segment holds (`SegmentKind`); `exact`: its K/V equal dense
     prefill of its whole left context (False: computed on top of approximate
     reuse). `labels` are free-form (key, value) pairs the store keeps and indexes never read.
+    `engine_block_hashes`: the block hashes the storing engine computed for these tokens, one
+    per block, and `engine_parent_block_hash` the one of the block before (`engine_blocks`).
     """
 
     namespace: str
@@ -75,6 +78,8 @@ class SegmentMeta:
     labels: tuple[tuple[str, str], ...] = field(default=())
     kind: SegmentKind = "prompt"
     exact: bool = False
+    engine_block_hashes: tuple[bytes, ...] = ()
+    engine_parent_block_hash: bytes = b""
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
@@ -105,6 +110,9 @@ class SegmentMeta:
             raise ValueError(f"exact {self.exact!r} is not a bool")
         if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
             raise ValueError(f"ttl_s {self.ttl_s} must be a positive finite number or None")
+        check_engine_blocks(
+            self.engine_block_hashes, self.engine_parent_block_hash, len(self.token_ids)
+        )
 
     @property
     def segment_id(self) -> str:

@@ -97,6 +97,8 @@ def meta_to_header(meta: SegmentMeta) -> pb.SegmentHeader:
         labels=[pb.Label(key=k, value=v) for k, v in meta.labels],
         kind=meta.kind,
         exact=meta.exact,
+        engine_block_hashes=meta.engine_block_hashes,
+        engine_parent_block_hash=meta.engine_parent_block_hash,
     )
 
 
@@ -125,4 +127,6 @@ def header_to_meta(header: pb.SegmentHeader, *, keep_created_at: bool) -> Segmen
         labels=tuple((label.key, label.value) for label in header.labels),
         kind=cast(SegmentKind, header.kind or "prompt"),
         exact=header.exact,
+        engine_block_hashes=tuple(header.engine_block_hashes),
+        engine_parent_block_hash=header.engine_parent_block_hash,
     )

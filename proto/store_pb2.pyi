@@ -15,7 +15,7 @@ class Label(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class SegmentHeader(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "context_key", "parent_key", "content_key", "token_ids", "start_position", "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum", "ttl_s", "left_tail_ids", "index_text", "created_at_s", "labels", "kind", "exact", "session_id")
+    __slots__ = ("namespace", "model_fingerprint", "context_key", "parent_key", "content_key", "token_ids", "start_position", "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum", "ttl_s", "left_tail_ids", "index_text", "created_at_s", "labels", "kind", "exact", "engine_block_hashes", "engine_parent_block_hash", "session_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class SegmentHeader(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EXACT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
@@ -55,8 +57,10 @@ class SegmentHeader(_message.Message):
     labels: _containers.RepeatedCompositeFieldContainer[Label]
     kind: str
     exact: bool
+    engine_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    engine_parent_block_hash: bytes
     session_id: str
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ..., engine_block_hashes: _Optional[_Iterable[bytes]] = ..., engine_parent_block_hash: _Optional[bytes] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class PutSegmentRequest(_message.Message):
     __slots__ = ("header", "chunk", "staged")

@@ -32,6 +32,7 @@ from kvsplice.server.capacity_metrics import NamespacePressureCollector
 from kvsplice.server.config import ServerConfig, TlsConfig
 from kvsplice.server.data_plane import describe_data_plane
 from kvsplice.server.interceptors import FaultInterceptor, TenantAuthInterceptor
+from kvsplice.server.kv_event_publisher import KvEventPublisher
 from kvsplice.server.listen_checks import bind_failure, check_serve
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.pid_file import remove_pid_file, write_pid_file
@@ -63,6 +64,7 @@ class StoreServer:
     sweeper: asyncio.Task[None] | None = None
     follower: asyncio.Task[None] | None = None
     persister: asyncio.Task[None] | None = None
+    kv_events: KvEventPublisher | None = None
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
@@ -93,6 +95,8 @@ class StoreServer:
             except BaseException as error:  # e.g. the port was taken: nothing half-started
                 await self.server.stop(0)
                 self.store.close()
+                if self.kv_events is not None:
+                    self.kv_events.close()
                 if isinstance(error, OSError):
                     raise ServeRefused(f"cannot listen on {address}: {error.strerror}") from error
                 raise
@@ -117,6 +121,8 @@ class StoreServer:
                 await asyncio.to_thread(shared.wait_published, self.config.grace_period_s)
         finally:
             self.store.close()
+            if self.kv_events is not None:
+                self.kv_events.close()
         logger.info("kvsplice store stopped")
 
     @property
@@ -163,7 +169,8 @@ def startup_line(app: StoreServer) -> str:
     auth = "tenants" if app.config.tenants_path else "on" if app.config.auth_token else "off"
     if app.config.tls is not None:
         auth += ", mtls" if app.config.tls.client_ca_path else ", tls"
-    return f"kvsplice serving: grpc {app.address}, {admin}; tiers {tiers}; auth {auth}"
+    events = "" if app.kv_events is None else f"; kv events {app.kv_events.endpoint}"
+    return f"kvsplice serving: grpc {app.address}, {admin}; tiers {tiers}; auth {auth}{events}"
 
 
 def _bracketed(host: str) -> str:
@@ -254,12 +261,16 @@ def build(config: ServerConfig) -> StoreServer:
         )
         server, health = _grpc_server(config, servicer, metrics, authenticator)
         address = _bind(server, config.listen_address, config.tls)
+        kv_events = None if config.kv_events is None else KvEventPublisher(config.kv_events)
     except BaseException:
         store.close()
         raise
+    if kv_events is not None:
+        segments.add_index_watcher(kv_events)
     return StoreServer(
-        config, server, health, store, segments, anchors, metrics, address, authenticator, uploads
-    )
+        config, server, health, store, segments, anchors, metrics, address, authenticator, uploads,
+        kv_events=kv_events,
+    )  # fmt: skip
 
 
 def _grpc_server(

@@ -16,6 +16,7 @@ from kvsplice.common.staging import DEFAULT_STAGING_DIR
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.index.exact_index import ExactIndexConfig
 from kvsplice.index.similarity_config import SimilarityConfig
+from kvsplice.server.kv_event_publisher import KvEventsConfig
 from kvsplice.storage.config import MemoryTierConfig, StoreConfig
 
 # Must equal the client's `storeclient.config.MESSAGE_SLACK_NBYTES`: both sides accept
@@ -133,6 +134,7 @@ class ServerConfig:
         name="tenants",
     )
     tls: TlsConfig | None = None
+    kv_events: KvEventsConfig | None = None  # None: no KV event stream
     stream_idle_timeout_s: float = flag(
         10.0, "Cut an upload (or a GetSegment reader) silent this long.", min=0.1
     )

@@ -14,6 +14,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvsplice.common.errors import (
     AlreadyExists,
@@ -73,6 +74,14 @@ def _flat(payload: bytes | memoryview) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+class IndexWatcher(Protocol):
+    """Told what the indexes gain and lose (quick, thread-safe, never calls back)."""
+
+    def indexed(self, meta: SegmentMeta) -> None: ...
+
+    def unindexed(self, namespace: str, context_key: bytes) -> None: ...
+
+
 class SegmentService:
     """Segments: put/get/delete, prefix lookup, similarity search, per-namespace stats."""
 
@@ -101,6 +110,7 @@ class SegmentService:
         self._ready = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+        self._watchers: list[IndexWatcher] = []
         store.add_removal_listener(self._on_removed)
         store.add_arrival_listener(self._on_arrived)  # another sidecar's put (shared tier)
 
@@ -371,13 +381,21 @@ class SegmentService:
     def _count(self, namespace: str, hit: bool) -> None:
         (self._hits if hit else self._misses)[namespace] += 1
 
+    def add_index_watcher(self, watcher: IndexWatcher) -> None:
+        """`watcher` hears of every segment indexed and unindexed from now on (on the loop)."""
+        self._watchers.append(watcher)
+
     def _index(self, meta: SegmentMeta) -> None:
         self._exact.add(meta)
         self._similar.add(meta)
+        for watcher in self._watchers:
+            watcher.indexed(meta)
 
     def _unindex(self, namespace: str, key: bytes) -> None:
         self._exact.remove(namespace, key)
         self._similar.remove(namespace, key)
+        for watcher in self._watchers:
+            watcher.unindexed(namespace, key)
 
     def _on_arrived(self, meta: SegmentMeta) -> None:
         loop = self._loop

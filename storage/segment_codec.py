@@ -30,7 +30,10 @@ _META_HEADER = struct.Struct("<BI")
 _COUNT = struct.Struct("<I")
 _BLOB_HEADER = struct.Struct("<Bdd")
 BODY_HEADER_NBYTES = _BODY_HEADER.size
-_KEY_FIELDS = ("context_key", "parent_key", "content_key")
+_KEY_FIELDS = ("context_key", "parent_key", "content_key", "engine_parent_block_hash")
+_HASH_LIST_FIELDS = ("engine_block_hashes",)  # bytes each, hex in the JSON
+# Written only when set: a record without them is the size it was before they existed.
+_OMITTED_WHEN_EMPTY = ("engine_block_hashes", "engine_parent_block_hash")
 _PACKED_FIELDS = ("token_ids", "left_tail_ids")
 
 
@@ -40,6 +43,7 @@ def encode_meta(meta: SegmentMeta) -> bytes:
         f.name: _jsonable(f.name, getattr(meta, f.name))
         for f in dataclasses.fields(SegmentMeta)
         if f.name not in _PACKED_FIELDS
+        and not (f.name in _OMITTED_WHEN_EMPTY and not getattr(meta, f.name))
     }
     text = json.dumps(fields, separators=(",", ":")).encode()
     return b"".join(
@@ -220,6 +224,8 @@ def _unpack_ids(raw: bytes | memoryview, offset: int) -> tuple[tuple[int, ...], 
 def _jsonable(name: str, value: object) -> object:
     if name in _KEY_FIELDS:
         return value.hex()  # type: ignore[attr-defined]
+    if name in _HASH_LIST_FIELDS:
+        return [h.hex() for h in value]  # type: ignore[attr-defined]
     if isinstance(value, tuple):
         return [list(v) if isinstance(v, tuple) else v for v in value]
     return value
@@ -238,7 +244,12 @@ def _upgrade_v1(fields: dict) -> dict:
 def _meta_from_fields(
     fields: dict[str, Any], token_ids: tuple[int, ...], left_tail_ids: tuple[int, ...]
 ) -> SegmentMeta:
-    fields.update({name: bytes.fromhex(fields[name]) for name in _KEY_FIELDS})
+    # NOTE: records written before a field existed lack it: the field's default applies.
+    fields.update({name: bytes.fromhex(fields[name]) for name in _KEY_FIELDS if name in fields})
+    fields.update(
+        {name: tuple(bytes.fromhex(h) for h in fields[name]) for name in _HASH_LIST_FIELDS
+         if name in fields}
+    )  # fmt: skip
     boundary_layers = tuple(fields.pop("boundary_layers"))
     labels = tuple((str(k), str(v)) for k, v in fields.pop("labels"))
     return SegmentMeta(

@@ -113,6 +113,7 @@ class ChunkPutter:
         meta = chained_meta(
             spec.namespace, spec.root, spec.parent_key, spec.token_ids, spec.start,
             kv.num_layers, created_at_s=time.time(), kind="prompt", exact=spec.exact,
+            engine_block_hashes=spec.block_hashes, engine_parent_block_hash=spec.parent_block_hash,
         )  # fmt: skip
         payload = encode_payload(kv, model_fingerprint=spec.root, quant=self.quant)
         if self.clients.for_namespace(spec.namespace).put_segment(meta, payload, spec.session_id):

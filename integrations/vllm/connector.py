@@ -13,6 +13,7 @@ vLLM: each is a miss or a recompute, counted and logged once per kind.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from kvsplice.kvmath.rope import RopeSpec
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -291,6 +293,11 @@ class KvspliceConnector(KVConnectorBase_V1):
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KvspliceWorkerMetadata):
             self.scheduler.absorb(meta.news)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """`BlockStored` for the chunks the sidecar acknowledged since the last call
+        (`kv_events`); vLLM publishes them beside its own with `--kv-events-config`."""
+        return () if self.scheduler is None else self.scheduler.events.take()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

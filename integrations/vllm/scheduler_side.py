@@ -18,6 +18,7 @@ from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.fence import Fence
 from kvsplice.integrations.vllm.gated_report import GatedOutcome, reuse_report
+from kvsplice.integrations.vllm.kv_events import StoredEvents
 from kvsplice.integrations.vllm.lookups import LookupQuery, Lookups
 from kvsplice.integrations.vllm.promise import Answer, promise
 from kvsplice.integrations.vllm.promised_loads import PromisedLoads
@@ -87,6 +88,7 @@ class SchedulerSide:
         )  # fmt: skip
         self.loads = PromisedLoads(block_size, load_async, self.faults)
         self.ledger = SaveLedger()
+        self.events = StoredEvents(block_size, self.hash_block_size)  # for take_events
         self.session_ends = SessionEnds(clients)
         self._tracked: dict[str, _Tracked] = {}
         self.disabled: str | None = None
@@ -230,6 +232,8 @@ class SchedulerSide:
         fault rewinds its request's chain and keeps a corrupt segment from being promised."""
         self.ledger.acknowledge(news.acked)
         self.ledger.fail(news.failed)
+        self.events.acknowledged(news.acked)
+        self.events.failed(news.failed)
         for fault in news.faults:
             self.num_faults_seen += 1
             if fault.corrupt_segment_id is not None:
@@ -269,10 +273,11 @@ class SchedulerSide:
         request = tracked.request
         num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(request.request_id, ()))
         computed = min(num_computed - num_draft, len(tracked.block_ids) * self.block_size)
-        return tracked.saves.plan(
+        specs = tracked.saves.plan(
             request.all_token_ids, request.num_prompt_tokens, computed, tracked.block_ids,
             self.ledger,
         )  # fmt: skip
+        return self.events.with_hashes(request, specs)
 
     # ---- bookkeeping ---------------------------------------------------------------------
 

@@ -67,6 +67,9 @@ class SaveSpec:
     block_table: tuple[int, ...]
     block_size: int
     exact: bool
+    # vLLM's block hashes of the chunk's blocks and of the block before (`kv_events`)
+    block_hashes: tuple[bytes, ...] = ()
+    parent_block_hash: bytes = b""
     session_id: str = ""  # the agent session the chunk is held for (empty: none)
 
     @property

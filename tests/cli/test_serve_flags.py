@@ -28,6 +28,7 @@ SERVE_FLAGS = (
     "stream-idle-timeout-s", "chunk-mib", "auth-token", "tenants", "tls-cert", "tls-key",
     "tls-client-ca", "grace-period-s", "lsh-threshold", "lsh-num-perm", "anchor-capacity",
     "anchor-window", "log-level", "session-lease-s", "session-max-lease-s",
+    "kv-events-endpoint", "kv-events-replay-endpoint", "kv-events-topic", "kv-events-block-hashes",
 )  # fmt: skip
 SWITCHES = ("lmdb-sync", "compress", "redis-cluster", "redis-read-replicas")
 

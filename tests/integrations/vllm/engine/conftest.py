@@ -7,8 +7,10 @@ starts them once, all at the same time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,10 +28,39 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
 
 
+@dataclass(frozen=True)
+class KvEventEndpoints:
+    """Where engine `a` (vLLM's publisher) and the sidecar publish KV events."""
+
+    engine: str
+    sidecar: str
+    sidecar_replay: str
+    topic: str = "kv-events"
+
+    def engine_config(self) -> str:
+        """`--kv-events-config` of engine `a` (vLLM binds a `*` address)."""
+        port = self.engine.rsplit(":", 1)[1]
+        return json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq", "topic": self.topic,
+            "endpoint": f"tcp://*:{port}",
+        })  # fmt: skip
+
+    def sidecar_args(self) -> tuple[str, ...]:
+        return ("--kv-events-endpoint", self.sidecar, "--kv-events-replay-endpoint",
+                self.sidecar_replay, "--kv-events-topic", self.topic)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[Sidecar]:
+def kv_events() -> KvEventEndpoints:
+    return KvEventEndpoints(*(f"tcp://127.0.0.1:{free_port()}" for _ in range(3)))
+
+
+@pytest.fixture(scope="module")
+def sidecar(
+    tmp_path_factory: pytest.TempPathFactory, log_dir: Path, kv_events: KvEventEndpoints
+) -> Iterator[Sidecar]:
     data = tmp_path_factory.mktemp("sidecar-lmdb")
-    sidecar = Sidecar(data, free_port(), free_port(), log_dir).start()
+    sidecar = Sidecar(data, free_port(), free_port(), log_dir, kv_events.sidecar_args()).start()
     yield sidecar
     sidecar.stop()
 
@@ -63,17 +94,20 @@ def connector_config(target: str, namespace: str = NAMESPACE, **extra: object) -
 
 @pytest.fixture(scope="module")
 def engines(
-    model_dir: str, sidecar: Sidecar, log_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Engine]]:
+    model_dir: str, sidecar: Sidecar, log_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+    kv_events: KvEventEndpoints,
+) -> Iterator[dict[str, Engine]]:  # fmt: skip
     """`reference` (no connector, no prefix cache: the dense oracle), `a` and `b` (the
     connector, one namespace, vLLM's defaults, a policy admitting approximate runs for
-    requests that opt in): three processes."""
+    requests that opt in): three processes. `a` publishes vLLM's KV events too."""
     path = tmp_path_factory.mktemp("policy") / "naive-policy.json"
     policy = str(write_naive_policy(model_dir, str(AS_VLLM_RUNS["dtype"]), path))
     deployed = connector_config(sidecar.target, reuse_policy=policy)
+    engine_args = (*AS_VLLM_RUNS["extra_args"], "--kv-events-config", kv_events.engine_config())  # type: ignore[misc]
+    publishing = {**AS_VLLM_RUNS, "extra_args": engine_args}
     specs = [
         EngineSpec("reference", model_dir, free_port(), dtype="float32"),
-        EngineSpec("a", model_dir, free_port(), deployed, **AS_VLLM_RUNS),  # type: ignore[arg-type]
+        EngineSpec("a", model_dir, free_port(), deployed, **publishing),  # type: ignore[arg-type]
         EngineSpec("b", model_dir, free_port(), deployed, **AS_VLLM_RUNS),  # type: ignore[arg-type]
     ]
     engines = {spec.name: Engine(spec, log_dir).start() for spec in specs}

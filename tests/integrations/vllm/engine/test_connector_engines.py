@@ -22,6 +22,9 @@ import httpx
 import pytest
 from conftest import NAMESPACE
 from helpers.waiting import wait_for
+
+# The KV event streams, checked on these engines (the test lives in its own module).
+from kv_event_checks import test_kv_events_name_what_the_sidecar_holds_in_vllms_words  # noqa: F401
 from transformers import AutoTokenizer
 
 from kvsplice.common.keys import chunk_links
