@@ -54,6 +54,7 @@ from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix, replace_spans
 from kvsplice.client.tiers.segment_io import SpanRecord
 from kvsplice.common.errors import ResourceExhausted
+from kvsplice.common.reuse_modes import ANCHOR
 from kvsplice.kvmath.anchor_correction import AnchorQuery, correct
 from kvsplice.kvmath.anchor_gate import GateDecision, decide
 from kvsplice.kvmath.anchor_payload import encode_base, encode_offsets
@@ -62,7 +63,7 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
-MODE = "anchor"
+MODE = ANCHOR
 # The repair's check layer: every corrected token is computed through it (CacheBlend).
 REPAIR_CHECK_LAYER = 1
 

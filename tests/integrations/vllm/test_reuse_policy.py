@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvsplice.common.errors import FingerprintMismatch
-from kvsplice.integrations.vllm.reuse_policy import SHIPPED_DIR, admits_spans
+from kvsplice.common.reuse_modes import SHIPPED_DIR
+from kvsplice.integrations.vllm.reuse_policy import admits_spans
 
 FINGERPRINT = "kvfp1-" + "ef" * 16
 
