@@ -23,7 +23,8 @@ NAIVE = "naive"  # a shared span's stored K/V, keys moved by the RoPE Δ, nothin
 ANCHOR = "anchor"  # KVComm (seed 002): naive's K/V corrected by offsets from stored anchors
 GATED = "gated"  # a request's "the best approximate mode the policy admits, else exact"
 
-# The approximate modes a KV connector can run at load, best first: what `GATED` picks.
+# The approximate modes a KV connector can run at load. `GATED` picks the first of them a
+# policy admits, in the policy's order (as the HF worker's `AdmissionPolicy.serving_mode`).
 ENGINE_MODES = (ANCHOR, NAIVE)
 
 POLICY_FORMAT_VERSION = 2
@@ -91,5 +92,5 @@ def upgrade_v1(document: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def engine_modes_admitted(admitted_modes: tuple[str, ...]) -> tuple[str, ...]:
-    """The approximate modes a connector can run among `admitted_modes`, best first."""
-    return tuple(m for m in ENGINE_MODES if m in admitted_modes)
+    """The approximate modes a connector can run among `admitted_modes`, in their order."""
+    return tuple(m for m in admitted_modes if m in ENGINE_MODES)

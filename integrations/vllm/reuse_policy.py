@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def admitted_engine_modes(policy_path: str | None, fingerprint: str) -> tuple[str, ...]:
-    """The approximate modes (best first) the policy at `policy_path` admits for the model
+    """The approximate modes (in the policy's order: "gated" picks the first) the policy at `policy_path` admits for the model
     `fingerprint` (None: the one shipped for it; none shipped: the safe default, none).
 
     Raises FingerprintMismatch (a policy calibrated on another model), FileNotFoundError

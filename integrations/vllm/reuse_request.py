@@ -9,8 +9,8 @@ connector as `request.kv_transfer_params`):
                                        the policy admits it, exact elsewhere
     {"kvsplice": {"reuse": "exact"}}   exact prefixes only (also: no "kvsplice" key)
 
-`"gated"` picks the best approximate mode the policy admits (`common.reuse_modes`:
-anchor, then naive).
+`"gated"` picks the first approximate mode the connector runs that the policy admits, in
+the policy's order (`common.reuse_modes.ENGINE_MODES`: anchor, naive).
 
 A request without the opt-in never receives approximate K/V. A malformed value cannot
 be refused from inside the scheduler (an exception there stops the engine), so it is
@@ -42,8 +42,8 @@ class RequestedReuse:
         return self.mode != EXACT
 
     def engine_mode(self, admitted: Sequence[str]) -> str | None:
-        """The approximate mode this request runs among the `admitted` ones (best first);
-        None: exact reuse."""
+        """The approximate mode this request runs among the `admitted` ones (the policy's
+        order); None: exact reuse."""
         if self.mode == GATED:
             return admitted[0] if admitted else None
         return self.mode if self.mode in admitted else None
