@@ -121,3 +121,29 @@ def _check_gate(gamma: float, metric: str, top_p: float, hidden_layer: int | Non
         raise ValueError(f"top_p {top_p} must be in (0, 1]")
     if metric == "hidden" and hidden_layer is None:
         raise ValueError("metric 'hidden' needs hidden_layer")
+
+
+def exact_match(
+    query_base: SegmentKV, pool: Sequence[Anchor], rope: RopeSpec, agent_id: str,
+    *, exact_rtol: float = 1e-5,
+) -> Anchor | None:  # fmt: skip
+    """An anchor of the query's own sample: as long, holding `agent_id`'s offsets, its base
+    within `exact_rtol`·RMS of the query's (keys moved to the query's positions first).
+
+    Its offset is exactly the one the query needs (the weights' exact-match rule), so it
+    needs no second anchor: KVComm's pool-size rule asks for evidence of how offsets vary
+    across samples, which a sample seen before does not need.
+    """
+    for anchor in pool:
+        base = anchor.base
+        if base.num_tokens != query_base.num_tokens or anchor.offsets(agent_id) is None:
+            continue
+        delta = query_base.start_position - base.start_position
+        keys = rope.shift_layers(base.keys.float(), delta, base.layer_start)
+        close_v = rms(base.values.float() - query_base.values.float()) <= exact_rtol * rms(
+            query_base.values
+        )
+        close_k = rms(keys - query_base.keys.float()) <= exact_rtol * rms(query_base.keys)
+        if close_v and close_k:
+            return anchor
+    return None

@@ -2,9 +2,10 @@
 
 KVComm (seed 002) inside the connector. `SpanWriter` decodes each run and moves its keys
 (naive's K/V, the run's base); then `AnchorCorrector.correct` fetches the pool of the
-runs' context (`context_pool_id`), gates each run on it (`kvmath.anchor_gate.decide`:
-KVComm's length rule and entropy test) and, when every run is confident, replaces the
-placed K/V by base + Σ w·offset (`kvmath.anchor_correction.correct`). A refusal raises
+runs' context (`context_pool_id`), gates each run on it (`kvmath.anchor_gate`: a run seen
+before in this context takes its own anchor, any other KVComm's length rule and entropy
+test) and, when every run passes, replaces the placed K/V by base + Σ w·offset
+(`kvmath.anchor_correction.correct`). A refusal raises
 `GateRefused`: the request's runs are recomputed (exact reuse) and then become anchors
 (`anchors_due`, `anchor_saves`). Owns the pool's reading; the math is kvmath's.
 """
@@ -22,7 +23,7 @@ from kvsplice.integrations.vllm.segment_fetch import LoadFault
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec
 from kvsplice.kvmath.anchor_correction import AnchorQuery, correct
-from kvsplice.kvmath.anchor_gate import GateDecision, decide
+from kvsplice.kvmath.anchor_gate import GateDecision, decide, exact_match
 from kvsplice.kvmath.anchor_payload import decode_anchor_payloads
 from kvsplice.kvmath.anchors import Anchor
 from kvsplice.kvmath.rope import RopeSpec
@@ -88,13 +89,17 @@ class AnchorCorrector:
         for span in spec.spans:
             lo, hi = span.start - position, min(span.end, spec.end) - position
             base = SegmentKV(keys[:, :, lo:hi].float(), values[:, :, lo:hi].float(), span.start)
-            decision = decide(
-                base, pool, rope, pool_id, gamma=gate.gamma, metric=gate.metric, tau=gate.tau
-            )
-            if not decision.reuse:
-                self.num_refusals += 1
-                raise GateRefused(position, _why(decision, len(pool)))
-            chosen = [a for a in pool if a.anchor_id in decision.anchor_ids]
+            own = exact_match(base, pool, rope, pool_id)
+            if own is not None:  # this run seen before in this context: its own offset
+                chosen = [own]
+            else:
+                decision = decide(
+                    base, pool, rope, pool_id, gamma=gate.gamma, metric=gate.metric, tau=gate.tau
+                )  # fmt: skip
+                if not decision.reuse:
+                    self.num_refusals += 1
+                    raise GateRefused(position, _why(decision, len(pool)))
+                chosen = [a for a in pool if a.anchor_id in decision.anchor_ids]
             query = AnchorQuery(pool_id, base, span.start)
             corrected.append((lo, hi, correct(query, chosen, rope, gate.tau).placeholder))
         for lo, hi, kv in corrected:

@@ -17,7 +17,7 @@ from kvsplice.integrations.vllm.transfer_specs import AnchorSpec
 
 # At most this many runs of one request become anchors (each is a put of its base and
 # offsets, about 2x its K/V in the payloads' scheme): cheap and bounded.
-MAX_ANCHOR_RUNS = 4
+MAX_ANCHOR_RUNS = 8
 
 
 class AnchorsDue:
