@@ -23,7 +23,6 @@ from kvsplice.integrations.vllm.paged_caches import PagedCaches
 from kvsplice.integrations.vllm.segment_fetch import SegmentFetch
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
-from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.transfer_specs import AnchorSpec, LoadSpec
 from kvsplice.kvmath.anchor_payload import encode_base, encode_offsets
 from kvsplice.kvmath.anchors import AgentOffsets, kv_offset
@@ -43,15 +42,12 @@ class _Gathered:
 
 class AnchorSaver:
     def __init__(
-        self, clients: StoreClients, paged: PagedCaches, fetch: SegmentFetch,
-        rope: Callable[[], RopeSpec], quant: str, faults: FaultLog,
+        self, paged: PagedCaches, fetch: SegmentFetch, rope: Callable[[], RopeSpec], quant: str,
+        faults: FaultLog,
     ) -> None:  # fmt: skip
-        self.clients = clients
-        self.paged = paged
-        self.fetch = fetch
+        self.paged, self.fetch, self.faults = paged, fetch, faults
         self._rope = rope
-        self.quant = quant
-        self.faults = faults
+        self.quant = quant  # the payloads' scheme (the connector's `quant`)
         self.num_put = 0
         self.num_dropped = 0
         self._puts = PutQueue(self._handle, MAX_PENDING_ANCHORS, name="kvsplice-anchors")
@@ -91,7 +87,7 @@ class AnchorSaver:
         base = self._base(spec, span, in_context.keys.shape)
         offsets = AgentOffsets(kv_offset(in_context, base, self._rope()))
         tokens = spec.token_ids[span.start : span.end]
-        store = self.clients.for_namespace(spec.namespace)
+        store = self.fetch.clients.for_namespace(spec.namespace)
         stored = store.put_anchor(
             spec.root, pool_id, content_key(tokens).hex(),
             encode_base(base, fingerprint=spec.root, quant=self.quant),

@@ -53,7 +53,7 @@ class WorkerSide:
         self.async_loads = AsyncLoads(self.loader.load)
         self.putter = ChunkPutter(clients, quant, max_pending_saves, self.news.put_outcome, faults)
         self.anchor_saves = (
-            None if rope is None else AnchorSaver(clients, self.paged, fetch, rope, quant, faults)
+            None if rope is None else AnchorSaver(self.paged, fetch, rope, quant, faults)
         )
         self.num_withheld_saves = 0
 
