@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvsplice.common.reuse_modes import ANCHOR
 from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse
 
 
@@ -68,8 +69,8 @@ def reuse_report(
         "exact_tokens": num_exact_tokens,
         "approximate_tokens": outcome.num_approximate_tokens,
     }
-    if outcome.mode is not None:
-        report["mode"] = outcome.mode
+    if outcome.mode == ANCHOR:  # NOTE: naive, the engines' first mode, goes unnamed (as
+        report["mode"] = outcome.mode  # before the anchor mode: reports compared whole)
     if reuse.problem:
         report["problem"] = reuse.problem
     if reuse.approximate:
