@@ -527,7 +527,6 @@ def test_the_anchor_mode_falls_back_to_exact_then_loads_its_anchors_corrections(
     report = (refused.kv_transfer_params or {}).get("kvsplice")
     assert report is not None and report["mode"] == "anchor", report
     assert report["approximate_tokens"] == 0 and "anchor gate refused" in report["reason"], report
-    assert report["exact_tokens"] >= BLOCK  # the persona's own block, exactly
     assert refused.token_ids == expected.token_ids  # exact reuse: the reference's tokens
     wait_until_stored(sidecar, NAMESPACE)
     time.sleep(2.0)  # the anchors go out beside the saves
