@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.common.errors import InvalidRequest, PermissionDenied, StoreUnavailable
+from kvsplice.integrations.vllm.sessions import SessionScope
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.storeclient.results import PrefixLookup
@@ -37,6 +38,7 @@ class LookupQuery:
     num_tokens: int
     approximate: bool = False  # also look for stored runs past the exact prefix
     exact_bases: bool = False  # only runs of segments computed on an exact chain (anchor)
+    session: SessionScope | None = None  # the agent session asking (`sessions`)
 
 
 @dataclass(frozen=True)
