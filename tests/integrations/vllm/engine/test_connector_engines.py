@@ -529,8 +529,8 @@ def test_the_anchor_mode_falls_back_to_exact_then_loads_its_anchors_corrections(
     reuse: the reference's tokens) and become anchors. The same prompt again (engine a, no
     local hit) has each run's own anchor in the pool: the loaded K/V are corrected to what
     the receiver computed in context (report: the anchor mode, approximate tokens, no
-    reason), and the answer is the reference's. Broken corrections are the unit tests'
-    (test_anchor_loads.py); here a refused or uncorrected run would change the report."""
+    reason), and the answer is the reference's. Negative control (run by hand): anchors made
+    with their offsets' sign flipped pass every report check and fail the last (token 7)."""
     for task in ANCHOR_TASKS:
         engines["a"].complete(
             persona_prompt(transcript, PERSONA_S, f"{TOOL}\n\n{task}"), max_tokens=1
