@@ -1,4 +1,4 @@
-"""Write the admission policy the package ships for a packaged model (client/modes/shipped/).
+"""Write the admission policy the package ships for a packaged model (common/shipped_policies/).
 
 It is `kvsplice calibrate`'s judge probes alone, on the shipped judge sample (or DATA, a
 `bench judge --data` file: every set in it) × SEEDS shuffled orders (no execution-agent
@@ -23,7 +23,8 @@ from rich.console import Console
 
 from kvsplice.client.model.models import ModelConfig, load_model
 from kvsplice.client.model.packaged_models import PACKAGED_MODELS
-from kvsplice.client.modes.admission import SHIPPED_DIR, save_policy
+from kvsplice.client.modes.admission import save_policy
+from kvsplice.common.reuse_modes import SHIPPED_DIR
 from kvsplice.eval.measure.calibrate import (
     CalibrationConfig,
     render_judge_probes,

@@ -25,10 +25,14 @@ from kvsplice.client.modes.registry import MODES, SAFE_MODES, make_policy, mode_
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.common.errors import FingerprintMismatch, KvspliceError
 from kvsplice.common.keys import is_fingerprint
+from kvsplice.common.reuse_modes import (
+    POLICY_FORMAT_VERSION,
+    check_fingerprint,
+    read_policy_document,
+    shipped_policy_path,
+)
 
 logger = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2
 
 
 class ModeNotAdmitted(KvspliceError):
@@ -222,7 +226,7 @@ class AdmissionPolicy:
 
     def to_json(self) -> str:
         document: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
+            "format_version": POLICY_FORMAT_VERSION,
             "model_fingerprint": self.model_fingerprint,
             "admitted_modes": list(self.admitted_modes),
             "params": {mode: params_json(p) for mode, p in sorted(self.params.items())},
@@ -241,13 +245,7 @@ class AdmissionPolicy:
     @classmethod
     def from_json(cls, text: str) -> AdmissionPolicy:
         """Parse `to_json`'s output (or a version-1 file); ValueError naming what is wrong."""
-        document = json.loads(text)
-        if not isinstance(document, dict):
-            raise ValueError("admission policy is not a JSON object")
-        if document.get("format_version") == 1:
-            document = upgrade_v1(document)
-        if document.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"admission policy is not format version {FORMAT_VERSION} (or 1)")
+        document = read_policy_document(text)
         try:
             drift = {m: ModeDrift(**d) for m, d in document["drift"].items()}
             params = {
@@ -270,50 +268,15 @@ class AdmissionPolicy:
             raise ValueError(f"malformed admission policy: {error!r}") from error
 
 
-def upgrade_v1(document: Mapping[str, Any]) -> dict[str, Any]:
-    """A version-1 document (flat `anchor_gamma`, `blend_ratio`, ... fields) as version 2.
-
-    Migration: `kvsplice.client.modes.admission.save_policy(load_policy(path, fp), path)`.
-    """
-    params: dict[str, dict[str, Any]] = {}
-    for name, (mode, field_name) in V1_FIELDS.items():
-        if name in document:
-            params.setdefault(mode, {})[field_name] = document[name]
-    unknown = set(document) - set(V1_FIELDS) - V1_KEPT
-    if unknown:
-        raise ValueError(f"unknown fields in a version-1 admission policy: {sorted(unknown)}")
-    kept = {name: document[name] for name in V1_KEPT if name in document}
-    return {"created_at": None, "drift": {}, **kept, "format_version": 2, "params": params}
-
-
-# version 1's flat fields → (mode, field of its Params)
-V1_FIELDS: dict[str, tuple[str, str]] = {
-    "w_exact": ("multicut", "w_exact"),
-    "blend_ratio": ("blend", "ratio"),
-    "halo_tokens": ("halo", "num_halo"),
-    "halo_epsilon_nats": ("halo", "epsilon_nats"),
-    "anchor_gamma": ("anchor", "gamma"),
-    "anchor_tau": ("anchor", "tau"),
-    "anchor_metric": ("anchor", "metric"),
-    "anchor_repair_ratio": ("anchor", "repair_ratio"),
-    "anchor_min_coverage": ("anchor", "min_coverage"),
-}
-V1_KEPT = {"format_version", "model_fingerprint", "admitted_modes", "created_at", "drift"}
-
-
 def default_policy(fingerprint: str) -> AdmissionPolicy:
     """The safe default: only `dense` and `exact`, which never drift from dense prefill."""
     return AdmissionPolicy(model_fingerprint=fingerprint)
 
 
-# Policies shipped with the package, one `<model fingerprint>.json` each (SmolLM2-135M's).
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
-
-
 def shipped_policy(fingerprint: str) -> AdmissionPolicy | None:
     """The policy the package ships for the model `fingerprint` (None: none ships)."""
-    path = SHIPPED_DIR / f"{fingerprint}.json"
-    return AdmissionPolicy.from_json(path.read_text()) if path.is_file() else None
+    path = shipped_policy_path(fingerprint)
+    return AdmissionPolicy.from_json(path.read_text()) if path is not None else None
 
 
 def load_policy(path: Path | str | None, fingerprint: str) -> AdmissionPolicy:
@@ -327,10 +290,8 @@ def load_policy(path: Path | str | None, fingerprint: str) -> AdmissionPolicy:
     if path is None:
         return shipped_policy(fingerprint) or default_policy(fingerprint)
     policy = AdmissionPolicy.from_json(Path(path).read_text())
-    if policy.model_fingerprint != fingerprint:
-        raise FingerprintMismatch(
-            f"admission policy {path} is for model {policy.model_fingerprint}, not {fingerprint}"
-        )
+    check_fingerprint({"model_fingerprint": policy.model_fingerprint}, fingerprint,
+                      f"admission policy {path}")  # fmt: skip
     logger.info("admission policy %s admits %s", path, ", ".join(policy.admitted_modes))
     return policy
 

@@ -20,12 +20,13 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.modes.params import NoParams
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.client.modes.shared import plan_exact_prefix
+from kvsplice.common.reuse_modes import EXACT
 
 logger = logging.getLogger(__name__)
 
 
 class ExactPolicy(RecordingPolicy):
-    mode = "exact"
+    mode = EXACT
 
     def plan(self, prompt: SpannedPrompt, ctx: CallContext) -> PlannedCall[None]:
         builder = PlanBuilder(prompt.token_ids)
@@ -33,4 +34,4 @@ class ExactPolicy(RecordingPolicy):
         return PlannedCall(builder.build())
 
 
-SPEC = ModeSpec("exact", NoParams, lambda _: ExactPolicy(), chain_only=True, drifts=False)
+SPEC = ModeSpec(EXACT, NoParams, lambda _: ExactPolicy(), chain_only=True, drifts=False)

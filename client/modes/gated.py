@@ -59,12 +59,13 @@ from kvsplice.client.modes.route_cost import (
     staged_cost,
 )
 from kvsplice.client.modes.shared import decision_margin, declared_choices
+from kvsplice.common.reuse_modes import DENSE, EXACT, GATED
 
 logger = logging.getLogger(__name__)
 
-MODE = "gated"
+MODE = GATED
 # Zero-drift modes: a judge may run them whatever calibration said.
-ZERO_DRIFT = ("dense", "exact")
+ZERO_DRIFT = (DENSE, EXACT)
 GUARD = "gated_exact"
 # The same floor over the admitted judge mode's kept prefill (its own guard may be lower).
 FLOOR_GUARD = "gated_floor"

@@ -26,10 +26,11 @@ from kvsplice.client.modes.base import CallContext, ModeSpec, PlannedCall, Spann
 from kvsplice.client.modes.params import check_ranges, knob
 from kvsplice.client.modes.recorder import RecordingPolicy
 from kvsplice.client.modes.shared import ANSWER_SOURCES, QUESTION_SOURCES, plan_position_only
+from kvsplice.common.reuse_modes import NAIVE
 
 logger = logging.getLogger(__name__)
 
-MODE = "naive"
+MODE = NAIVE
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
+from kvsplice.common.reuse_modes import DENSE
 
-DENSE = "dense"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

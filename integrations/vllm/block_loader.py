@@ -9,6 +9,7 @@ What each load served is reported to the sidecar once its request starts (`repor
 from __future__ import annotations
 
 from kvsplice.common.reuse_report import ReusedRun
+from kvsplice.integrations.vllm.anchor_loads import GateRefused
 from kvsplice.integrations.vllm.paged_caches import PagedCaches
 from kvsplice.integrations.vllm.segment_fetch import LoadFault, SegmentFetch
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
@@ -89,14 +90,19 @@ class BlockLoader:
         return None
 
     def _failed(self, spec: LoadSpec, num_good: int, fault: LoadFault) -> set[int]:
-        """Report the blocks from the first bad one on, taint them, tell the scheduler."""
-        self.num_failed_loads += 1
-        self.faults.record("load failed", f"request {spec.request_id}: {fault}")
+        """Report the blocks from the first bad one on, taint them, tell the scheduler (a
+        refusal of the anchor gate the same way, as a refusal: nothing failed)."""
+        refusal = fault.refusal if isinstance(fault, GateRefused) else None
+        if refusal is None:
+            self.num_failed_loads += 1
+            self.faults.record("load failed", f"request {spec.request_id}: {fault}")
         if fault.corrupt_segment_id is not None:
             self._delete(spec.namespace, fault.corrupt_segment_id)
         failed = set(spec.block_ids[num_good:])
         position = spec.start + num_good * self.paged.block_size
-        news = LoadFaultNews(spec.request_id, spec.namespace, position, fault.corrupt_segment_id)
+        news = LoadFaultNews(
+            spec.request_id, spec.namespace, position, fault.corrupt_segment_id, refusal
+        )
         self.news.load_failed(news, failed)
         return failed
 

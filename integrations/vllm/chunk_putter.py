@@ -42,13 +42,19 @@ class GatheredChunk:
 
     def kv(self) -> SegmentKV:
         """keys/values [L, H_kv, T, D]."""
-        first = self.blocks[0]
-        shape = (len(self.blocks), self.layout.num_kv_heads, len(first) * self.layout.block_size,
-                 self.layout.head_dim)  # fmt: skip
-        keys, values = torch.empty(shape, dtype=first.dtype), torch.empty(shape, dtype=first.dtype)
-        for layer, blocks in enumerate(self.blocks):
-            self.layout.tokens_into(blocks, keys[layer], values[layer])
-        return SegmentKV(keys, values, start_position=self.spec.start)
+        return token_major(self.blocks, self.layout, self.spec.start)
+
+
+def token_major(
+    blocks: tuple[torch.Tensor, ...], layout: BlockLayout, start_position: int
+) -> SegmentKV:
+    """Blocks copied out of the cache (`PagedCaches.copy_out`) as keys/values [L, H_kv, T, D]."""
+    first = blocks[0]
+    shape = (len(blocks), layout.num_kv_heads, len(first) * layout.block_size, layout.head_dim)
+    keys, values = torch.empty(shape, dtype=first.dtype), torch.empty(shape, dtype=first.dtype)
+    for layer, layer_blocks in enumerate(blocks):
+        layout.tokens_into(layer_blocks, keys[layer], values[layer])
+    return SegmentKV(keys, values, start_position=start_position)
 
 
 @dataclass

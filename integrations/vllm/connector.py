@@ -39,11 +39,17 @@ from kvsplice.integrations.vllm.engine_fingerprint import (
     effective_fingerprint,
     engine_fingerprint,
 )
-from kvsplice.integrations.vllm.reuse_policy import admits_spans
+from kvsplice.integrations.vllm.reuse_policy import admitted_engine_modes
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
+from kvsplice.integrations.vllm.transfer_specs import (
+    AnchorSpec,
+    LoadSpec,
+    RequestStart,
+    SaveSpec,
+    WorkerNews,
+)
 from kvsplice.integrations.vllm.worker_side import WorkerSide
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -67,6 +73,7 @@ class KvspliceMetadata(KVConnectorMetadata):
     saves: list[SaveSpec] = field(default_factory=list)
     starts: list[RequestStart] = field(default_factory=list)
     num_faults_seen: int = 0  # load faults the scheduler had absorbed when it planned this
+    anchors: list[AnchorSpec] = field(default_factory=list)  # refused runs, now computed
 
 
 @dataclass
@@ -109,7 +116,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
         self._stats_seen: dict[str, int] = {}  # the totals at the last get_kv_connector_stats
         if role == KVConnectorRole.SCHEDULER:
-            approximate = admits_spans(self.config.reuse_policy, self.fingerprint)
+            engine_modes = admitted_engine_modes(self.config.reuse_policy, self.fingerprint)
             self.scheduler = SchedulerSide(
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
                 save_decode=self.config.save_decode_for(kv_dtype),
@@ -117,7 +124,7 @@ class KvspliceConnector(KVConnectorBase_V1):
                 save_tails=self.config.save_tails,
                 lookup_wait_s=self.config.lookup_wait_ms / 1000,
                 lookup_timeout_s=self.config.lookup_deadline_ms / 1000,
-                faults=self.faults, approximate=approximate,
+                faults=self.faults, engine_modes=engine_modes,
                 hash_block_size=getattr(kv_cache_config, "hash_block_size", None),
             )  # fmt: skip
             _warn_if_failing_requests(transfer)
@@ -188,6 +195,8 @@ class KvspliceConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvspliceMetadata)
         for spec in meta.saves:
             self.worker.save(spec, meta.num_faults_seen)  # never raises
+        for anchor in meta.anchors:
+            self.worker.save_anchors(anchor)  # never raises
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """(nothing sent, requests whose async loads ended); their blocks that could not be
@@ -216,8 +225,7 @@ class KvspliceConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         if self.worker is not None:
-            self.worker.async_loads.close()
-            self.worker.putter.close()
+            self.worker.close()
         if self.scheduler is not None:
             self.scheduler.lookups.close()
         self.clients.close()
@@ -286,7 +294,8 @@ class KvspliceConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.scheduler is not None
         loads, saves, starts = self.scheduler.build_step(scheduler_output)
-        return KvspliceMetadata(loads, saves, starts, self.scheduler.num_faults_seen)
+        anchors = self.scheduler.take_anchors()
+        return KvspliceMetadata(loads, saves, starts, self.scheduler.num_faults_seen, anchors)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self.scheduler is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvsplice.common.reuse_modes import ANCHOR
 from kvsplice.integrations.vllm.reuse_request import KEY, RequestedReuse
 
 
@@ -26,6 +27,8 @@ class GatedOutcome:
     num_promised_runs: int  # of those, loaded (whole blocks past what the engine had)
     num_approximate_tokens: int
     load_failed: bool  # a load of this request failed (recomputed)
+    mode: str | None = None  # the approximate mode it ran (None: exact reuse)
+    refusal: str | None = None  # why the anchor gate refused its runs (recomputed: exact)
 
 
 def reason(outcome: GatedOutcome) -> str | None:
@@ -38,6 +41,11 @@ def reason(outcome: GatedOutcome) -> str | None:
         return "the sidecar did not answer the lookup in time"
     if outcome.load_failed:
         return "loading failed: the request was recomputed"
+    if outcome.refusal is not None:
+        return (
+            f"the anchor gate refused ({outcome.refusal}): the runs found were recomputed "
+            "(exact reuse), and become anchors for the requests after it"
+        )
     if outcome.num_found_runs == 0 and outcome.num_prefix_tokens == 0:
         return (
             "the prompt's start is not stored: a connector loads from the start on, so the "
@@ -61,6 +69,8 @@ def reuse_report(
         "exact_tokens": num_exact_tokens,
         "approximate_tokens": outcome.num_approximate_tokens,
     }
+    if outcome.mode == ANCHOR:  # NOTE: naive, the engines' first mode, goes unnamed (as
+        report["mode"] = outcome.mode  # before the anchor mode: reports compared whole)
     if reuse.problem:
         report["problem"] = reuse.problem
     if reuse.approximate:

@@ -37,6 +37,7 @@ class LookupQuery:
     root: str  # the fingerprint the request's chain hangs from (request_keys)
     num_tokens: int
     approximate: bool = False  # also look for stored runs past the exact prefix
+    exact_bases: bool = False  # only runs of segments computed on an exact chain (anchor)
     session: SessionScope | None = None  # the agent session asking (`sessions`)
 
 

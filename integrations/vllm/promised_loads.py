@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvsplice.common.keys import KeyChain
+from kvsplice.common.reuse_modes import NAIVE
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, StoredPiece
@@ -37,7 +38,7 @@ class PromisedLoads:
     def promise(
         self, request_id: str, namespace: str, root: str, lookup: PrefixLookup,
         token_ids: Sequence[int], block_ids: Sequence[int], start: int, end: int,
-        spans: tuple[ReusedSpan, ...], *, is_async: bool,
+        spans: tuple[ReusedSpan, ...], *, is_async: bool, mode: str = NAIVE,
     ) -> LoadSpec:  # fmt: skip
         """Load tokens `[start, end)` into the request's blocks: the stored pieces up to the
         first run of `spans`, the runs from there.
@@ -57,7 +58,7 @@ class PromisedLoads:
         load = LoadSpec(
             request_id=request_id, namespace=namespace, root=root, start=start, end=end,
             block_ids=tuple(block_ids[first:last]), token_ids=tuple(token_ids[:checked_end]),
-            pieces=pieces, is_async=is_async, spans=spans,
+            pieces=pieces, is_async=is_async, spans=spans, mode=mode,
         )  # fmt: skip
         if is_async:  # NOTE: the request is not scheduled until its load ends
             self._async.append(load)

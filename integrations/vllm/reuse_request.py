@@ -5,7 +5,12 @@ connector as `request.kv_transfer_params`):
 
     {"kvsplice": {"reuse": "gated"}}   approximate reuse where the admission policy
                                        admits it, exact elsewhere
+    {"kvsplice": {"reuse": "anchor"}}  the anchor mode (KVComm's correction at load) where
+                                       the policy admits it, exact elsewhere
     {"kvsplice": {"reuse": "exact"}}   exact prefixes only (also: no "kvsplice" key)
+
+`"gated"` picks the first approximate mode the connector runs that the policy admits, in
+the policy's order (`common.reuse_modes.ENGINE_MODES`: anchor, naive).
 
 A request without the opt-in never receives approximate K/V. A malformed value cannot
 be refused from inside the scheduler (an exception there stops the engine), so it is
@@ -15,25 +20,33 @@ Knows vLLM's `Request` only through `kv_transfer_params`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvsplice.common.reuse_modes import ANCHOR, EXACT, GATED
+
 KEY = "kvsplice"
-EXACT = "exact"
-GATED = "gated"
-REUSE_VALUES = (EXACT, GATED)
+REUSE_VALUES = (EXACT, GATED, ANCHOR)
 
 
 @dataclass(frozen=True)
 class RequestedReuse:
-    """`mode`: "exact" or "gated"; `problem`: what was wrong with the request's params."""
+    """`mode`: one of `REUSE_VALUES`; `problem`: what was wrong with the request's params."""
 
     mode: str = EXACT
     problem: str | None = None
 
     @property
     def approximate(self) -> bool:
-        return self.mode == GATED
+        return self.mode != EXACT
+
+    def engine_mode(self, admitted: Sequence[str]) -> str | None:
+        """The approximate mode this request runs among the `admitted` ones (the policy's
+        order); None: exact reuse."""
+        if self.mode == GATED:
+            return admitted[0] if admitted else None
+        return self.mode if self.mode in admitted else None
 
 
 def requested_reuse(request: Any) -> RequestedReuse:

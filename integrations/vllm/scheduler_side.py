@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsplice.common.breaker import CircuitBreaker
+from kvsplice.common.reuse_modes import ANCHOR, NAIVE
+from kvsplice.integrations.vllm.anchors_due import AnchorsDue
 from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.fence import Fence
 from kvsplice.integrations.vllm.gated_report import GatedOutcome, reuse_report
@@ -31,7 +33,13 @@ from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
 from kvsplice.integrations.vllm.store_clients import StoreClients
 from kvsplice.integrations.vllm.store_lookup import StoreLookup
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
+from kvsplice.integrations.vllm.transfer_specs import (
+    AnchorSpec,
+    LoadSpec,
+    RequestStart,
+    SaveSpec,
+    WorkerNews,
+)
 from kvsplice.storeclient.results import PrefixLookup
 
 logger = logging.getLogger(__name__)
@@ -60,6 +68,10 @@ class _Tracked:
     # NOTE: where its first failed load stopped: never promised past it again (vLLM's
     # "recompute" asks again; the cached answer would promise the same failing piece)
     max_promise_tokens: int | None = None
+    engine_mode: str | None = None  # the approximate mode it runs (None: exact reuse)
+    loaded_spans: tuple[ReusedSpan, ...] = ()  # the approximate runs of the last load
+    refusal: str | None = None  # why the anchor gate refused its runs (then recomputed)
+    refused_spans: tuple[ReusedSpan, ...] = ()  # refused runs to make anchors of, once computed
 
 
 class SchedulerSide:
@@ -68,12 +80,12 @@ class SchedulerSide:
         save_decode: bool = False, *, save_tails: bool = True, load_async: str = "never",
         lookup_wait_s: float = 0.02, lookup_timeout_s: float = 2.0,
         breaker: CircuitBreaker | None = None, faults: FaultLog | None = None,
-        approximate: bool = False, hash_block_size: int | None = None,
+        engine_modes: tuple[str, ...] = (), hash_block_size: int | None = None,
     ) -> None:  # fmt: skip
         self.namespace = clients.config.namespace
         self.fingerprint = fingerprint
-        # whether the admission policy admits approximate runs for requests that opt in
-        self.approximate = approximate
+        # the approximate modes the admission policy admits for requests that opt in
+        self.engine_modes = engine_modes
         self.block_size = block_size
         self.hash_block_size = hash_block_size or block_size  # vLLM's prefix-cache hashes
         self.rules = SaveRules.of(block_size, chunk_tokens, save_tails, save_decode)
@@ -96,6 +108,7 @@ class SchedulerSide:
         self.num_promised_exact_tokens = 0  # of num_hit_tokens: from exact chain links
         self.num_promised_approximate_tokens = 0  # and from approximate runs
         self.num_faults_seen = 0  # load faults absorbed: the worker withholds saves until then
+        self.anchors = AnchorsDue(block_size)  # refused runs the engine computed: anchors
 
     @property
     def num_lookups(self) -> int:
@@ -138,6 +151,7 @@ class SchedulerSide:
         query = LookupQuery(
             tracked.namespace, root, len(request.all_token_ids),
             approximate=self._wants_spans(tracked), session=tracked.session,
+            exact_bases=tracked.engine_mode == ANCHOR,
         )  # fmt: skip
         found = self.lookups.poll(request.request_id, query, request.all_token_ids)
         if found is None:
@@ -149,7 +163,7 @@ class SchedulerSide:
         return True
 
     def _wants_spans(self, tracked: _Tracked) -> bool:
-        return self.approximate and tracked.reuse.approximate and tracked.root is not None
+        return tracked.engine_mode is not None and tracked.root is not None
 
     # ---- allocation and steps ------------------------------------------------------------
 
@@ -166,7 +180,9 @@ class SchedulerSide:
         load = self.loads.promise(
             request.request_id, tracked.namespace, tracked.root or "", lookup,
             request.all_token_ids, block_ids, start, end, spans, is_async=tracked.load_async,
+            mode=tracked.engine_mode or NAIVE,
         )  # fmt: skip
+        tracked.loaded_spans = load.spans
         tracked.num_exact_tokens = exact_end - start
         tracked.num_approximate_tokens = end - exact_end
         tracked.num_promised_runs = len(load.spans)
@@ -181,6 +197,7 @@ class SchedulerSide:
         loads = self.loads.take_async()
         starts: list[RequestStart] = []
         computed: list[tuple[_Tracked, int]] = []
+        computing: list[tuple[_Tracked, int, int]] = []  # (request, from, to) this step
         for new in scheduler_output.scheduled_new_reqs:
             tracked = self._tracked.get(new.req_id)
             if tracked is None:
@@ -191,6 +208,7 @@ class SchedulerSide:
             tracked.block_ids = list(new.block_ids[0])
             scheduled = scheduler_output.num_scheduled_tokens[new.req_id]
             computed.append((tracked, new.num_computed_tokens + scheduled))
+            computing.append((tracked, new.num_computed_tokens, computed[-1][1]))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             tracked = self._tracked.get(req_id)
@@ -205,12 +223,32 @@ class SchedulerSide:
                 tracked.block_ids.extend(new_blocks[0])
             scheduled = scheduler_output.num_scheduled_tokens[req_id]
             computed.append((tracked, cached.num_computed_tokens[i] + scheduled))
+            computing.append((tracked, cached.num_computed_tokens[i], computed[-1][1]))
         for tracked, _ in computed:
             load = self.loads.take(tracked.request.request_id)
             if load is not None:
                 loads.append(load)
         self.loads.ran({tracked.request.request_id for tracked, _ in computed})
+        for tracked, first, last in computing:
+            self._anchor_if_computed(tracked, first, last)
         return loads, self._all_saves(computed, scheduler_output), starts
+
+    def _anchor_if_computed(self, tracked: _Tracked, first: int, last: int) -> None:
+        """Refused runs whose last token this step computes (after the refusal reached
+        here, so over recomputed K/V) become anchors (`take_anchors`, the worker's)."""
+        spans = tracked.refused_spans
+        if not spans or not first < spans[-1].end <= last or self.disabled:
+            return
+        tracked.refused_spans = ()
+        request = tracked.request
+        self.anchors.due(
+            request.request_id, tracked.namespace, tracked.root or "", request.all_token_ids,
+            spans, tracked.block_ids,
+        )  # fmt: skip
+
+    def take_anchors(self) -> list[AnchorSpec]:
+        """The anchors this step's K/V makes (sent with the step's metadata)."""
+        return self.anchors.take()
 
     def finished(self, request: Any) -> dict[str, Any] | None:
         """Forget the request; for one that asked for a reuse mode, what it got (returned
@@ -240,7 +278,11 @@ class SchedulerSide:
                 self.ledger.mark_bad(fault.corrupt_segment_id)
             tracked = self._tracked.get(fault.request_id)
             if tracked is not None:
-                tracked.load_failed = True
+                if fault.refusal is not None:  # the anchor gate's: recomputed, then anchored
+                    tracked.refusal, tracked.num_approximate_tokens = fault.refusal, 0
+                    tracked.refused_spans = self.anchors.worth(tracked.loaded_spans)
+                else:
+                    tracked.load_failed = True
                 before = tracked.max_promise_tokens
                 tracked.max_promise_tokens = min(
                     fault.position, before if before is not None else fault.position
@@ -290,6 +332,7 @@ class SchedulerSide:
         reuse = requested_reuse(request)
         if reuse.problem:
             self.faults.record("a request's kv_transfer_params were ignored", reuse.problem)
+        engine_mode = reuse.engine_mode(self.engine_modes)
         fence = Fence()
         session = session_scope(request)
         # NOTE: a released session's own puts are not held: one landing after the release
@@ -300,7 +343,9 @@ class SchedulerSide:
             if root is None
             else SaveChain(request.request_id, namespace, root, self.rules, fence, held_for)
         )
-        tracked = _Tracked(request, namespace, root, saves, reuse, fence, session)
+        tracked = _Tracked(
+            request, namespace, root, saves, reuse, fence, session, engine_mode=engine_mode
+        )
         self._tracked[request.request_id] = tracked
         return tracked
 
@@ -310,5 +355,5 @@ def _outcome(tracked: _Tracked, admitted: bool) -> GatedOutcome:
     return GatedOutcome(
         admitted, answer is not None, answer.lookup.num_matched_tokens if answer else 0,
         len(answer.spans) if answer else 0, tracked.num_promised_runs,
-        tracked.num_approximate_tokens, tracked.load_failed,
+        tracked.num_approximate_tokens, tracked.load_failed, tracked.engine_mode, tracked.refusal,
     )  # fmt: skip

@@ -31,8 +31,11 @@ SPAN_SEARCH_SHARE = 0.5
 def find_spans(
     store: Any, root: str, token_ids: Sequence[int], start: int, *,
     block_size: int, chunk_tokens: int, deadline: float, faults: FaultLog,
+    exact_only: bool = False,
 ) -> tuple[ReusedSpan, ...]:  # fmt: skip
-    """Stored runs of `token_ids` from `start` on (whole blocks, leaving the last token).
+    """Stored runs of `token_ids` from `start` on (whole blocks, leaving the last token);
+    `exact_only`: of segments computed on an exact chain only (the anchor mode's bases:
+    an offset corrects K/V of the kind it was measured against, a sender's own).
 
     NOTE: each new candidate's tokens are read with the segment (in place on the
     sidecar's host: a map view and a checksum; elsewhere its payload streams).
@@ -52,7 +55,8 @@ def find_spans(
                 )
                 break
             num_queries += 1
-            _add_candidates(store, root, token_ids[window : window + chunk_tokens], candidates)
+            window_ids = token_ids[window : window + chunk_tokens]
+            _add_candidates(store, root, window_ids, candidates, exact_only)
         spans = cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
         reached = spans[-1].end if spans else start
         if reached <= position:  # nothing from here on: the tokens are new
@@ -62,14 +66,15 @@ def find_spans(
 
 
 def _add_candidates(
-    store: Any, root: str, window: Sequence[int], candidates: dict[str, StoredTokens]
-) -> None:
+    store: Any, root: str, window: Sequence[int], candidates: dict[str, StoredTokens],
+    exact_only: bool,
+) -> None:  # fmt: skip
     for candidate in store.find_similar(root, window, limit=MAX_SPAN_CANDIDATES):
         ref = candidate.segment
         if ref.segment_id in candidates or ref.layer_start != 0:
             continue
         found = store.get_segment(ref.segment_id, model_fingerprint=root)
-        if found is not None:
+        if found is not None and (found[0].exact or not exact_only):
             meta = found[0]
             candidates[ref.segment_id] = StoredTokens(
                 ref.segment_id, meta.start_position, tuple(meta.token_ids)

@@ -4,7 +4,8 @@ Every run is fetched and checked token by token (`SegmentFetch.span`), then writ
 `kvmath.fused_decode.decode_into` (stored int8 takes the fused dequantize-and-rotate path,
 float K/V are shifted in float32 at least) into its token slice of one `[L, H_kv, T, D]`
 buffer where the caches are, and the buffer goes into the blocks (`PagedCaches.scatter`).
-On an engine started as a negative control the runs are damaged first (`negative_controls`).
+On an engine started as a negative control the runs are damaged first (`negative_controls`);
+a load in the anchor mode has them corrected, or refused, before they go in (`anchor_loads`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from kvsplice.common.reuse_modes import ANCHOR
+from kvsplice.integrations.vllm.anchor_loads import AnchorCorrector
 from kvsplice.integrations.vllm.negative_controls import applied_delta, damage_in_place
 from kvsplice.integrations.vllm.paged_caches import PagedCaches
 from kvsplice.integrations.vllm.segment_fetch import LoadFault, SegmentFetch
@@ -31,8 +34,10 @@ class SpanWriter:
         paged: PagedCaches,
         rope: Callable[[], RopeSpec] | None,
         negative_control: str | None = None,
+        anchors: AnchorCorrector | None = None,
     ) -> None:
         self.fetch = fetch
+        self.anchors = anchors  # the anchor mode's correction (None: naive only)
         self.paged = paged
         self._rope_of = rope  # the model's RoPE, read when a first run is written
         self._rope: RopeSpec | None = None
@@ -53,6 +58,10 @@ class SpanWriter:
             lo, hi = span.start - position, min(span.end, spec.end) - position
             run = stored.tokens(span.offset, span.offset + hi - lo)
             self._place(run, span, keys_out[:, :, lo:hi], values_out[:, :, lo:hi])
+        if spec.mode == ANCHOR:  # naive's K/V are the runs' bases: corrected, or refused
+            if self.anchors is None:
+                raise LoadFault(position, "this worker cannot correct runs (no anchor reader)")
+            self.anchors.correct(spec, position, keys_out, values_out)
         self.paged.scatter(block_ids, keys_out, values_out)
 
     def _place(

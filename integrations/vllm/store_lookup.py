@@ -53,7 +53,7 @@ class StoreLookup:
             spans = find_spans(
                 store, query.root, token_ids, lookup.num_matched_tokens,
                 block_size=self.block_size, chunk_tokens=self.chunk_tokens,
-                deadline=deadline, faults=self.faults,
+                deadline=deadline, faults=self.faults, exact_only=query.exact_bases,
             )  # fmt: skip
         except Exception as error:  # the exact prefix stands
             self.faults.record("looking up approximate runs failed", error)

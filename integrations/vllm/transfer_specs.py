@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvsplice.common.reuse_modes import NAIVE
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 
 
@@ -31,7 +32,9 @@ class LoadSpec:
     promise may end inside its last piece). `is_async`: the request waits
     (vLLM's `load_kv_async`) while the load runs beside the engine's steps. `spans`
     (approximate reuse, requests that opted in): runs of segments computed elsewhere,
-    from where `pieces` end to `end`, keys moved to their new positions.
+    from where `pieces` end to `end`, keys moved to their new positions; `mode`: the
+    approximate mode they load in (`naive`, or `anchor`: corrected by stored anchors, or
+    refused by its gate and recomputed).
     """
 
     request_id: str
@@ -44,6 +47,7 @@ class LoadSpec:
     pieces: tuple[StoredPiece, ...]
     is_async: bool = False
     spans: tuple[ReusedSpan, ...] = ()
+    mode: str = NAIVE
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,22 @@ class RequestStart:
 
 
 @dataclass(frozen=True)
+class AnchorSpec:
+    """Make anchors of `spans`, runs the anchor gate refused that the engine then computed
+    in the request's context: their K/V in `block_ids` (the request's blocks from
+    `spans[0].start // block_size` on) against the stored runs (`anchor_saves`).
+    `token_ids`: the request's tokens up to the last run's end."""
+
+    request_id: str
+    namespace: str
+    root: str
+    token_ids: tuple[int, ...]
+    spans: tuple[ReusedSpan, ...]
+    block_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True)
 class LoadFaultNews:
     """A load failed at `position`: nothing computed over it may be stored, and a stored
     piece that failed verification (`corrupt_segment_id`) is not promised again."""
@@ -104,6 +124,7 @@ class LoadFaultNews:
     namespace: str
     position: int
     corrupt_segment_id: str | None = None
+    refusal: str | None = None  # the anchor gate refused (why): recomputed, nothing failed
 
 
 @dataclass

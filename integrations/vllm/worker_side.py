@@ -3,7 +3,8 @@
 Wiring over its rooms: the engine's caches (`PagedCaches`), loads (`BlockLoader`: pieces
 checked by `SegmentFetch`, approximate runs written by `SpanWriter`), loads beside the
 steps (`AsyncLoads`), saves (`save` copies a chunk's blocks out, the `ChunkPutter` puts
-them), and what became of both for the scheduler (`WorkerNewsDesk`).
+them), anchors of runs the anchor gate refused (`AnchorSaver`), and what became of loads
+and saves for the scheduler (`WorkerNewsDesk`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from kvsplice.integrations.vllm.anchor_loads import AnchorCorrector
+from kvsplice.integrations.vllm.anchor_saves import AnchorSaver
 from kvsplice.integrations.vllm.async_loads import AsyncLoads
 from kvsplice.integrations.vllm.block_layout import BlockLayout
 from kvsplice.integrations.vllm.block_loader import BlockLoader
@@ -21,7 +24,13 @@ from kvsplice.integrations.vllm.segment_fetch import SegmentFetch
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_writer import SpanWriter
 from kvsplice.integrations.vllm.store_clients import StoreClients
-from kvsplice.integrations.vllm.transfer_specs import LoadSpec, RequestStart, SaveSpec, WorkerNews
+from kvsplice.integrations.vllm.transfer_specs import (
+    AnchorSpec,
+    LoadSpec,
+    RequestStart,
+    SaveSpec,
+    WorkerNews,
+)
 from kvsplice.integrations.vllm.worker_news import WorkerNewsDesk
 from kvsplice.kvmath.rope import RopeSpec
 
@@ -38,10 +47,14 @@ class WorkerSide:
         self.faults = faults
         self.news = WorkerNewsDesk()
         fetch = SegmentFetch(clients, self.paged.kv_dims)
-        spans = SpanWriter(fetch, self.paged, rope, negative_control)
+        anchors = None if rope is None else AnchorCorrector(clients, rope)
+        spans = SpanWriter(fetch, self.paged, rope, negative_control, anchors)
         self.loader = BlockLoader(clients, self.paged, fetch, spans, self.news, faults)
         self.async_loads = AsyncLoads(self.loader.load)
         self.putter = ChunkPutter(clients, quant, max_pending_saves, self.news.put_outcome, faults)
+        self.anchor_saves = (
+            None if rope is None else AnchorSaver(self.paged, fetch, rope, quant, faults)
+        )
         self.num_withheld_saves = 0
 
     def load(self, spec: LoadSpec) -> set[int]:
@@ -69,6 +82,18 @@ class WorkerSide:
             self.news.put_outcome(spec, False)
             return
         self.putter.submit(GatheredChunk(spec, blocks, self.paged.layout))
+
+    def save_anchors(self, spec: AnchorSpec) -> None:
+        """Copy the refused runs' blocks out now (recomputed in context) and queue their
+        anchors (`anchor_saves`; never raises)."""
+        if self.anchor_saves is not None:
+            self.anchor_saves.submit(spec)
+
+    def close(self) -> None:
+        self.async_loads.close()
+        self.putter.close()
+        if self.anchor_saves is not None:
+            self.anchor_saves.close()
 
     def take_news(self, num_faults_seen: int) -> WorkerNews:
         """What happened since the last call; forgets taints the scheduler has heard of."""

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvsplice.client.execute.capture import capture_segments
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, tile_spans
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor, kv_offset
+from kvsplice.kvmath.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.kvmath.rope import RopeSpec
 from kvsplice.kvmath.segment_kv import SegmentKV
 

@@ -25,23 +25,11 @@ import xxhash
 
 from kvsplice.client.execute.execution import CallTimings, ExecutionState, timed
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, tile_spans
-from kvsplice.client.modes.anchor.anchors import (
-    AgentOffsets,
-    Anchor,
-    AnchorQuery,
-    GateDecision,
-    anchor_spans,
-    correct,
-    decide,
-    kv_offset,
-)
 from kvsplice.client.modes.anchor.params import Params
 from kvsplice.client.modes.anchor.pools import (
     DecodedAnchors,
     anchor_id_of,
     coverage,
-    encode_base,
-    encode_offsets,
     is_agent_output,
     lead_base,
     own_pool,
@@ -51,6 +39,7 @@ from kvsplice.client.modes.anchor.pools import (
     sender_base_record,
     stored_base,
 )
+from kvsplice.client.modes.anchor.spans import anchor_spans
 from kvsplice.client.modes.base import (
     CallContext,
     ModeSpec,
@@ -65,11 +54,16 @@ from kvsplice.client.modes.risk_gate import classify
 from kvsplice.client.modes.shared import blend_plan, blend_rule, plan_exact_prefix, replace_spans
 from kvsplice.client.tiers.segment_io import SpanRecord
 from kvsplice.common.errors import ResourceExhausted
+from kvsplice.common.reuse_modes import ANCHOR
+from kvsplice.kvmath.anchor_correction import AnchorQuery, correct
+from kvsplice.kvmath.anchor_gate import GateDecision, decide
+from kvsplice.kvmath.anchor_payload import encode_base, encode_offsets
+from kvsplice.kvmath.anchors import AgentOffsets, Anchor, kv_offset
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 logger = logging.getLogger(__name__)
 
-MODE = "anchor"
+MODE = ANCHOR
 # The repair's check layer: every corrected token is computed through it (CacheBlend).
 REPAIR_CHECK_LAYER = 1
 

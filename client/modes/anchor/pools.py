@@ -4,8 +4,7 @@ Owns `coverage` (KVComm's length rule, or partial coverage), reading a pool (`ow
 this agent's offsets, kept decoded between calls in `DecodedAnchors`; `pooled_anchors`:
 PAL-KV's union, per call), the bases offsets are taken against (`lead_base`,
 `sender_base`, `stored_base`) and the sender-base record. When to gate, correct or add
-an anchor is the policy's. Also owns an anchor's byte form (below) and the ids pools
-and anchors are keyed by.
+an anchor is the policy's. Also owns the ids pools and anchors are keyed by.
 
 `DecodedAnchors`: the anchor gate needs a placeholder's whole pool on
 every call; fetching and dequantizing each anchor again (a base plus one
@@ -33,13 +32,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvsplice.client.execute.execution import timed
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.base import CallContext, StoreContext
 from kvsplice.client.modes.shared import question_base
 from kvsplice.client.tiers.segment_io import SpanRecord, fetch_segment
-from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.keys import content_key, context_key, sender_base_root
-from kvsplice.kvmath.payload import decode_payload, encode_payload
+from kvsplice.kvmath.anchor_payload import decode_anchor_payloads, on_device
+from kvsplice.kvmath.anchors import Anchor
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.results import AnchorEntry
@@ -294,15 +292,7 @@ def sender_base_record(response: SpanRecord, fingerprint: str) -> SpanRecord:
     return SpanRecord(response.kv, response.token_ids, parent, (), "", "sender-base")
 
 
-# KVComm anchors ⇄ store payloads: ids, the base payload and one payload per agent.
-#
-# Owns the byte form of an `Anchor` (one `kvmath.payload` per tensor group) and the
-# ids the store keys pools and anchors by. Deciding when to add or use an anchor
-# is the anchor policy's; pool bookkeeping is the store's.
-#
-# Agent payload: the placeholder offset [L, H_kv, T_a, D] and, when recorded, the
-# next text's offset right after it, concatenated along tokens into one segment
-# (they sit at consecutive positions); the anchor's `num_tokens` T_a splits them.
+# The ids the store keys pools and anchors by (the byte form is `kvmath.anchor_payload`'s).
 
 
 def placeholder_id_of(name: str) -> str:
@@ -338,28 +328,6 @@ def anchor_id_of(token_ids: Sequence[int]) -> str:
     return content_key(tuple(int(t) for t in token_ids)).hex()
 
 
-def encode_base(base: SegmentKV, *, fingerprint: str, quant: str) -> bytes:
-    """The base payload: the placeholder's standalone K/V (boundary states dropped)."""
-    plain = SegmentKV(base.keys, base.values, base.start_position, base.layer_start)
-    return encode_payload(plain, model_fingerprint=fingerprint, quant=quant)
-
-
-def encode_offsets(offsets: AgentOffsets, *, fingerprint: str, quant: str) -> bytes:
-    """One agent's payload: placeholder offset, then the next text's offset when present."""
-    placeholder = offsets.placeholder.keys.float(), offsets.placeholder.values.float()
-    keys, values = [placeholder[0]], [placeholder[1]]
-    if offsets.prefix is not None:
-        if offsets.prefix.start_position != offsets.placeholder.start_position + _tokens(offsets):
-            raise ValueError("the next text's offset must start right after the placeholder's")
-        keys.append(offsets.prefix.keys.float())
-        values.append(offsets.prefix.values.float())
-    joined = SegmentKV(
-        torch.cat(keys, dim=2), torch.cat(values, dim=2),
-        offsets.placeholder.start_position, offsets.placeholder.layer_start,
-    )  # fmt: skip
-    return encode_payload(joined, model_fingerprint=fingerprint, quant=quant)
-
-
 def decode_anchor(
     entry: AnchorEntry,
     agent_id: str,
@@ -368,44 +336,9 @@ def decode_anchor(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> Anchor | None:
-    """`entry` as an `Anchor` holding only `agent_id`'s offsets; None if a payload is corrupt.
-
-    Other agents' payloads are left undecoded: they could not serve this agent.
-    Tensors land on `device` (the correction runs where the query's base is).
-    """
-    try:
-        base = decode_payload(entry.base_payload, expect_fingerprint=fingerprint, dtype=dtype)
-        payload = entry.agent_payloads.get(agent_id)
-        joined = None
-        if payload is not None:
-            joined = decode_payload(payload, expect_fingerprint=fingerprint, dtype=dtype)
-    except CorruptPayload as error:  # a corrupt anchor is a miss, never a correction
-        logger.warning("anchor %s failed verification (%s); skipped", entry.anchor_id, error)
-        return None
-    if base.num_tokens != entry.num_tokens or (joined and joined.num_tokens < entry.num_tokens):
-        logger.warning("anchor %s payloads disagree with its length; skipped", entry.anchor_id)
-        return None
-    base = on_device(base, device)
-    offsets = {}
-    if joined is not None:
-        offsets[agent_id] = split_offsets(on_device(joined, device), entry.num_tokens)
-    return Anchor(entry.anchor_id, base, offsets)
-
-
-def on_device(segment: SegmentKV, device: torch.device | str) -> SegmentKV:
-    """`segment`'s K/V on `device` (no copy when already there; boundary states dropped)."""
-    keys, values = segment.keys.to(device), segment.values.to(device)
-    return SegmentKV(keys, values, segment.start_position, segment.layer_start)
-
-
-def split_offsets(joined: SegmentKV, num_placeholder_tokens: int) -> AgentOffsets:
-    """The inverse of the concatenation in `encode_offsets`."""
-    placeholder = joined.tokens(0, num_placeholder_tokens)
-    if joined.num_tokens == num_placeholder_tokens:
-        return AgentOffsets(placeholder)
-    prefix = joined.tokens(num_placeholder_tokens, joined.num_tokens)
-    return AgentOffsets(placeholder, prefix)
-
-
-def _tokens(offsets: AgentOffsets) -> int:
-    return offsets.placeholder.num_tokens
+    """`entry` as an `Anchor` holding only `agent_id`'s offsets (`kvmath.anchor_payload`)."""
+    return decode_anchor_payloads(
+        entry.anchor_id, entry.num_tokens, entry.base_payload,
+        entry.agent_payloads.get(agent_id), agent_id,
+        fingerprint=fingerprint, dtype=dtype, device=device,
+    )  # fmt: skip

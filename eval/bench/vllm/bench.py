@@ -38,7 +38,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvsplice.eval.bench.vllm.config import APPROXIMATE, CONTROLS, VllmBenchConfig
+from kvsplice.common.reuse_modes import ANCHOR, DENSE, EXACT, NAIVE
+from kvsplice.eval.bench.vllm.config import (
+    APPROXIMATE,
+    CONTROLS,
+    REQUESTED_REUSE,
+    VllmBenchConfig,
+)
 from kvsplice.eval.bench.vllm.engine import Engine, EngineSpec, LmcacheServer, Sidecar, free_port
 from kvsplice.eval.bench.vllm.graded import GradedRun, grade_run, print_graded, summarize
 from kvsplice.eval.bench.vllm.kv_transfer import (
@@ -56,7 +62,6 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "bench-vllm"
 SETTLE_S = 1.0  # after each call, for every configuration: background stores finish
-GATED = {"kvsplice": {"reuse": "gated"}}  # the opt-in of kvsplice-gated's requests
 GRADED_SALT = "bench-graded"  # every graded run of a configuration (after one warm-up)
 
 
@@ -331,17 +336,25 @@ def _services(
     namespaces = [salted_namespace(NAMESPACE, salt) for salt in salts]
     return _Setup(engines(kv, kv), after_call=lambda: _settle_then(sidecar, namespaces, restart),
                   bytes_per_token=lambda: _sidecar_bytes_per_token(sidecar, namespaces),
-                  kv_transfer_params=GATED if name in APPROXIMATE else None)  # fmt: skip
+                  kv_transfer_params=_opt_in(name))  # fmt: skip
+
+
+def _opt_in(name: str) -> dict[str, Any] | None:
+    """The `kv_transfer_params` every request of config `name` carries (None: no opt-in)."""
+    reuse = REQUESTED_REUSE.get(name)
+    return None if reuse is None else {"kvsplice": {"reuse": reuse}}
 
 
 def write_naive_policy(model_dir: str, dtype: str, path: Path) -> Path:
-    """An admission policy admitting `naive` for the model an engine serves from `model_dir`
-    in `dtype`, so that requests asking for approximate reuse get it: what kvsplice-gated
-    measures without --reuse-policy (a deployment admits it only where calibration showed
-    it holds: `bench vllm-graded --admit`)."""
+    """An admission policy admitting `naive`, then `anchor`, for the model an engine serves
+    from `model_dir` in `dtype`, so that requests asking for approximate reuse get it (what
+    kvsplice-gated, naive first, and kvsplice-anchor measure without --reuse-policy; a
+    deployment admits a mode only where the yardstick showed it holds: `bench vllm-graded
+    --admit`)."""
     from kvsplice.client.modes.admission import AdmissionPolicy, save_policy
 
-    save_policy(AdmissionPolicy(_served(model_dir, dtype), ("dense", "exact", "naive")), path)
+    modes = (DENSE, EXACT, NAIVE, ANCHOR)
+    save_policy(AdmissionPolicy(_served(model_dir, dtype), modes), path)
     return path
 
 
@@ -410,7 +423,7 @@ def _report(config: VllmBenchConfig, results: list[ConfigResult]) -> dict[str, A
         "served_fingerprint": _served(config.model_dir, config.dtype) if config.model_dir else None,
         "reuse_policy": str(config.reuse_policy)
         if config.reuse_policy
-        else "written by the bench for kvsplice-gated and the controls: admits naive",
+        else "written by the bench for kvsplice-gated, kvsplice-anchor and the controls: admits naive, then anchor",
         "threads_bind": config.threads,
         "dtype": config.dtype,
         "layout": config.layout,

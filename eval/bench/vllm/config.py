@@ -17,8 +17,13 @@ DEFAULT_CONFIGS = (
 # policy admits it (the bench writes one admitting naive for the served model).
 # control-unrotated, control-noise: the same, on engines whose approximate runs are
 # deliberately damaged (the graded yardstick's negative controls, `negative_controls`).
+# kvsplice-anchor: every request asks for the anchor mode (KVComm's correction at load).
 CONTROLS = {"control-unrotated": "unrotated", "control-noise": "noise"}
-APPROXIMATE = ("kvsplice-gated", *CONTROLS)  # configurations whose requests ask for "gated"
+# configurations whose requests ask for approximate reuse, and the mode each asks for
+REQUESTED_REUSE = {"kvsplice-gated": "gated", "kvsplice-anchor": "anchor"} | {
+    name: "gated" for name in CONTROLS
+}
+APPROXIMATE = tuple(REQUESTED_REUSE)
 CONFIGS = (*DEFAULT_CONFIGS, *APPROXIMATE)
 # test problems per workload (`graded_pipelines`): --problems index into these
 WORKLOAD_SIZES = {"humaneval": 164, "mmlu": 14_042, "gsm8k": 1_319}
@@ -39,7 +44,9 @@ class VllmBenchConfig:
         DEFAULT_CONFIGS,
         "Comma-separated configurations: recompute, example-connector, lmcache, kvsplice, "
         "kvsplice-grpc, kvsplice-restarted, local-apc, kvsplice-gated (every request asks "
-        "for approximate reuse; the engines' policy admits naive), control-unrotated and "
+        "for approximate reuse; the engines' policy admits naive, then anchor), "
+        "kvsplice-anchor (every request asks for the anchor mode: naive's K/V corrected by "
+        "stored anchors, KVComm's gate falling back to exact), control-unrotated and "
         "control-noise (the same with approximate K/V deliberately damaged: keys left "
         "unmoved, or noise at 25% of each layer's RMS). recompute comes first.",
         csv=True,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers.modes import make_filled_segment
 
-from kvsplice.client.modes.anchor.anchors import AgentOffsets, Anchor
 from kvsplice.client.modes.anchor.pools import AnchorKey, DecodedAnchors, anchor_nbytes
+from kvsplice.kvmath.anchors import AgentOffsets, Anchor
 
 FP = "kvfp1-" + "0" * 32
 

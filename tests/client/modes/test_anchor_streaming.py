@@ -7,8 +7,9 @@ import torch
 from helpers.kv import random_segment
 from helpers.store import FINGERPRINT, NAMESPACE
 
-from kvsplice.client.modes.anchor.anchors import AgentOffsets
-from kvsplice.client.modes.anchor.pools import decode_anchor, encode_base, encode_offsets
+from kvsplice.client.modes.anchor.pools import decode_anchor
+from kvsplice.kvmath.anchor_payload import encode_base, encode_offsets
+from kvsplice.kvmath.anchors import AgentOffsets
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.storeclient.client import StoreClient

@@ -10,14 +10,8 @@ import torch
 from helpers.modes import SYNTH_ROPE, make_filled_segment, make_ids, make_llama, make_scene
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
-from kvsplice.client.modes.anchor.anchors import (
-    AgentOffsets,
-    Anchor,
-    GateDecision,
-    decide,
-    entropy_bits,
-    top_p_ids,
-)
+from kvsplice.kvmath.anchor_gate import GateDecision, decide, entropy_bits, top_p_ids
+from kvsplice.kvmath.anchors import AgentOffsets, Anchor
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 AGENT = "agent-1"

@@ -23,15 +23,9 @@ from helpers.modes import (
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor
-from kvsplice.client.modes.anchor.anchors import (
-    AgentOffsets,
-    Anchor,
-    AnchorCorrection,
-    AnchorQuery,
-    anchor_spans,
-    correct,
-    eligible_anchors,
-)
+from kvsplice.client.modes.anchor.spans import anchor_spans
+from kvsplice.kvmath.anchor_correction import AnchorCorrection, AnchorQuery, correct
+from kvsplice.kvmath.anchors import AgentOffsets, Anchor, eligible_anchors
 from kvsplice.kvmath.segment_kv import SegmentKV
 
 LAYERS, HEADS, DIM = SYNTH_LAYERS, SYNTH_HEADS, SYNTH_DIM

@@ -32,17 +32,14 @@ from kvsplice.client.execute.execution import CallTimings, reuse_map
 from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source, SubsetRule
 from kvsplice.client.model.hf_cache import full_length_cache, read_layers
 from kvsplice.client.model.models import LoadedModel
-from kvsplice.client.modes.anchor.anchors import AgentOffsets
 from kvsplice.client.modes.anchor.params import Params as AnchorParams
 from kvsplice.client.modes.anchor.policy import AnchorPolicy, agent_key
 from kvsplice.client.modes.anchor.pools import (
     anchor_id_of,
     decode_anchor,
-    encode_offsets,
     is_agent_output,
     placeholder_id_of,
     sender_base_parent,
-    split_offsets,
 )
 from kvsplice.client.modes.base import ReusePolicy
 from kvsplice.client.modes.blend import BlendPolicy
@@ -57,6 +54,8 @@ from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.client.tiers.segment_io import SpanRecord
 from kvsplice.common.keys import context_key, root_key
 from kvsplice.index.anchor_pool import AnchorPoolConfig
+from kvsplice.kvmath.anchor_payload import encode_offsets, split_offsets
+from kvsplice.kvmath.anchors import AgentOffsets
 from kvsplice.kvmath.payload import decode_payload
 from kvsplice.kvmath.segment_kv import SegmentKV
 from kvsplice.server.anchor_service import ID_PATTERN

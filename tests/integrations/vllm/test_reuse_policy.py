@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvsplice.common.errors import FingerprintMismatch
-from kvsplice.integrations.vllm.reuse_policy import SHIPPED_DIR, admits_spans
+from kvsplice.common.reuse_modes import SHIPPED_DIR
+from kvsplice.integrations.vllm.reuse_policy import admits_spans
 
 FINGERPRINT = "kvfp1-" + "ef" * 16
 
@@ -73,3 +74,21 @@ def test_engines_serving_qwen_find_no_policy_admitting_naive() -> None:
     assert served_fingerprint(qwen, "float32") == "kvfp1-d6491609abde928f77d798710c8f92b0"
     assert not admits_spans(None, served_fingerprint(qwen, "float32"))
     assert not admits_spans(None, served_fingerprint(qwen, "bfloat16"))
+
+
+def test_gated_runs_the_first_engine_mode_in_the_policy_s_order(tmp_path: Path) -> None:
+    """One vocabulary (`common.reuse_modes`): the connector reads the policy with the HF
+    worker's parser and keeps the modes it runs in the policy's order."""
+    from kvsplice.integrations.vllm.reuse_policy import admitted_engine_modes
+    from kvsplice.integrations.vllm.reuse_request import RequestedReuse
+
+    both = write(tmp_path, admitted_modes=["dense", "exact", "anchor", "blend", "naive"])
+    modes = admitted_engine_modes(both, FINGERPRINT)
+    assert modes == ("anchor", "naive")
+    assert RequestedReuse("gated").engine_mode(modes) == "anchor"
+    assert RequestedReuse("anchor").engine_mode(("naive",)) is None  # not admitted: exact
+    assert RequestedReuse("exact").engine_mode(modes) is None
+    version_1 = tmp_path / "v1.json"
+    version_1.write_text(json.dumps({"format_version": 1, "model_fingerprint": FINGERPRINT,
+                                     "admitted_modes": ["dense", "naive"], "anchor_gamma": 0.5}))  # fmt: skip
+    assert admitted_engine_modes(str(version_1), FINGERPRINT) == ("naive",)

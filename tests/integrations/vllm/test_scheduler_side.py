@@ -524,7 +524,7 @@ def test_a_slow_content_search_stops_in_time_and_the_exact_prefix_stands() -> No
     exact prefix (4 windows of 0.3 s would pass the 1 s deadline: a miss, nothing loaded)."""
     stored = list(range(10, 18))
     store = SlowSimilarStore(stored)
-    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK, approximate=True,
+    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK, engine_modes=("naive",),
                          lookup_wait_s=0.01, lookup_timeout_s=1.0)  # type: ignore[arg-type]  # fmt: skip
     request = FakeRequest("r", [*stored, *range(100, 140)])
     request.kv_transfer_params = {"kvsplice": {"reuse": "gated"}}  # type: ignore[attr-defined]

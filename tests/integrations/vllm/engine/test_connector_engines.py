@@ -506,3 +506,59 @@ def test_a_chat_request_s_session_id_reaches_the_sidecar(
     with StoreClient(sidecar.target, NAMESPACE) as client:
         assert not client.end_session("never-sent")
         assert client.end_session("chat-session-4711")
+
+
+# The anchor mode (issue 50): a receiver persona long enough that its first block is its own.
+PERSONA_R = " ".join(
+    f"Rule {i}: as Rhea, the release manager, you check item {i} of the release list, say "
+    f"which item you checked, and keep every answer short."
+    for i in range(8)
+)
+PERSONA_S = "You are Sol, a sender who reads tool output for the others."
+TOOL = "\n".join(f"def blend_{i}(xs):\n    return sorted(x + {i} for x in xs)" for i in range(24))
+ANCHOR_TASKS = (
+    "Which blend function adds 7?",
+    "Which blend function adds the largest constant, and what does it return for [3, 1, 2]?",
+)
+ANCHOR = {"kvsplice": {"reuse": "anchor"}}
+
+
+def test_the_anchor_mode_falls_back_to_exact_then_loads_its_anchors_corrections(
+    engines: dict[str, Engine], sidecar: Sidecar, transcript: TokenTranscript
+) -> None:
+    """A sender (engine a) read the tool output under its persona; the receiver's persona
+    (engine b) was stored by an earlier task. The receiver's first request in the anchor
+    mode finds no anchor in its context: the gate refuses, the runs are recomputed (exact
+    reuse: the reference's tokens) and become anchors. The same prompt again (engine a, no
+    local hit) has each run's own anchor in the pool: the loaded K/V are corrected to what
+    the receiver computed in context (report: the anchor mode, approximate tokens, no
+    reason), and the answer is the reference's. Negative control (run by hand): anchors made
+    with their offsets' sign flipped pass every report check and fail the last (token 7)."""
+    for task in ANCHOR_TASKS:
+        engines["a"].complete(
+            persona_prompt(transcript, PERSONA_S, f"{TOOL}\n\n{task}"), max_tokens=1
+        )
+    warm = persona_prompt(transcript, PERSONA_R, f"{OTHER_TASK}\n\n{OTHER_TASK}\n\n{OTHER_TASK}")
+    engines["b"].complete(warm, max_tokens=1)  # the persona and a whole chunk past it stored
+    wait_until_stored(sidecar, NAMESPACE)
+    prompt = persona_prompt(transcript, PERSONA_R, f"{TOOL}\n\n{ANCHOR_TASKS[0]}")
+    expected = engines["reference"].complete(prompt, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
+
+    refused = engines["b"].complete_with_params(
+        prompt, max_tokens=MAX_TOKENS, kv_transfer_params=ANCHOR
+    )
+    report = (refused.kv_transfer_params or {}).get("kvsplice")
+    assert report is not None and report["mode"] == "anchor", report
+    assert report["approximate_tokens"] == 0 and "anchor gate refused" in report["reason"], report
+    assert refused.token_ids == expected.token_ids  # exact reuse: the reference's tokens
+    wait_until_stored(sidecar, NAMESPACE)
+    time.sleep(2.0)  # the anchors go out beside the saves
+
+    corrected = engines["a"].complete_with_params(
+        prompt, max_tokens=MAX_TOKENS, kv_transfer_params=ANCHOR
+    )
+    report = (corrected.kv_transfer_params or {}).get("kvsplice")
+    assert report is not None and report["mode"] == "anchor" and "reason" not in report, report
+    assert report["approximate_tokens"] >= 2 * BLOCK, report
+    assert report["exact_tokens"] + report["approximate_tokens"] == full_blocks(prompt)
+    assert corrected.token_ids == expected.token_ids

@@ -10,7 +10,7 @@ from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixtur
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsplice.client.modes.anchor.anchors import (
+from kvsplice.kvmath.anchors import (
     anchor_weights,
     token_distances,
     whole_distances,
