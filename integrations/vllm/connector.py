@@ -38,6 +38,7 @@ from kvsplice.integrations.vllm.engine_fingerprint import (
     effective_fingerprint,
     engine_fingerprint,
 )
+from kvsplice.integrations.vllm.request_keys import check_request_fields
 from kvsplice.integrations.vllm.reuse_policy import admits_spans
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
@@ -107,6 +108,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
         self._stats_seen: dict[str, int] = {}  # the totals at the last get_kv_connector_stats
         if role == KVConnectorRole.SCHEDULER:
+            check_request_fields()
             approximate = admits_spans(self.config.reuse_policy, self.fingerprint)
             self.scheduler = SchedulerSide(
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,

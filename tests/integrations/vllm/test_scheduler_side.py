@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from helpers.waiting import wait_for
+from vllm.lora.request import LoRARequest
 
 from kvsplice.common.errors import (
     InvalidRequest,
@@ -69,6 +71,9 @@ class FakeRequest:
     all_token_ids: list[int]
     cache_salt: str | None = None
     num_prompt_tokens: int = 0
+    prompt_embeds: object = None  # vLLM's Request fields the key reads (request_keys)
+    lora_request: object = None
+    mm_features: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.all_token_ids)
@@ -349,10 +354,13 @@ def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_
     assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 4
 
 
-def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing() -> None:
+def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing(
+    tmp_path: Path,
+) -> None:
     prompt = list(range(10, 22))
     side, store = make_side(prompt)
-    lora = SimpleNamespace(lora_name="sql", lora_int_id=1, lora_path="/adapters/sql")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
+    lora = LoRARequest("sql", 1, str(tmp_path))
     image = SimpleNamespace(identifier="img-1", mm_position=SimpleNamespace(offset=2, length=4))
     plain = side.num_new_matched_tokens(FakeRequest("plain", prompt), 0)
     with_lora = side.num_new_matched_tokens(with_attrs(FakeRequest("l", prompt), lora), 0)
@@ -371,9 +379,9 @@ def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothin
 def with_attrs(
     request: FakeRequest, lora: object, mm: list | None = None, prompt_embeds: object = None
 ) -> FakeRequest:
-    request.lora_request = lora  # type: ignore[attr-defined]
-    request.mm_features = mm or []  # type: ignore[attr-defined]
-    request.prompt_embeds = prompt_embeds  # type: ignore[attr-defined]
+    request.lora_request = lora
+    request.mm_features = mm or []
+    request.prompt_embeds = prompt_embeds
     return request
 
 
