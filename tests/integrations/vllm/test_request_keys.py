@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -72,14 +73,11 @@ def root_of(processor: InputProcessor, prompt: dict, lora: LoRARequest | None = 
 def test_vllm_requests_carry_every_field_the_key_reads() -> None:
     check_request_fields()  # vLLM's own Request
 
-    class Renamed:  # as if vLLM had renamed lora_request
-        prompt_embeds = None
-        mm_features: list = []
-
+    renamed = SimpleNamespace(prompt_embeds=None, mm_features=[])  # vLLM renamed lora_request
     with pytest.raises(ValueError, match="lora_request"):
-        check_request_fields(Renamed())
+        check_request_fields(renamed)
     with pytest.raises(AttributeError):  # read by name: never silently "no adapter"
-        request_root(FINGERPRINT, Renamed())
+        request_root(FINGERPRINT, renamed)
 
 
 def test_an_adapters_requests_share_their_root_never_another_adapters_nor_the_bases(
