@@ -236,7 +236,8 @@ class KvspliceConnector(KVConnectorBase_V1):
         if self.scheduler is not None:
             side, breaker = self.scheduler, self.scheduler.lookups.breaker
             totals.update(
-                lookups=side.num_lookups, promised_exact_tokens=side.num_promised_exact_tokens,
+                lookups=side.num_lookups, failed_lookups=side.lookups.num_failed_lookups,
+                promised_exact_tokens=side.num_promised_exact_tokens,
                 promised_approximate_tokens=side.num_promised_approximate_tokens,
                 breaker_trips=breaker.num_trips, breaker_open=int(breaker.is_open),
             )  # fmt: skip
@@ -244,6 +245,7 @@ class KvspliceConnector(KVConnectorBase_V1):
             w = self.worker
             totals.update(
                 loaded_tokens=w.num_loaded_tokens, failed_loads=w.num_failed_loads,
+                corrupt_loads=w.num_corrupt_loads, missing_loads=w.num_missing_loads,
                 stored_chunks=w.num_stored_chunks, failed_saves=w.num_failed_saves,
                 withheld_saves=w.num_withheld_saves,
             )  # fmt: skip

@@ -284,6 +284,7 @@ def test_a_lookup_past_its_deadline_is_a_miss() -> None:
     assert side.num_new_matched_tokens(request, 0) is None
     time.sleep(0.1)
     assert side.num_new_matched_tokens(request, 0) == 0
+    assert side.lookups.num_failed_lookups == 1
     store.release.set()
 
 
@@ -303,6 +304,7 @@ def test_a_refused_or_failed_lookup_is_a_miss_never_an_exception(error: Exceptio
     for request_id in ("r1", "r2"):
         assert side.num_new_matched_tokens(FakeRequest(request_id, list(range(10, 22))), 0) == 0
     assert side.faults.counts  # counted (and logged once per kind)
+    assert side.lookups.num_failed_lookups == 2
 
 
 def test_a_failing_sidecar_opens_the_breaker_then_it_is_not_asked() -> None:
@@ -312,7 +314,7 @@ def test_a_failing_sidecar_opens_the_breaker_then_it_is_not_asked() -> None:
     for i in range(10):
         assert side.num_new_matched_tokens(FakeRequest(f"r{i}", list(range(10, 22))), 0) == 0
     assert len(store.lookups) == 3  # the breaker opened after three failures
-    assert side.lookups.breaker.is_open
+    assert side.lookups.breaker.is_open and side.lookups.num_failed_lookups == 3
 
 
 def test_a_chunk_counts_as_stored_only_once_the_sidecar_acknowledged_it() -> None:
