@@ -39,15 +39,6 @@ def processor(model_dir: str) -> InputProcessor:
     return processor
 
 
-@pytest.fixture(scope="module")
-def adapters(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        name: write_adapter(root / name, model_dir, seed)
-        for name, seed in (("sql", 1), ("math", 2))
-    }
-
-
 def vllm_request(
     processor: InputProcessor, prompt: dict[str, Any], lora: LoRARequest | None = None
 ) -> Request:

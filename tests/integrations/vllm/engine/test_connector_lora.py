@@ -16,14 +16,13 @@ import io
 import json
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import torch
-from conftest import AS_VLLM_RUNS, NAMESPACE, connector_config
+from conftest import AS_VLLM_RUNS, NAMESPACE, connector_config, started
 from helpers.lora_adapters import RANK, write_adapter
 from test_connector_engines import OTHER_TASK, TASK, full_blocks, wait_until_stored
 from transformers import AutoTokenizer
@@ -38,15 +37,6 @@ LORA_FLAGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", str(RANK),
 
 
 @pytest.fixture(scope="module")
-def adapters(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        name: write_adapter(root / name, model_dir, seed)
-        for name, seed in (("sql", 1), ("math", 2))
-    }
-
-
-@pytest.fixture(scope="module")
 def lora_engines(
     model_dir: str, sidecar: Sidecar, log_dir: Path, adapters: dict[str, Path]
 ) -> Iterator[dict[str, Engine]]:
@@ -54,17 +44,9 @@ def lora_engines(
     extra = (*AS_VLLM_RUNS["extra_args"], *LORA_FLAGS, *modules)  # type: ignore[misc]
     runs = {**AS_VLLM_RUNS, "extra_args": extra}
     config = connector_config(sidecar.target)
-    engines = {
-        name: Engine(EngineSpec(name, model_dir, free_port(), config, **runs), log_dir).start()  # type: ignore[arg-type]
-        for name in ("l1", "l2")
-    }
-    try:
-        with ThreadPoolExecutor(len(engines)) as pool:
-            list(pool.map(lambda engine: engine.wait_ready(), engines.values()))
+    specs = [EngineSpec(name, model_dir, free_port(), config, **runs) for name in ("l1", "l2")]  # type: ignore[arg-type]
+    with started(specs, log_dir) as engines:
         yield engines
-    finally:
-        for engine in engines.values():
-            engine.stop()
 
 
 def complete(engine: Engine, body: dict[str, Any]) -> tuple[tuple[int, ...], int]:
