@@ -67,7 +67,7 @@ def ask(engine: Engine, prompt: list[int], model: str | None = None) -> tuple[tu
 @pytest.fixture(scope="module")
 def prompts(model_dir: str) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    texts = [f"{TASK}\n\n{OTHER_TASK}\n\n" * 2, f"{OTHER_TASK}\n\n{TASK}\n\n" * 2]
+    texts = [f"{TASK}\n\n{OTHER_TASK}\n\n" * 3, f"{OTHER_TASK}\n\n{TASK}\n\n" * 3]
     return [tokenizer.encode(text) for text in texts]
 
 
