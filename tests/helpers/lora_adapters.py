@@ -17,7 +17,7 @@ RANK = 8
 TARGETS = ("q_proj", "k_proj", "v_proj")
 
 
-def write_adapter(directory: Path, model_dir: str, seed: int, scale: float = 0.05) -> Path:
+def write_adapter(directory: Path, model_dir: str, seed: int, scale: float = 0.2) -> Path:
     """A rank-8 adapter of `model_dir`'s Llama in `directory` (created), its weights drawn
     from `seed`: the same seed writes the same bytes."""
     config = json.loads((Path(model_dir) / "config.json").read_text())

@@ -59,13 +59,13 @@ class Schedule:
 
 
 def soak_prompts(tokenizer: Any, bases: list[list[int]], num_prompts: int) -> list[list[int]]:
-    """`num_prompts` distinct prompts: a shared base, then a tail of its own longer than a
-    block (so each prompt's last full block is its own)."""
+    """`num_prompts` distinct prompts: a shared base (each served by both engines' requests),
+    then a tail of its own longer than a block (so each prompt's last full block is its own)."""
     prompts = []
     for j in range(num_prompts):
         text = f"\n\nCase {j}: " + " ".join(f"v{j}_{i} = {(i * j + 7) % 97}" for i in range(60))
         tail = tokenizer.encode(text, add_special_tokens=False)[: BLOCK + 2 + j % 41]
-        prompts.append([*bases[j % len(bases)], *tail])
+        prompts.append([*bases[(j // 2) % len(bases)], *tail])
     return prompts
 
 
@@ -276,9 +276,11 @@ def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
     probes, before = crosswise(3), soak.snapshot()
     os.killpg(sidecar.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
     stopped = time.monotonic()
-    soak.probe(probes)
-    time.sleep(max(0.0, stop_s - (time.monotonic() - stopped)))
-    os.killpg(sidecar.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(soak.probe, probes)  # their lookups time out while it is stopped
+        time.sleep(stop_s)
+        os.killpg(sidecar.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        waiting.result(timeout=600)
     counts["sigstop"] = {
         "injected_s": round(time.monotonic() - stopped, 1),
         "failed_lookups": soak.deltas(before, "failed_lookups", lambda d: min(d.values()) >= 1),
