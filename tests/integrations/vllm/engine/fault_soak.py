@@ -280,9 +280,10 @@ def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
         waiting = pool.submit(soak.probe, probes)  # their lookups time out while it is stopped
         time.sleep(stop_s)
         os.killpg(sidecar.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        stopped_s = time.monotonic() - stopped
         waiting.result(timeout=600)
     counts["sigstop"] = {
-        "injected_s": round(time.monotonic() - stopped, 1),
+        "injected_s": round(stopped_s, 1),
         "failed_lookups": soak.deltas(before, "failed_lookups", lambda d: min(d.values()) >= 1),
         "breaker_trips": soak.deltas(before, "breaker_trips", lambda d: min(d.values()) >= 1),
     }
