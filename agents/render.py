@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from kvsplice.agents.template import PlaceholderPart, PromptTemplate, TextPart
+from kvsplice.client.execute.plan import check_tiling
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +64,7 @@ class RenderedPrompt:
     choice_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        cursor = 0
-        for span in self.spans:
-            if span.start != cursor:
-                raise ValueError(f"span {span.name!r} starts at {span.start}, expected {cursor}")
-            cursor = span.end
-        if cursor != len(self.token_ids):
-            raise ValueError(f"spans cover {cursor} of {len(self.token_ids)} tokens")
+        check_tiling(self.spans, len(self.token_ids))
 
     @property
     def num_tokens(self) -> int:

@@ -36,7 +36,7 @@ from kvsplice.client.tiers.local_tier import LocalTier
 from kvsplice.client.tiers.segment_io import DirectPuts, SegmentWriter
 from kvsplice.common.reuse_report import ReusedRun
 from kvsplice.kvmath import cpu_decode
-from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.kvmath.quant import check_quant
 from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
@@ -67,8 +67,7 @@ class EngineConfig:
     max_queued_calls: int = 16
 
     def __post_init__(self) -> None:
-        if self.quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        check_quant(self.quant)
         if self.local_tier_bytes < 0:
             raise ValueError(f"local_tier_bytes {self.local_tier_bytes} must be >= 0")
         if self.max_queued_calls < 1:

@@ -68,6 +68,12 @@ def flag(default: Any, help: str, *, default_factory: Any = MISSING, **options: 
     )
 
 
+def existing_file_flag(help: str, name: str) -> Any:
+    """An optional field (None: not given) that the flag `--name` sets to a file that must
+    exist, documented by `help`."""
+    return flag(None, help, name=name, path=True, exists=True, dir_okay=False)
+
+
 @dataclass(frozen=True)
 class FlagField:
     """A field a flag sets: its `Flag`, its field and its type hint."""

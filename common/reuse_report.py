@@ -4,17 +4,22 @@ the sidecar never saw (local, in place).
 
 Owns the one definition of the token hit rate (`token_hit_rate`) that every report of
 it uses: reused prompt tokens / prompt tokens, both counted by the worker that ran the
-calls. It sends nothing (`storeclient.reports.ReuseReporter`) and stores nothing
-(the server).
+calls. Also owns `ReuseReporter`, the worker's buffer that merges call reports until one
+send takes them all (a call never waits on the network); the send itself is the caller's
+(the store client's RPC), and storing is the server's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from kvsplice.common.keys import KEY_NBYTES
+
+logger = logging.getLogger(__name__)
 
 # Where reused K/V came from, nearest first: the worker's own decoded tier, the
 # sidecar's LMDB map read in place on its host, or the sidecar over gRPC.
@@ -159,3 +164,66 @@ def call_report(num_prompt_tokens: int, runs: Iterable[ReusedRun]) -> ReuseRepor
             if slot in reads or len(reads) < MAX_REPORTED_SEGMENTS:
                 reads[slot] = reads.get(slot, 0) + 1
     return ReuseReport(1, num_prompt_tokens, hit_tokens, reads, num_approximate)
+
+
+# send(report) -> False when the store could not be reached (keep it for the next flush).
+SendFn = Callable[[ReuseReport], bool]
+
+
+class ReuseReporter:
+    """Reports merged until the next flush; the flush thread starts with the first report.
+
+    `add` merges under a lock and returns; every `interval_s` the thread sends what
+    accumulated, in one RPC. A report the store could not take (unreachable) is merged
+    back and sent with the next; one it refused is dropped and counted by the sender.
+    """
+
+    def __init__(self, send: SendFn, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s {interval_s} must be > 0")
+        self.interval_s = interval_s
+        self._send = send
+        self._lock = threading.Lock()  # guards _pending and _thread
+        self._sending = threading.Lock()  # one flush at a time, in report order
+        self._pending = ReuseReport()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, report: ReuseReport) -> None:
+        """Merge `report` into the next flush (never blocks on I/O)."""
+        if report.empty:
+            return
+        with self._lock:
+            self._pending = self._pending.merged(report)
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="kvsplice-reuse-reports", daemon=True
+                )
+                self._thread.start()
+
+    def flush(self) -> bool:
+        """Send what is pending now; False if the store could not take it (kept)."""
+        with self._sending:
+            with self._lock:
+                report, self._pending = self._pending, ReuseReport()
+            if report.empty or self._send(report):
+                return True
+            with self._lock:
+                self._pending = report.merged(self._pending)
+            return False
+
+    def close(self) -> None:
+        """Stop the thread and send what is pending (one attempt)."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # a bug must not end reporting silently; the next flush retries
+                logger.exception("reuse report failed")

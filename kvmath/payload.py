@@ -37,12 +37,12 @@ from kvsplice.common.errors import CorruptPayload, FingerprintMismatch, LayoutMi
 from kvsplice.common.keys import is_fingerprint
 from kvsplice.kvmath.quant import (
     KEY_GROUP_DIM,
-    QUANT_SCHEMES,
     SCALE_NUMPY_DTYPE,
     STORED_NUMPY_DTYPES,
     TORCH_DTYPES,
     VALUE_GROUP_DIM,
     StoredTensor,
+    check_quant,
     dequantize,
     dtype_name,
     quantize,
@@ -107,8 +107,7 @@ class PayloadHeader:
                 raise ValueError(f"{name} must be positive")
         if self.dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {tuple(TORCH_DTYPES)}")
-        if self.quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        check_quant(self.quant)
         self._check_boundaries()
 
     def _check_boundaries(self) -> None:

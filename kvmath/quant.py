@@ -94,10 +94,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise ValueError(f"dtype {dtype} is not a KV dtype {tuple(TORCH_DTYPES)}")
 
 
+def check_quant(quant: str) -> str:
+    """`quant` if it is one of `QUANT_SCHEMES`, else `ValueError` naming the choices."""
+    if quant not in QUANT_SCHEMES:
+        raise ValueError(f"quant {quant!r} not in {QUANT_SCHEMES}")
+    return quant
+
+
 def stored_kind(scheme: str, captured_dtype: str) -> str:
     """The stored element kind of K/V under `scheme` for a tensor captured in `captured_dtype`."""
-    if scheme not in QUANT_SCHEMES:
-        raise ValueError(f"quant scheme {scheme!r} not in {QUANT_SCHEMES}")
+    check_quant(scheme)
     if captured_dtype not in TORCH_DTYPES:
         raise ValueError(f"captured dtype {captured_dtype!r} not in {tuple(TORCH_DTYPES)}")
     return {"none": captured_dtype, "fp16": "float16", "int8": "int8"}[scheme]

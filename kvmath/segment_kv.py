@@ -11,8 +11,24 @@ from dataclasses import dataclass, field
 import torch
 
 
+class LayeredKV:
+    """K/V laid out [L, H_kv, T, D] (layers, KV heads, tokens, head dim): the axes every
+    holder of a span's K/V shares (a segment's, the executor's buffer)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys.shape[2])
+
+
 @dataclass
-class SegmentKV:
+class SegmentKV(LayeredKV):
     """K/V of `T` tokens for layers `[layer_start, layer_start + L)`.
 
     keys:   [L, H_kv, T, D], post-RoPE, rotated for positions
@@ -43,14 +59,6 @@ class SegmentKV:
                 raise ValueError(
                     f"boundary state at layer {layer} must be [T={self.num_tokens}, hidden]"
                 )
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.keys.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.keys.shape[2])
 
     @property
     def layer_end(self) -> int:

@@ -15,7 +15,7 @@ class Label(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class SegmentHeader(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "context_key", "parent_key", "content_key", "token_ids", "start_position", "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum", "ttl_s", "left_tail_ids", "index_text", "created_at_s", "labels", "kind", "exact")
+    __slots__ = ("namespace", "model_fingerprint", "context_key", "parent_key", "content_key", "token_ids", "start_position", "layer_start", "layer_end", "boundary_layers", "payload_nbytes", "checksum", "ttl_s", "left_tail_ids", "index_text", "created_at_s", "labels", "kind", "exact", "session_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class SegmentHeader(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EXACT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     context_key: bytes
@@ -54,7 +55,8 @@ class SegmentHeader(_message.Message):
     labels: _containers.RepeatedCompositeFieldContainer[Label]
     kind: str
     exact: bool
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ...) -> None: ...
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class PutSegmentRequest(_message.Message):
     __slots__ = ("header", "chunk", "staged")
@@ -115,14 +117,16 @@ class SegmentRef(_message.Message):
     def __init__(self, context_key: _Optional[bytes] = ..., start_position: _Optional[int] = ..., num_tokens: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., payload_nbytes: _Optional[int] = ...) -> None: ...
 
 class LookupPrefixRequest(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "token_ids")
+    __slots__ = ("namespace", "model_fingerprint", "token_ids", "session_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class LookupPrefixResponse(_message.Message):
     __slots__ = ("segments", "num_matched_tokens")
@@ -392,3 +396,37 @@ class ReportReuseResponse(_message.Message):
     NUM_READS_COUNTED_FIELD_NUMBER: _ClassVar[int]
     num_reads_counted: int
     def __init__(self, num_reads_counted: _Optional[int] = ...) -> None: ...
+
+class SessionRenewRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "lease_s")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    lease_s: float
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class SessionRenewResponse(_message.Message):
+    __slots__ = ("outcome", "lease_s", "reason")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    lease_s: float
+    reason: str
+    def __init__(self, outcome: _Optional[str] = ..., lease_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SessionEndRequest(_message.Message):
+    __slots__ = ("namespace", "session_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class SessionEndResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...

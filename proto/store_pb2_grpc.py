@@ -89,6 +89,16 @@ class SegmentStoreStub:
                 request_serializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.SerializeToString,
                 response_deserializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.FromString,
                 _registered_method=True)
+        self.RenewSession = channel.unary_unary(
+                '/kvsplice.v1.SegmentStore/RenewSession',
+                request_serializer=kvsplice_dot_v1_dot_store__pb2.SessionRenewRequest.SerializeToString,
+                response_deserializer=kvsplice_dot_v1_dot_store__pb2.SessionRenewResponse.FromString,
+                _registered_method=True)
+        self.EndSession = channel.unary_unary(
+                '/kvsplice.v1.SegmentStore/EndSession',
+                request_serializer=kvsplice_dot_v1_dot_store__pb2.SessionEndRequest.SerializeToString,
+                response_deserializer=kvsplice_dot_v1_dot_store__pb2.SessionEndResponse.FromString,
+                _registered_method=True)
 
 
 class SegmentStoreServicer:
@@ -174,6 +184,20 @@ class SegmentStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewSession(self, request, context):
+        """An agent session's lease renewed (a retain hint may ask for its length) and ended
+        (a release hint): its segments are evicted first from then on. Writer role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SegmentStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +255,16 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     servicer.ReportReuse,
                     request_deserializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.FromString,
                     response_serializer=kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.SerializeToString,
+            ),
+            'RenewSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewSession,
+                    request_deserializer=kvsplice_dot_v1_dot_store__pb2.SessionRenewRequest.FromString,
+                    response_serializer=kvsplice_dot_v1_dot_store__pb2.SessionRenewResponse.SerializeToString,
+            ),
+            'EndSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSession,
+                    request_deserializer=kvsplice_dot_v1_dot_store__pb2.SessionEndRequest.FromString,
+                    response_serializer=kvsplice_dot_v1_dot_store__pb2.SessionEndResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +564,60 @@ class SegmentStore:
             '/kvsplice.v1.SegmentStore/ReportReuse',
             kvsplice_dot_v1_dot_store__pb2.ReportReuseRequest.SerializeToString,
             kvsplice_dot_v1_dot_store__pb2.ReportReuseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvsplice.v1.SegmentStore/RenewSession',
+            kvsplice_dot_v1_dot_store__pb2.SessionRenewRequest.SerializeToString,
+            kvsplice_dot_v1_dot_store__pb2.SessionRenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvsplice.v1.SegmentStore/EndSession',
+            kvsplice_dot_v1_dot_store__pb2.SessionEndRequest.SerializeToString,
+            kvsplice_dot_v1_dot_store__pb2.SessionEndResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field
 
-from kvsplice.common.config_flags import MIB, flag
+from kvsplice.common.config_flags import MIB, existing_file_flag, flag
 from kvsplice.common.segment import MAX_SEGMENT_TOKENS
 from kvsplice.common.staging import DEFAULT_STAGING_DIR
 from kvsplice.index.anchor_pool import AnchorPoolConfig
@@ -127,12 +127,11 @@ class ServerConfig:
     anchor_pool: AnchorPoolConfig = field(default_factory=AnchorPoolConfig)
     service: SegmentServiceConfig = field(default_factory=SegmentServiceConfig)
     auth_token: str | None = flag(None, "One admin token ('Bearer <token>') on every call.")
-    tenants_path: str | None = flag(
-        None,
+    tenants_path: str | None = existing_file_flag(
         "Tenants file (kvsplice tenants add): namespaces and role per token hash; "
         "re-read on SIGHUP.",
-        name="tenants", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+        name="tenants",
+    )
     tls: TlsConfig | None = None
     stream_idle_timeout_s: float = flag(
         10.0, "Cut an upload (or a GetSegment reader) silent this long.", min=0.1

@@ -71,6 +71,7 @@ async def receive_segment(
     check_header: HeaderCheck,
     idle_timeout_s: float | None = None,
     read_staged: StagedReader | None = None,
+    on_header: Callable[[pb.SegmentHeader], None] | None = None,
 ) -> tuple[SegmentMeta, memoryview | PayloadBuffer]:
     """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes,
     or one `StagedPayload` naming a file `read_staged` maps them from (same host: the
@@ -91,6 +92,8 @@ async def receive_segment(
             if meta is not None:
                 raise InvalidRequest("PutSegment stream holds a second header")
             meta = check_header(header_to_meta(part))
+            if on_header is not None:  # the fields that are not the segment's (session_id)
+                on_header(part)
             continue
         if meta is None:
             raise InvalidRequest("PutSegment stream sent payload bytes before its header")

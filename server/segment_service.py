@@ -38,6 +38,7 @@ from kvsplice.server.request_checks import (
     check_namespace,
     check_token_ids,
 )
+from kvsplice.server.session_service import SessionService
 from kvsplice.server.shared_prefix import MAX_PROBE_LENGTHS, SharedProbe, extend_from_shared
 from kvsplice.storage.catalog import NamespaceUsage
 from kvsplice.storage.pressure import NamespacePressure
@@ -83,6 +84,7 @@ class SegmentService:
         config: SegmentServiceConfig,
     ) -> None:
         self._store = store
+        self.sessions = SessionService(store)
         self._exact = exact
         self._similar = similar
         self.config = config

@@ -20,7 +20,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc import aio
 
 from kvsplice.common import staging
-from kvsplice.common.errors import NotFound, StreamStalled
+from kvsplice.common.errors import NotFound, PermissionDenied, StreamStalled
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
@@ -32,6 +32,7 @@ from kvsplice.server.interceptors import bearer_of
 from kvsplice.server.metrics import StoreMetrics
 from kvsplice.server.request_checks import check_namespace
 from kvsplice.server.segment_service import SegmentService, similar_hit_tokens
+from kvsplice.server.session_service import checked_session
 from kvsplice.server.tenants import Authenticator
 from kvsplice.server.upload_budget import UploadBudget
 from kvsplice.storage.tiered_store import StoredSegment
@@ -90,11 +91,15 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
                 self._allow(context, meta.namespace, write=True)
                 return slot.reserve(self._segments.check_header(meta))
 
+            session_ids: list[str] = []
             meta, payload = await convert.receive_segment(
-                request_iterator, admit, self._uploads.idle_timeout_s, self._read_staged
-            )
+                request_iterator, admit, self._uploads.idle_timeout_s, self._read_staged,
+                on_header=lambda header: session_ids.append(checked_session(header.session_id)),
+            )  # fmt: skip
             stored = await _offloaded(meta.payload_nbytes, self._segments.write, meta, payload)
         self._segments.index(stored)
+        if session_ids and session_ids[0]:
+            self._segments.sessions.hold(stored.namespace, session_ids[0], [stored.context_key])
         self._metrics.add_bytes("in", stored.payload_nbytes)
         self._metrics.observe_segment_size(stored.payload_nbytes)
         return pb.PutSegmentResponse(context_key=stored.context_key)
@@ -138,16 +143,48 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self, request: pb.LookupPrefixRequest, context: aio.ServicerContext
     ) -> pb.LookupPrefixResponse:
         namespace = self._allow(context, request.namespace)
+        session_id = checked_session(request.session_id)  # refused before any work
         probe = self._segments.lookup_local(namespace, request.model_fingerprint, request.token_ids)
         match = probe.match
         if probe.extendable:
             match = await asyncio.to_thread(self._segments.extend_shared, probe)
         match = self._segments.counted(namespace, match)
+        if session_id:
+            self._hold_matched(context, namespace, session_id, match.segments)
         num_queried = len(request.token_ids)
         self._metrics.record_lookup(
             "exact", match.num_matched_tokens > 0, num_queried, match.num_matched_tokens
         )
         return convert.prefix_response(match)
+
+    def _hold_matched(
+        self, context: aio.ServicerContext, namespace: str, session_id: str, segments: Any
+    ) -> None:
+        """A writer's session holds what its lookup matched; a reader's is not held."""
+        try:
+            self._allow(context, namespace, write=True)
+        except PermissionDenied:
+            return
+        self._segments.sessions.hold(namespace, session_id, [m.context_key for m in segments])
+
+    async def RenewSession(
+        self, request: pb.SessionRenewRequest, context: aio.ServicerContext
+    ) -> pb.SessionRenewResponse:
+        namespace = self._allow(context, request.namespace, write=True)
+        hold = self._segments.sessions.hold(
+            namespace, request.session_id, (), request.lease_s or None
+        )
+        return pb.SessionRenewResponse(
+            outcome=hold.outcome.value, lease_s=hold.lease_s, reason=hold.reason
+        )
+
+    async def EndSession(
+        self, request: pb.SessionEndRequest, context: aio.ServicerContext
+    ) -> pb.SessionEndResponse:
+        namespace = self._allow(context, request.namespace, write=True)
+        return pb.SessionEndResponse(
+            ended=self._segments.sessions.end(namespace, request.session_id)
+        )
 
     async def FindSimilar(
         self, request: pb.FindSimilarRequest, context: aio.ServicerContext

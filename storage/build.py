@@ -6,6 +6,9 @@ A Redis/Valkey tier is the shared tier behind them (`SharedTier`), never a local
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from kvsplice.storage.config import StoreConfig
 from kvsplice.storage.lmdb_tier import LMDBTier
 from kvsplice.storage.memory_tier import MemoryTier
@@ -14,7 +17,7 @@ from kvsplice.storage.tier import EvictionRelay, StorageTier
 from kvsplice.storage.tiered_store import TieredStore
 
 
-def build_tiered_store(config: StoreConfig) -> TieredStore:
+def build_tiered_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> TieredStore:
     # Only a durable memory tier's evictions remove segments; the store is built
     # after its tiers, so that tier reports through a relay bound below.
     relay = EvictionRelay()
@@ -26,7 +29,7 @@ def build_tiered_store(config: StoreConfig) -> TieredStore:
         tiers.append(LMDBTier(config.lmdb))
     shared = None if config.redis is None else SharedTier(config.redis)
     try:
-        store = TieredStore(config, tiers, shared=shared)
+        store = TieredStore(config, tiers, clock=clock, shared=shared)
     except BaseException:
         for tier in tiers:
             tier.close()

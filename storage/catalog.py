@@ -11,8 +11,19 @@ import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvsplice.common.segment import SegmentMeta
+
+
+class Retention(Protocol):
+    """Reranks the catalog's LRU order for eviction (`storage.sessions.SessionLeases`)."""
+
+    def eviction_order(
+        self, lru_keys: Iterable[bytes], in_scope: Callable[[bytes], bool]
+    ) -> Iterable[bytes]: ...
+
+    def touched(self, key: bytes) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class Catalog:
         self._leases: Counter[bytes] = Counter()
         self._doomed: set[bytes] = set()
         self._deadlines: list[tuple[float, bytes, int]] = []  # heap; stale items skipped
+        self.retention: Retention | None = None  # None: eviction is LRU order as it stands
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -81,6 +93,8 @@ class Catalog:
 
     def touch(self, key: bytes) -> None:
         entry = self._entries[key]
+        if self.retention is not None:
+            self.retention.touched(key)
         self._entries.move_to_end(key)
         self._namespace_order[entry.meta.namespace].move_to_end(key)
 
@@ -132,7 +146,7 @@ class Catalog:
         """
         victims: list[tuple[bytes, CatalogEntry]] = []
         freed = 0
-        for key in self._ordered_keys(namespace):
+        for key in self._victim_keys(namespace):
             if freed >= nbytes:
                 break
             if key == exclude or self.is_leased(key) or not try_claim(key):
@@ -160,7 +174,7 @@ class Catalog:
         usage = Counter(self._namespace_bytes)
         if writer is not None:
             usage[writer] += nbytes
-        candidates = {ns: iter(order) for ns, order in self._namespace_order.items()}
+        candidates = {ns: iter(self._victim_keys(ns)) for ns in self._namespace_order}
         victims: list[tuple[bytes, CatalogEntry]] = []
         freed = 0
         while freed < nbytes and candidates:
@@ -201,6 +215,19 @@ class Catalog:
             )
             for ns in sorted(namespaces)
         }
+
+    def _victim_keys(self, namespace: str | None) -> Iterable[bytes]:
+        """Eviction candidates of one namespace or all, first to go first."""
+        keys = self._ordered_keys(namespace)
+        if self.retention is None:
+            return keys
+        entries = self._entries
+
+        def in_scope(key: bytes) -> bool:
+            entry = entries.get(key)
+            return entry is not None and (namespace is None or entry.meta.namespace == namespace)
+
+        return self.retention.eviction_order(keys, in_scope)
 
     def _ordered_keys(self, namespace: str | None) -> Iterable[bytes]:
         if namespace is None:

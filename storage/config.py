@@ -7,7 +7,7 @@ variables and CLI flags are read elsewhere (the server's entry point).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -159,6 +159,28 @@ class RedisTierConfig:
 
 
 @dataclass(frozen=True)
+class SessionConfig:
+    """Session leases: a segment a live session put or looked up is held `lease_s` after the
+    session's last request (0: sessions off, every session id ignored); a retain hint may ask
+    for up to `max_lease_s`. A namespace's held bytes stay within its quota."""
+
+    lease_s: float = flag(
+        300.0, "Hold a session's segments this long after its last request (0: off).",
+        name="session-lease-s", min=0,
+    )  # fmt: skip
+    max_lease_s: float = flag(
+        3600.0, "Longest lease a retain hint may ask for (longer is clipped).",
+        name="session-max-lease-s", min=0,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for name in ("lease_s", "max_lease_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} {value!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     """The tiered store: local tiers (memory over LMDB, the last durable), the optional
     shared tier (`redis`: one server or a Cluster shared by every sidecar), quotas.
@@ -174,6 +196,7 @@ class StoreConfig:
     lmdb: LMDBTierConfig | None = None
     redis: RedisTierConfig | None = None
     namespace_quota_bytes: Mapping[str, int] = field(default_factory=dict)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
     default_quota_bytes: int | None = flag(
         None, "Per-namespace byte quota.", name="quota-mib", mib=True, min=1
     )
@@ -197,9 +220,10 @@ class StoreConfig:
         return self.namespace_quota_bytes.get(namespace, self.default_quota_bytes)
 
 
-def build_store(config: StoreConfig) -> TieredStore:
-    """Open the configured tiers (memory, then LMDB; Redis shared behind) and the store."""
+def build_store(config: StoreConfig, clock: Callable[[], float] | None = None) -> TieredStore:
+    """Open the configured tiers (memory, then LMDB; Redis shared behind) and the store
+    (`clock`: its wall clock, for TTLs and session leases; a replay passes its own)."""
     # NOTE: imported here because every tier module imports this one for its config.
     from kvsplice.storage.build import build_tiered_store
 
-    return build_tiered_store(config)
+    return build_tiered_store(config) if clock is None else build_tiered_store(config, clock)

@@ -38,6 +38,7 @@ from kvsplice.storage.segment_codec import (
     segment_payload,
 )
 from kvsplice.storage.segment_events import SharedEvent
+from kvsplice.storage.session_holds import SessionHolds
 from kvsplice.storage.shared_catalog import Applied, Removed, SharedCatalog
 from kvsplice.storage.shared_reads import UNREACHABLE, SharedReads, digest_or_none
 from kvsplice.storage.shared_tier import SharedStatus, SharedTier
@@ -105,6 +106,7 @@ class TieredStore:
         self._catalog, num_dropped = load_catalog(self._stack)
         self._shared_catalog = SharedCatalog(self._catalog, self._lock, self._stack)
         self._listeners = StoreListeners()
+        self.sessions = SessionHolds(config, self._catalog, self._lock, clock)
         self._removals: Counter[str] = Counter(lost=num_dropped)
         self._pressure = PressureCounters()
         room_shared = None if shared is None else (self._shared_catalog, shared)
@@ -477,6 +479,7 @@ class TieredStore:
             return
         with self._lock:
             self._removals.update(reason for _, reason in removed)
+            self.sessions.forget_locked(meta for meta, _ in removed)
             self._pressure.removed((meta.namespace, reason) for meta, reason in removed)
         for meta, reason in removed:
             if self._shared is not None and reason in _SHARED_REASONS:

@@ -2,7 +2,8 @@
 
 Unreachable/slow store, NOT_FOUND or a bad checksum → a miss (one rate-limited warning
 for faults), so the worker falls back to dense; server faults raise our errors. No torch.
-Reuse reports go out through `reports.ReuseReporter` (a call never waits on the network).
+Reuse reports go out through `common.reuse_report.ReuseReporter` (a call never waits on the
+network).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import TypeVar
 
 import grpc
@@ -21,13 +21,9 @@ import grpc.experimental
 from cachetools import LRUCache
 
 from kvsplice.common.buffers import BufferPool
-from kvsplice.common.errors import (
-    CorruptPayload,
-    InvalidRequest,
-    StoreUnavailable,
-)
+from kvsplice.common.errors import CorruptPayload, InvalidRequest, StoreUnavailable
 from kvsplice.common.namespace_stats import NamespaceStats
-from kvsplice.common.reuse_report import ReusedRun, ReuseReport, Served, call_report
+from kvsplice.common.reuse_report import ReusedRun, ReuseReport, ReuseReporter, Served, call_report
 from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.proto.stats_wire import stats_of
@@ -42,12 +38,12 @@ from kvsplice.storeclient.faults import (
     warn_degraded,
 )
 from kvsplice.storeclient.put_staging import MIN_STAGED_NBYTES, PutStaging
-from kvsplice.storeclient.reports import ReuseReporter
 from kvsplice.storeclient.results import (
     AnchorEntry,
     ClientCounters,
     DataPlaneInfo,
     PrefixLookup,
+    SessionRenewal,
     SimilarCandidate,
 )
 from kvsplice.storeclient.same_host import SameHostPath
@@ -55,8 +51,7 @@ from kvsplice.storeclient.same_host import SameHostPath
 T = TypeVar("T")
 # `_same_host` before the sidecar was asked where its data plane is.
 _UNASKED = object()
-# How many segments' read path (`served_from`) a client remembers.
-MAX_REMEMBERED_READS = 4096
+MAX_REMEMBERED_READS = 4096  # how many segments' read path (`served_from`) a client remembers
 
 # NOTE: by default every server-streaming call (GetSegment) starts a "channel spin"
 # thread of its own (~2 ms on a loaded 2-core host); this makes the calling thread
@@ -131,10 +126,11 @@ class StoreClient:
         other._owns_channel = False
         return other
 
-    def put_segment(self, meta: SegmentMeta, payload: bytes) -> bool:
+    def put_segment(self, meta: SegmentMeta, payload: bytes, session_id: str = "") -> bool:
         """Store `payload` under `meta`; True once the store holds a segment under its key
         (this one, or an earlier one with other bytes: keys are immutable, the first
-        stays); False if the store could not be reached in time."""
+        stays); False if the store could not be reached in time. `session_id`: the agent
+        session it is held for (empty: none)."""
         if meta.namespace != self.namespace:
             raise InvalidRequest(
                 f"segment namespace {meta.namespace!r} != client's {self.namespace!r}"
@@ -143,8 +139,8 @@ class StoreClient:
 
         def send(timeout_s: float) -> bool:
             try:
-                if not self._put_staged(meta, payload, timeout_s):
-                    frames = wire.put_frames(meta, payload, self.config.chunk_nbytes)
+                if not self._put_staged(meta, payload, timeout_s, session_id):
+                    frames = wire.put_frames(meta, payload, self.config.chunk_nbytes, session_id)
                     self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
             except grpc.RpcError as error:
                 if error.code() is not grpc.StatusCode.ALREADY_EXISTS:  # type: ignore[attr-defined]
@@ -156,7 +152,7 @@ class StoreClient:
 
         return self._once("put_segment", send, self.config.put_timeout_s, False)
 
-    def _put_staged(self, meta: SegmentMeta, payload: bytes, timeout_s: float) -> bool:
+    def _put_staged(self, meta: SegmentMeta, payload: bytes, timeout_s: float, sid: str) -> bool:
         """Put through the staging file when the sidecar is on this host; False: stream it
         (too small, elsewhere, the file busy or full, or the sidecar cannot read it)."""
         staging = self._put_staging() if len(payload) >= MIN_STAGED_NBYTES else None
@@ -165,7 +161,7 @@ class StoreClient:
         with staging.staged(payload) as where:
             if where is None:
                 return False
-            frames = wire.staged_put_frames(meta, *where)
+            frames = wire.staged_put_frames(meta, *where, sid)
             try:
                 self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
             except grpc.RpcError as error:
@@ -319,9 +315,12 @@ class StoreClient:
             return True, None
         return True, wire.data_plane_result(response)
 
-    def lookup_prefix(self, model_fingerprint: str, token_ids: Sequence[int]) -> PrefixLookup:
-        """Stored segments chaining from position 0 over `token_ids`; MISS when none or degraded."""
-        request = wire.lookup_request(self.namespace, model_fingerprint, token_ids)
+    def lookup_prefix(
+        self, model_fingerprint: str, token_ids: Sequence[int], session_id: str = ""
+    ) -> PrefixLookup:
+        """Stored segments chaining from position 0 over `token_ids` (then held by `session_id`,
+        if any); MISS when none or degraded."""
+        request = wire.lookup_request(self.namespace, model_fingerprint, token_ids, session_id)
         call = self._unary(self._stub.LookupPrefix, request, wire.lookup_result)
         return self._idempotent(
             "lookup_prefix", call, self.config.lookup_timeout_s, PrefixLookup.MISS
@@ -426,6 +425,18 @@ class StoreClient:
         call = self._unary(self._stub.Delete, request, lambda r: bool(r.deleted))
         return self._once("delete", call, self.config.lookup_timeout_s, False)
 
+    def renew_session(self, session_id: str, lease_s: float | None = None) -> SessionRenewal | None:
+        """Renew the session's lease (`lease_s`: a retain hint's); None if unreachable."""
+        request = wire.session_renew_request(self.namespace, session_id, lease_s)
+        call = self._unary(self._stub.RenewSession, request, wire.session_renewal)
+        return self._once("renew_session", call, self.config.lookup_timeout_s, None)
+
+    def end_session(self, session_id: str) -> bool:
+        """Release the session's segments (a release hint); False if not live or unreachable."""
+        request = wire.session_end_request(self.namespace, session_id)
+        call = self._unary(self._stub.EndSession, request, lambda r: bool(r.ended))
+        return self._once("end_session", call, self.config.lookup_timeout_s, False)
+
     def stats(self) -> NamespaceStats | None:
         request = wire.stats_request(self.namespace)
         call = self._unary(self._stub.Stats, request, stats_of)
@@ -446,12 +457,7 @@ class StoreClient:
     def __enter__(self) -> StoreClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _unary(

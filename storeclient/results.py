@@ -92,3 +92,12 @@ class DataPlaneInfo:
     lmdb_file_id: tuple[int, int]
     server_pid: int
     staging_dir: str = ""  # where a put's payload may be staged (`common.staging`); "": nowhere
+
+
+@dataclass(frozen=True)
+class SessionRenewal:
+    """The sidecar's answer to a session renewal (`storage.sessions.HoldOutcome` values)."""
+
+    outcome: str  # "accepted", "clipped" or "rejected"
+    lease_s: float  # the lease granted
+    reason: str = ""

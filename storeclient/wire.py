@@ -26,6 +26,7 @@ from kvsplice.storeclient.results import (
     DataPlaneInfo,
     PrefixLookup,
     SegmentRef,
+    SessionRenewal,
     SimilarCandidate,
 )
 
@@ -71,17 +72,28 @@ def put_requests(
         yield pb.PutSegmentRequest(chunk=view[start : start + chunk_nbytes].tobytes())
 
 
-def put_frames(meta: SegmentMeta, payload: bytes, chunk_nbytes: int) -> Iterator[bytes]:
+def put_header(meta: SegmentMeta, session_id: str = "") -> bytes:
+    """A put's first message: the segment's header, with the session it is held for."""
+    header = meta_to_header(meta)
+    header.session_id = session_id
+    return pb.PutSegmentRequest(header=header).SerializeToString()
+
+
+def put_frames(
+    meta: SegmentMeta, payload: bytes, chunk_nbytes: int, session_id: str = ""
+) -> Iterator[bytes]:
     """`put_requests` already serialized, each chunk copied once, straight out of `payload`."""
-    yield pb.PutSegmentRequest(header=meta_to_header(meta)).SerializeToString()
+    yield put_header(meta, session_id)
     view = memoryview(payload)
     for start in range(0, len(payload), chunk_nbytes):
         yield encode_chunk(view[start : start + chunk_nbytes])
 
 
-def staged_put_frames(meta: SegmentMeta, name: str, offset: int) -> Iterator[bytes]:
+def staged_put_frames(
+    meta: SegmentMeta, name: str, offset: int, session_id: str = ""
+) -> Iterator[bytes]:
     """A PutSegment stream whose payload waits in staging file `name` at `offset`."""
-    yield pb.PutSegmentRequest(header=meta_to_header(meta)).SerializeToString()
+    yield put_header(meta, session_id)
     yield pb.PutSegmentRequest(
         staged=pb.StagedPayload(name=name, offset=offset)
     ).SerializeToString()
@@ -168,11 +180,26 @@ def get_request(namespace: str, key: bytes, model_fingerprint: str | None) -> pb
 
 
 def lookup_request(
-    namespace: str, fingerprint: str, token_ids: Sequence[int]
+    namespace: str, fingerprint: str, token_ids: Sequence[int], session_id: str = ""
 ) -> pb.LookupPrefixRequest:
     return pb.LookupPrefixRequest(
-        namespace=namespace, model_fingerprint=fingerprint, token_ids=token_ids
-    )
+        namespace=namespace, model_fingerprint=fingerprint, token_ids=token_ids,
+        session_id=session_id,
+    )  # fmt: skip
+
+
+def session_renew_request(
+    namespace: str, session_id: str, lease_s: float | None
+) -> pb.SessionRenewRequest:
+    return pb.SessionRenewRequest(namespace=namespace, session_id=session_id, lease_s=lease_s or 0)
+
+
+def session_renewal(response: pb.SessionRenewResponse) -> SessionRenewal:
+    return SessionRenewal(response.outcome, response.lease_s, response.reason)
+
+
+def session_end_request(namespace: str, session_id: str) -> pb.SessionEndRequest:
+    return pb.SessionEndRequest(namespace=namespace, session_id=session_id)
 
 
 def similar_request(

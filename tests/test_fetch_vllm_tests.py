@@ -32,12 +32,17 @@ def sdist(tmp_path: Path, fetch: ModuleType) -> Path:
     return make_sdist(tmp_path / "served.tar.gz", fetch.ROOT_NAME, files)
 
 
+def fetched(fetch: ModuleType, sdist: Path, cache: Path) -> tuple[Path, str]:
+    """The tests of `sdist` fetched into `cache` (its sha256 the expected one), and that sha256."""
+    sha256 = fetch.sha256_of(sdist)
+    return fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256), sha256
+
+
 def test_unpacks_only_the_tests_and_reuses_them(
     tmp_path: Path, fetch: ModuleType, sdist: Path
 ) -> None:
     cache = tmp_path / "cache"
-    sha256 = fetch.sha256_of(sdist)
-    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    root, sha256 = fetched(fetch, sdist, cache)
     assert (root / "tests/v1/unit/utils.py").read_bytes() == b"X = 1\n"
     assert sorted(p.name for p in root.iterdir()) == [".sha256", "tests"]
     sdist.unlink()  # a second call neither downloads nor unpacks
@@ -48,8 +53,7 @@ def test_a_cached_archive_is_unpacked_again_without_downloading(
     tmp_path: Path, fetch: ModuleType, sdist: Path
 ) -> None:
     cache = tmp_path / "cache"
-    sha256 = fetch.sha256_of(sdist)
-    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    root, sha256 = fetched(fetch, sdist, cache)
     (root / ".sha256").unlink()
     sdist.unlink()
     assert fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256) == root
@@ -71,8 +75,7 @@ def test_unpacks_the_benchmarks_beside_the_tests_without_downloading_again(
     files = {"tests/a.py": b"A = 1\n", "benchmarks/multi_turn/b.py": b"B = 2\n"}
     sdist = make_sdist(tmp_path / "served.tar.gz", fetch.ROOT_NAME, files)
     cache = tmp_path / "cache"
-    sha256 = fetch.sha256_of(sdist)
-    root = fetch.fetch_tests(cache, url=sdist.as_uri(), sha256=sha256)
+    root, sha256 = fetched(fetch, sdist, cache)
     (root / "tests/kept.txt").write_text("unpacked once")
     sdist.unlink()  # the cached archive serves the second folder
     assert fetch.fetch_tests(cache, sdist.as_uri(), sha256, ("benchmarks", "tests")) == root

@@ -37,7 +37,7 @@ from kvsplice.client.model.hf_cache import (
 from kvsplice.client.model.model_adapter import DecoderAdapter
 from kvsplice.kvmath.fused_decode import decode_into
 from kvsplice.kvmath.rope import RopeSpec
-from kvsplice.kvmath.segment_kv import SegmentKV
+from kvsplice.kvmath.segment_kv import LayeredKV, SegmentKV
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def _droppable_slots(plan: CallPlan, num_layers: int) -> set[int]:
 
 
 @dataclass(eq=False)
-class KVBuffer:
+class KVBuffer(LayeredKV):
     """keys, values: [L, H_kv, T, D]; keys post-RoPE at positions `position_offset + slot`."""
 
     keys: torch.Tensor
@@ -242,14 +242,6 @@ class KVBuffer:
         """An unfilled buffer of shape [L, H_kv, T, D]."""
         keys = torch.zeros(shape, dtype=dtype, device=device)
         return cls(keys, torch.zeros_like(keys), position_offset)
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.keys.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.keys.shape[2])
 
     def key_positions(self) -> torch.Tensor:
         """[T] long: the RoPE position of every slot."""

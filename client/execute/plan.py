@@ -140,6 +140,29 @@ class PlanSpan:
         return self.kv is None and self.start_layer == 0 and self.hidden is None
 
 
+class NamedRange(Protocol):
+    """Tokens [start, end) of a sequence, named (a plan's span, a rendered prompt's)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+
+def check_tiling(spans: Sequence[NamedRange], num_tokens: int) -> None:
+    """`ValueError` unless `spans` tile tokens [0, `num_tokens`) in order, without gap or overlap
+    (a call plan's spans, the spans of a rendered prompt)."""
+    cursor = 0
+    for span in spans:
+        if span.start != cursor:
+            raise ValueError(f"span {span.name!r} starts at {span.start}, expected {cursor}")
+        cursor = span.end
+    if cursor != num_tokens:
+        raise ValueError(f"spans cover {cursor} of {num_tokens} tokens")
+
+
 def _check_kv(span: PlanSpan) -> None:
     if span.kv is None:
         return
@@ -173,13 +196,7 @@ class CallPlan:
             raise ValueError("a plan needs at least one prompt token")
         if self.position_offset < 0:
             raise ValueError(f"position_offset {self.position_offset} < 0")
-        cursor = 0
-        for span in self.spans:
-            if span.start != cursor:
-                raise ValueError(f"span {span.name!r} starts at {span.start}, expected {cursor}")
-            cursor = span.end
-        if cursor != len(self.token_ids):
-            raise ValueError(f"plan covers {cursor} of {len(self.token_ids)} prompt tokens")
+        check_tiling(self.spans, len(self.token_ids))
         # Sorted and distinct, so result rows follow slot order.
         slots = tuple(sorted(set(self.logits_slots))) or (len(self.token_ids) - 1,)
         object.__setattr__(self, "logits_slots", slots)

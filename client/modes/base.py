@@ -21,7 +21,7 @@ import torch
 from kvsplice.client.execute.call_executor import CallExecutor
 from kvsplice.client.execute.execution import CallTimings, ExecutionState
 from kvsplice.client.execute.layerwise_executor import LayerwiseResult
-from kvsplice.client.execute.plan import CallPlan, PlanSpan, Source
+from kvsplice.client.execute.plan import CallPlan, NamedRange, PlanSpan, Source
 from kvsplice.client.tiers.local_tier import LocalTier
 from kvsplice.client.tiers.segment_io import SegmentSink, SpanRecord
 from kvsplice.common.errors import LayoutMismatch
@@ -35,17 +35,11 @@ SpanRole = Literal["question", "agent_output", "condition", "text"]
 QUESTION_BLOCK = "question"  # the id `reused_blocks` gives the question's blocks
 
 
-class PromptSpan(Protocol):
+class PromptSpan(NamedRange, Protocol):
     """Tokens [start, end) of a prompt from one template part ("text" or "placeholder")."""
 
     @property
     def kind(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def start(self) -> int: ...
-    @property
-    def end(self) -> int: ...
 
 
 class SpannedPrompt(Protocol):
@@ -94,7 +88,7 @@ class StoreContext(CallContext):
     """A call's context on an engine with a store; code that looks segments up or puts
     them takes this one (without a store there is nothing to find and nowhere to put).
 
-    `local`: the worker's decoded tier (0 bytes: none). `writer`: where `record_call`
+    `local`: the worker's decoded tier (0 bytes: none). `writer`: where `RecordingPolicy`
     hands the call's segments (the engine's `SegmentWriter` thread, or `DirectPuts`).
     """
 

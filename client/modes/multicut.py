@@ -21,7 +21,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -38,7 +38,7 @@ from kvsplice.client.modes.base import (
     StoreContext,
 )
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.client.modes.recorder import RecordingPolicy, call_records, put_records
+from kvsplice.client.modes.recorder import RecordingPolicy, put_records
 from kvsplice.client.modes.shared import plan_exact_prefix
 from kvsplice.client.tiers.segment_io import FetchedSegment, SpanRecord, fetch_segment, left_tail
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -207,23 +207,18 @@ class MulticutPolicy(RecordingPolicy):
         cuts = self.params.cut_layers(num_layers)
         return PlannedCall(CallPlan.tiled(prompt.token_ids, reused, capture_layers=cuts))
 
-    def after_call(
-        self,
-        prompt: SpannedPrompt,
-        planned: PlannedCall[Any],
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
+    def store_records(
+        self, ctx: StoreContext, prompt: SpannedPrompt, run: ExecutionState, batch: list[SpanRecord]
     ) -> None:
-        """Store this call's segments with boundary states at every cut layer."""
-        captured = state.layerwise.hidden_states if state.layerwise else None
-        if not isinstance(ctx, StoreContext) or captured is None:
-            super().after_call(prompt, planned, state, ctx, response_ids)
+        """Put this call's segments with boundary states at every cut layer (the writer takes
+        them when the run captured none)."""
+        captured = run.layerwise.hidden_states if run.layerwise else None
+        if captured is None:
+            super().store_records(ctx, prompt, run, batch)
             return
-        records = call_records(prompt, planned, state, ctx, response_ids)
-        exact_response = any(_exact_kind(r) == "response" for r in records)
-        response = self._response_states(state, ctx, response_ids) if exact_response else {}
-        put_records(ctx, [_with_states(r, captured, response) for r in records])
+        exact_responses = [r.token_ids for r in batch if _exact_kind(r) == "response"]
+        response = self._response_states(run, ctx, exact_responses[0]) if exact_responses else {}
+        put_records(ctx, [_with_states(r, captured, response) for r in batch])
 
     def _place(
         self, span: PromptSpan, prompt: SpannedPrompt, ctx: StoreContext, num_layers: int

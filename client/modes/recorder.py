@@ -69,22 +69,6 @@ class _Chain(KeyChain):
         return record
 
 
-def record_call(
-    prompt: SpannedPrompt,
-    planned: PlannedCall[Any],
-    state: ExecutionState,
-    ctx: CallContext,
-    response_ids: Sequence[int],
-) -> int:
-    """Hand this call's records (`call_records`) to `ctx.writer`; returns how many it stored,
-    or, with the engine's writer thread, queued (0 without a store).
-    """
-    if not isinstance(ctx, StoreContext):
-        return 0
-    records = call_records(prompt, planned, state, ctx, response_ids)
-    return len(ctx.writer.submit(records))
-
-
 def call_records(
     prompt: SpannedPrompt,
     planned: PlannedCall[Any],
@@ -92,7 +76,7 @@ def call_records(
     ctx: CallContext,
     response_ids: Sequence[int],
 ) -> list[SpanRecord]:
-    """What `record_call` would put: `planned.records`, then this call's new segments, in order."""
+    """What `RecordingPolicy` stores: `planned.records`, then this call's new segments, in order."""
     return list(planned.records) + _new_records(prompt, state, ctx, response_ids)
 
 
@@ -134,7 +118,10 @@ def _pieces(
 
 
 class RecordingPolicy:
-    """Base of the policies: after a call, store what it computed (`record_call`)."""
+    """Base of the policies: after a call with a store, store what it computed
+    (`call_records`) as `store_records` says: by default handed to `ctx.writer` (the
+    engine's writer thread, or `DirectPuts`); a policy that stores otherwise overrides
+    only `store_records`."""
 
     def after_call(
         self,
@@ -144,24 +131,27 @@ class RecordingPolicy:
         ctx: CallContext,
         response_ids: Sequence[int],
     ) -> None:
-        record_call(prompt, planned, state, ctx, response_ids)
+        if isinstance(ctx, StoreContext):
+            batch = call_records(prompt, planned, state, ctx, response_ids)
+            self.store_records(ctx, prompt, state, batch)
+
+    def store_records(
+        self, ctx: StoreContext, prompt: SpannedPrompt, run: ExecutionState, batch: list[SpanRecord]
+    ) -> None:
+        """Store `batch`, the call's records in chain order (`run`: the execution that
+        computed them)."""
+        ctx.writer.submit(batch)
 
 
-class WholeSpanRecordingPolicy:
+class WholeSpanRecordingPolicy(RecordingPolicy):
     """Base of the policies that compute scattered tokens inside reused spans (blend, halo,
     crossfix): after a call, put its segments but the partial approximate prompt pieces
     (`whole_span_records`), synchronously."""
 
-    def after_call(
-        self,
-        prompt: SpannedPrompt,
-        planned: PlannedCall[Any],
-        state: ExecutionState,
-        ctx: CallContext,
-        response_ids: Sequence[int],
+    def store_records(
+        self, ctx: StoreContext, prompt: SpannedPrompt, run: ExecutionState, batch: list[SpanRecord]
     ) -> None:
-        records = call_records(prompt, planned, state, ctx, response_ids)
-        put_records(ctx, whole_span_records(records, prompt.spans))
+        put_records(ctx, whole_span_records(batch, prompt.spans))
 
 
 def whole_span_records(

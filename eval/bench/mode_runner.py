@@ -27,7 +27,7 @@ from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.fidelity import REFERENCE_KINDS, DenseReferences, compare
 from kvsplice.eval.measure.metrics import DENSE, CallRecord
 from kvsplice.eval.workloads.workload import Problem, Workload
-from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.kvmath.quant import check_quant
 from kvsplice.storeclient.client import StoreClient
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,7 @@ class ModeRunConfig:
         check_layout(self.layout)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
-        if self.quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        check_quant(self.quant)
         if self.reference not in REFERENCE_KINDS:
             raise ValueError(f"reference {self.reference!r} not in {REFERENCE_KINDS}")
         for mode in self.modes:

@@ -115,7 +115,7 @@ class ChunkPutter:
             kv.num_layers, created_at_s=time.time(), kind="prompt", exact=spec.exact,
         )  # fmt: skip
         payload = encode_payload(kv, model_fingerprint=spec.root, quant=self.quant)
-        if self.clients.for_namespace(spec.namespace).put_segment(meta, payload):
+        if self.clients.for_namespace(spec.namespace).put_segment(meta, payload, spec.session_id):
             self.counters.num_put += 1
             return True
         self.counters.num_failed += 1

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kvsplice.common.breaker import CircuitBreaker
 from kvsplice.common.errors import InvalidRequest, PermissionDenied, StoreUnavailable
+from kvsplice.integrations.vllm.sessions import SessionScope
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.storeclient.results import PrefixLookup
@@ -37,6 +38,7 @@ class LookupQuery:
     root: str  # the fingerprint the request's chain hangs from (request_keys)
     num_tokens: int
     approximate: bool = False  # also look for stored runs past the exact prefix
+    session: SessionScope | None = None  # the agent session asking (`sessions`)
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,11 @@ class SaveRules:
 
 class SaveChain:
     def __init__(
-        self, request_id: str, namespace: str, root: str, rules: SaveRules, fence: Fence
-    ) -> None:
+        self, request_id: str, namespace: str, root: str, rules: SaveRules, fence: Fence,
+        session_id: str = "",
+    ) -> None:  # fmt: skip
         self.request_id, self.namespace, self.root = request_id, namespace, root
+        self.session_id = session_id  # what its puts are held for (empty: none)
         self.rules = rules
         self.fence = fence
         self.chain = KeyChain(root)
@@ -136,5 +138,5 @@ class SaveChain:
             request_id=self.request_id, namespace=self.namespace, root=self.root,
             start=link.start, token_ids=tuple(token_ids[link.start : link.end]),
             parent_key=link.parent_key, key=link.key, block_table=table,
-            block_size=self.rules.block_size, exact=exact,
+            block_size=self.rules.block_size, exact=exact, session_id=self.session_id,
         )  # fmt: skip

@@ -25,6 +25,7 @@ from kvsplice.integrations.vllm.request_keys import request_root
 from kvsplice.integrations.vllm.reuse_request import RequestedReuse, asked, requested_reuse
 from kvsplice.integrations.vllm.save_chain import SaveChain, SaveRules
 from kvsplice.integrations.vllm.save_ledger import SaveLedger
+from kvsplice.integrations.vllm.sessions import SessionEnds, SessionScope, session_scope
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog, sidecar_breaker
 from kvsplice.integrations.vllm.span_cover import ReusedSpan, trimmed
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -45,6 +46,7 @@ class _Tracked:
     saves: SaveChain | None  # None: nothing of it is saved (no root)
     reuse: RequestedReuse
     fence: Fence
+    session: SessionScope | None = None  # its agent session (`sessions`)
     answer: Answer | None = None  # None: not answered yet
     promised_spans: tuple[ReusedSpan, ...] = ()  # the approximate runs of the last promise
     num_local_tokens: int = 0  # computed or cached in the engine when the load was promised
@@ -54,6 +56,9 @@ class _Tracked:
     num_approximate_tokens: int = 0  # loaded from runs computed elsewhere (the last load)
     num_promised_runs: int = 0  # approximate runs the last promise loads
     load_failed: bool = False  # a load of it failed (the worker's news)
+    # NOTE: where its first failed load stopped: never promised past it again (vLLM's
+    # "recompute" asks again; the cached answer would promise the same failing piece)
+    max_promise_tokens: int | None = None
 
 
 class SchedulerSide:
@@ -82,6 +87,7 @@ class SchedulerSide:
         )  # fmt: skip
         self.loads = PromisedLoads(block_size, load_async, self.faults)
         self.ledger = SaveLedger()
+        self.session_ends = SessionEnds(clients)
         self._tracked: dict[str, _Tracked] = {}
         self.disabled: str | None = None
         self.num_hit_tokens = 0
@@ -102,6 +108,8 @@ class SchedulerSide:
         tracked.num_local_tokens = num_computed_tokens
         num_tokens = len(request.all_token_ids)
         cap = (num_tokens - 1) // self.block_size * self.block_size
+        if tracked.max_promise_tokens is not None:
+            cap = min(cap, tracked.max_promise_tokens)
         if self.disabled or tracked.saves is None or cap <= num_computed_tokens:
             return 0  # nothing the sidecar could add: no lookup
         stale = tracked.answer is None or tracked.answer.is_stale(num_tokens)
@@ -127,7 +135,7 @@ class SchedulerSide:
         request, root = tracked.request, saves.root
         query = LookupQuery(
             tracked.namespace, root, len(request.all_token_ids),
-            approximate=self._wants_spans(tracked),
+            approximate=self._wants_spans(tracked), session=tracked.session,
         )  # fmt: skip
         found = self.lookups.poll(request.request_id, query, request.all_token_ids)
         if found is None:
@@ -208,6 +216,8 @@ class SchedulerSide:
         tracked = self._tracked.pop(request.request_id, None)
         self.loads.forget(request.request_id)
         self.lookups.forget(request.request_id)
+        if tracked is not None and tracked.session is not None and tracked.session.release:
+            self.session_ends.end(tracked.namespace, tracked.session)
         if tracked is None or not asked(request):
             return None
         admitted = self._wants_spans(tracked)
@@ -227,6 +237,10 @@ class SchedulerSide:
             tracked = self._tracked.get(fault.request_id)
             if tracked is not None:
                 tracked.load_failed = True
+                before = tracked.max_promise_tokens
+                tracked.max_promise_tokens = min(
+                    fault.position, before if before is not None else fault.position
+                )
                 if tracked.saves is not None:
                     tracked.saves.rewind(fault.position, tracked.request.all_token_ids)
         if news.disabled and not self.disabled:
@@ -272,12 +286,16 @@ class SchedulerSide:
         if reuse.problem:
             self.faults.record("a request's kv_transfer_params were ignored", reuse.problem)
         fence = Fence()
+        session = session_scope(request)
+        # NOTE: a released session's own puts are not held: one landing after the release
+        # would start the session again, held for a whole lease nobody renews.
+        held_for = "" if session is None or session.release else session.session_id
         saves = (
             None
             if root is None
-            else SaveChain(request.request_id, namespace, root, self.rules, fence)
+            else SaveChain(request.request_id, namespace, root, self.rules, fence, held_for)
         )
-        tracked = _Tracked(request, namespace, root, saves, reuse, fence)
+        tracked = _Tracked(request, namespace, root, saves, reuse, fence, session)
         self._tracked[request.request_id] = tracked
         return tracked
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.integrations.vllm.lookups import Found, LookupQuery
+from kvsplice.integrations.vllm.sessions import log_renewal
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.span_search import SPAN_SEARCH_SHARE, find_spans
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -39,7 +40,11 @@ class StoreLookup:
         deadline = time.monotonic() + self.timeout_s * SPAN_SEARCH_SHARE
         store = self.clients.for_namespace(query.namespace)
         degraded = store.counters.num_degraded_calls
-        lookup = store.lookup_prefix(query.root, token_ids)
+        session = query.session
+        if session is not None and session.lease_s is not None:  # a retain hint's lease
+            log_renewal(session, store.renew_session(session.session_id, session.lease_s))
+        session_id = "" if session is None else session.session_id
+        lookup = store.lookup_prefix(query.root, token_ids, session_id)
         if store.counters.num_degraded_calls != degraded:
             raise StoreUnavailable("the sidecar did not answer LookupPrefix in time")
         if not query.approximate:

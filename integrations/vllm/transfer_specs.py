@@ -67,6 +67,7 @@ class SaveSpec:
     block_table: tuple[int, ...]
     block_size: int
     exact: bool
+    session_id: str = ""  # the agent session the chunk is held for (empty: none)
 
     @property
     def end(self) -> int:

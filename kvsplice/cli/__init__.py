@@ -15,6 +15,7 @@ import typer
 import typer.main
 
 from kvsplice.cli import bench_serve as bench_serve  # registers `bench serve`
+from kvsplice.cli import bench_sessions as bench_sessions  # registers `bench sessions`
 from kvsplice.cli import inspect, serve, tenants, worker
 from kvsplice.cli import judge as judge  # registers `bench judge` on worker.bench_app
 from kvsplice.cli import vllm as vllm_cli  # registers `bench vllm` on worker.bench_app

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsplice.cli.common import console, require_worker, setup_logging
+from kvsplice.cli.common import console
 from kvsplice.cli.config_options import with_parameters
 from kvsplice.cli.worker import (
     WORKER_OPTIONS,
     _progress_bar,
-    apply_threads,
     bench_app,
     bench_config,
     bench_parameters,
     load_for_bench,
     shared_fields,
+    start_worker_command,
 )
 from kvsplice.eval.bench.judge.config import BenchJudgeConfig, default_max_new_tokens
 
@@ -28,12 +28,10 @@ from kvsplice.eval.bench.judge.config import BenchJudgeConfig, default_max_new_t
 @with_parameters(bench_parameters(BenchJudgeConfig, after=("store", *WORKER_OPTIONS)))
 def bench_judge(**values: Any) -> None:
     """Judge Consistency Rate per mode vs the dense judge; writes JSON, markdown and PNG plots."""
-    require_worker("bench judge")
+    start_worker_command("bench judge", values)
     from kvsplice.eval.bench.judge.bench import run_bench_judge
     from kvsplice.eval.bench.judge.report import render_bench_judge
 
-    setup_logging(values["log_level"])
-    apply_threads(values["threads"])
     config = bench_config(
         BenchJudgeConfig, values, policy_path=None, **shared_fields(values),
         max_new_tokens=values["max_new_tokens"] or default_max_new_tokens(values["task"]),

@@ -145,6 +145,14 @@ class ModelBenchConfig(Protocol):
 M = TypeVar("M", bound=ModelBenchConfig)
 
 
+def start_worker_command(command: str, values: dict[str, Any]) -> None:
+    """What a worker command built from a config does first: fail in one line without the
+    worker extra, then set logging and torch's threads from its `log_level` and `threads`."""
+    require_worker(command)
+    setup_logging(values["log_level"])
+    apply_threads(values["threads"])
+
+
 def bench_config(config: type[C], values: dict[str, Any], **overrides: Any) -> C:
     """`config` of the flags' `values` and `overrides`; invalid settings fail in one line."""
     try:
@@ -213,13 +221,11 @@ def _progress_bar() -> tuple[Progress, Callable[[ProgressEvent], None]]:
 def demo(**values: Any) -> None:
     """The 5-agent HumanEval pipeline in each mode against the store, then a judge over each
     problem's answers with the risk gate at work; prints TTFT, fidelity, JCR and the gate's routes."""
-    require_worker("demo")
+    start_worker_command("demo", values)
     from kvsplice.client.model.models import load_model
     from kvsplice.eval.bench.demo.bench import demo_modes, render_demo, run_agents_demo
 
-    setup_logging(values["log_level"])
     shared = shared_fields(values)
-    apply_threads(values["threads"])
     policy, modes = values["policy"], values["modes"]
     loaded = load_model(shared["model"]) if policy is not None and modes is None else None
     config = bench_config(DemoConfig, values, modes=modes or demo_modes(policy, loaded), **shared)
@@ -236,13 +242,11 @@ def demo(**values: Any) -> None:
 @with_parameters(bench_parameters(BenchAgentsConfig, after=("store", *WORKER_OPTIONS)))
 def bench_agents(**values: Any) -> None:
     """Multi-agent TTFT, reuse and fidelity per mode variant; writes JSON, markdown and PNG plots."""
-    require_worker("bench agents")
+    start_worker_command("bench agents", values)
     from kvsplice.agents.layouts import check_layout
     from kvsplice.eval.bench.agents.bench import run_bench_agents, run_bench_layouts
     from kvsplice.eval.bench.agents.report import render_bench_agents
 
-    setup_logging(values["log_level"])
-    apply_threads(values["threads"])
     layouts = tuple(dict.fromkeys(values["layout"].split(",")))
     try:  # bad modes and layouts fail before the model loads
         for name in layouts:

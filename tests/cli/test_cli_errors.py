@@ -102,6 +102,16 @@ def test_a_port_in_use(
     assert not lmdb.exists()  # nothing created before the flags were checked
 
 
+def test_a_file_flag_refuses_a_file_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lmdb, missing = tmp_path / "lmdb", tmp_path / "tenants.json"
+    argv = ["serve", *FREE_PORTS, "--tenants", str(missing), "--lmdb-path", str(lmdb)]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "--tenants" in err and "does not exist" in err
+    assert not lmdb.exists()
+
+
 def test_a_malformed_redis_url_before_anything_is_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

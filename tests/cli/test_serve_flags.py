@@ -12,7 +12,13 @@ from kvsplice.cli import app, main
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.index.similarity_config import SimilarityConfig
 from kvsplice.server.config import SegmentServiceConfig, ServerConfig
-from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, RedisTierConfig, StoreConfig
+from kvsplice.storage.config import (
+    LMDBTierConfig,
+    MemoryTierConfig,
+    RedisTierConfig,
+    SessionConfig,
+    StoreConfig,
+)
 
 MIB = 1 << 20
 SERVE_FLAGS = (
@@ -21,7 +27,7 @@ SERVE_FLAGS = (
     "quota-mib", "default-ttl-s", "max-payload-mib", "max-inflight-upload-mib",
     "stream-idle-timeout-s", "chunk-mib", "auth-token", "tenants", "tls-cert", "tls-key",
     "tls-client-ca", "grace-period-s", "lsh-threshold", "lsh-num-perm", "anchor-capacity",
-    "anchor-window", "log-level",
+    "anchor-window", "log-level", "session-lease-s", "session-max-lease-s",
 )  # fmt: skip
 SWITCHES = ("lmdb-sync", "compress", "redis-cluster", "redis-read-replicas")
 
@@ -95,3 +101,12 @@ def test_a_memory_policy_is_kept_when_the_memory_tier_is_on(
     config = serve_config(["--memory-policy", "LFU"], tmp_path, monkeypatch)
     assert config.store.memory == MemoryTierConfig(max_bytes=1024 * MIB, policy="lfu")
     assert type(config.store.memory.policy) is str
+
+
+def test_the_session_flags_set_the_store_s_session_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["--session-lease-s", "45", "--session-max-lease-s", "90"]
+    config = serve_config(argv, tmp_path, monkeypatch)
+    assert config.store.sessions == SessionConfig(lease_s=45.0, max_lease_s=90.0)
+    assert serve_config([], tmp_path, monkeypatch).store.sessions == SessionConfig()

@@ -15,14 +15,13 @@ from kvsplice.client.execute.execution import GenerationConfig
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
 from kvsplice.common.errors import InvalidRequest
-from kvsplice.common.reuse_report import ReusedRun, ReuseReport, call_report
+from kvsplice.common.reuse_report import ReusedRun, ReuseReport, ReuseReporter, call_report
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server import convert
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
 from kvsplice.storeclient import wire as store_wire
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.config import StoreClientConfig
-from kvsplice.storeclient.reports import ReuseReporter
 
 NAMESPACE = "reports"
 GENERATION = GenerationConfig(max_new_tokens=3, stop_token_ids=(127,))

@@ -50,15 +50,16 @@ def assert_ready_and_complete(sidecar: EmbeddedStore, chain) -> None:
     assert found == (768, 24)
 
 
-def put_without_history(start_sidecar, config, chain) -> None:
-    """Put `chain` through a sidecar "a", then drop its namespace's events (trimmed off the
-    stream, say): a sidecar started later learns of it only from the records."""
+def sidecar_after_lost_events(start_sidecar, config, chain):
+    """Sidecar "c", started after a sidecar "a" put `chain` and its namespace's events were
+    dropped (trimmed off the stream, say): "c" learns of the chain only from the records."""
     a = start_sidecar("a", config)
     with make_client(a) as client_a:
         assert all(client_a.put_segment(meta, payload) for meta, payload in chain)
     shared = a.server.store.shared
     assert shared.wait_published(5.0)
     shared.connection.call("del", lambda c: c.delete(shared._events.stream_name(NAMESPACE)))
+    return start_sidecar("c", config)
 
 
 def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_chain(
@@ -102,10 +103,8 @@ def test_sidecars_started_during_and_after_a_failover_find_and_read_the_whole_ch
 def test_a_key_the_catalog_never_heard_of_is_read_through_to_the_cluster(
     cluster, key_prefix, start_sidecar
 ) -> None:
-    config = shared_config(cluster.url, key_prefix)
     chain = make_chain(3, seed=26)
-    put_without_history(start_sidecar, config, chain)
-    c = start_sidecar("c", config)
+    c = sidecar_after_lost_events(start_sidecar, shared_config(cluster.url, key_prefix), chain)
     keys = [segment_key(NAMESPACE, meta.context_key) for meta, _ in chain]
     assert [c.server.store.get_meta(NAMESPACE, m.context_key) for m, _ in chain] == [None] * 3
     assert read_back([c.target], NAMESPACE, chain) == 0  # read through, byte-identical
@@ -123,10 +122,8 @@ def test_a_key_the_catalog_never_heard_of_is_read_through_to_the_cluster(
 def test_a_lookup_past_what_the_index_knows_reads_the_chain_through_from_the_cluster(
     cluster, key_prefix, start_sidecar
 ) -> None:
-    config = shared_config(cluster.url, key_prefix)
     chain = make_chain(24, tokens_per_segment=32, seed=27)
-    put_without_history(start_sidecar, config, chain)
-    c = start_sidecar("c", config)
+    c = sidecar_after_lost_events(start_sidecar, shared_config(cluster.url, key_prefix), chain)
     own = make_chain(1, tokens_per_segment=32, seed=28)  # c's workers chunk by 32 tokens too
     with make_client(c) as client_c:
         assert client_c.put_segment(*own[0])
@@ -144,10 +141,10 @@ def test_a_lookup_past_what_the_index_knows_reads_the_chain_through_from_the_clu
 def test_a_sidecar_that_indexed_nothing_walks_the_chain_with_the_clusters_lengths(
     cluster, key_prefix, start_sidecar
 ) -> None:
-    config = shared_config(cluster.url, key_prefix)
     chain = make_chain(6, tokens_per_segment=24, seed=30)
-    put_without_history(start_sidecar, config, chain)
-    c = start_sidecar("c", config)  # no event, no segment: its index knows no length
+    c = sidecar_after_lost_events(
+        start_sidecar, shared_config(cluster.url, key_prefix), chain
+    )  # no event, no segment: its index knows no length
     assert c.server.segments._exact.segment_lengths(NAMESPACE, 4) == ()
     assert c.server.store.shared.lengths.commonest(NAMESPACE, 4) == (24,)
     assert found_and_read(c, chain) == (6 * 24, 6)

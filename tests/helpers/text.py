@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvsplice.client.model.chat_prompt import ChatPrompt, ChatSpan
+
 MARKERS = ("<|im_start|>", "<|im_end|>")
 
 
@@ -53,19 +55,9 @@ class CharTokenizer:
 
 
 @dataclass(frozen=True)
-class FakeSpan:
-    kind: str
-    name: str
-    start: int
-    end: int
+class FakePrompt(ChatPrompt):
+    """A chat prompt (a `SpannedPrompt`) that may declare a `role` (`risk_gate.declared_role`)."""
 
-
-@dataclass(frozen=True)
-class FakePrompt:
-    """A `SpannedPrompt`; `role` is what a prompt may declare (`risk_gate.declared_role`)."""
-
-    token_ids: tuple[int, ...]
-    spans: tuple[FakeSpan, ...]
     role: str | None = None
 
 
@@ -80,6 +72,6 @@ def make_prompt(
     spans = []
     for kind, name, value in parts:
         part = tokenizer.encode(value) if isinstance(value, str) else list(value)
-        spans.append(FakeSpan(kind, name, len(ids), len(ids) + len(part)))
+        spans.append(ChatSpan(kind, name, len(ids), len(ids) + len(part)))
         ids.extend(part)
     return FakePrompt(tuple(ids), tuple(spans), role)

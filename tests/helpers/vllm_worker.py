@@ -27,7 +27,7 @@ class FakeStore:
         self.reported: list[tuple[int, tuple]] = []
         self.counters = SimpleNamespace(num_corrupt_payloads=0, num_degraded_calls=0)
 
-    def put_segment(self, meta: object, payload: bytes) -> bool:
+    def put_segment(self, meta: object, payload: bytes, session_id: str = "") -> bool:
         self.segments.setdefault(meta.segment_id, (meta, payload))  # type: ignore[attr-defined]
         return True
 

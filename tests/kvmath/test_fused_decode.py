@@ -22,6 +22,13 @@ from kvsplice.kvmath.segment_kv import SegmentKV
 
 FINGERPRINT = "kvfp1-" + "a" * 32
 NUM_HEADS, HEAD_DIM = 2, 16
+# The RoPE space every property here ranges over (`make_rope`'s arguments and a Δ).
+ROPE_CASES = {
+    "layout": st.sampled_from(["rotate_half", "interleaved"]),
+    "rotary_dim": st.sampled_from([HEAD_DIM, HEAD_DIM // 2]),
+    "two_tables": st.booleans(),
+    "delta": st.integers(-5000, 5000),
+}
 
 
 def make_segment(num_layers: int, num_tokens: int, start: int, seed: int) -> SegmentKV:
@@ -48,10 +55,7 @@ def two_step(payload: bytes, rope: RopeSpec, delta: int) -> tuple[torch.Tensor, 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    layout=st.sampled_from(["rotate_half", "interleaved"]),
-    rotary_dim=st.sampled_from([HEAD_DIM, HEAD_DIM // 2]),
-    two_tables=st.booleans(),
-    delta=st.integers(-5000, 5000),
+    **ROPE_CASES,
     quant=st.sampled_from(["int8", "fp16", "none"]),
     seed=st.integers(0, 2**16),
 )
@@ -94,10 +98,7 @@ def torch_path() -> Iterator[None]:
 @pytest.mark.skipif(not cpu_decode.available(), reason="numba is not installed")
 @settings(max_examples=30, deadline=None)
 @given(
-    layout=st.sampled_from(["rotate_half", "interleaved"]),
-    rotary_dim=st.sampled_from([HEAD_DIM, HEAD_DIM // 2]),
-    two_tables=st.booleans(),
-    delta=st.integers(-5000, 5000),
+    **ROPE_CASES,
     first_token=st.integers(0, 3),
     num_threads=st.sampled_from([1, 2, 3]),
     seed=st.integers(0, 2**16),

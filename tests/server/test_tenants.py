@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from helpers.scripts import load_script
 from helpers.store import FINGERPRINT, make_meta, make_payload
 
 from kvsplice.common.errors import PermissionDenied, Unauthenticated
@@ -217,15 +218,17 @@ def rpc_calls(
             ),
             metadata=md,
         ),
+        "RenewSession": lambda s, md: s.RenewSession(
+            pb.SessionRenewRequest(namespace=ns, session_id="s"), metadata=md
+        ),
+        "EndSession": lambda s, md: s.EndSession(
+            pb.SessionEndRequest(namespace=ns, session_id="s"), metadata=md
+        ),
     }
 
 
-def code_of(call: Callable[[], object]) -> grpc.StatusCode:
-    try:
-        call()
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    return grpc.StatusCode.OK
+# the status a call ends with: the hostile audit's own reading of it
+code_of = load_script("hostile_sidecar").code_of
 
 
 def test_every_rpc_aimed_at_another_tenant_is_refused(store: EmbeddedStore) -> None:
@@ -243,7 +246,14 @@ def test_every_rpc_aimed_at_another_tenant_is_refused(store: EmbeddedStore) -> N
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
             assert code_of(lambda c=call: c(stub, ())) is grpc.StatusCode.UNAUTHENTICATED, name  # type: ignore[misc]
         reader_calls = rpc_calls(meta.context_key, "team-a")
-        for name in ("PutSegment", "PutAnchor", "Delete", "ReportReuse"):
+        for name in (
+            "PutSegment",
+            "PutAnchor",
+            "Delete",
+            "ReportReuse",
+            "RenewSession",
+            "EndSession",
+        ):
             code = code_of(lambda c=reader_calls[name]: c(stub, metadata("reader")))  # type: ignore[misc]
             assert code is grpc.StatusCode.PERMISSION_DENIED, name
         # bob's segment is intact; bob and the admin read it.

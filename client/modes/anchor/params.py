@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from kvsplice.client.modes.params import check_ranges, knob
-from kvsplice.kvmath.quant import QUANT_SCHEMES
+from kvsplice.kvmath.quant import check_quant
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +75,7 @@ class Params:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant {self.quant!r} not in {QUANT_SCHEMES}")
+        check_quant(self.quant)
         if self.decoded_cache_bytes < 0:
             raise ValueError(f"decoded_cache_bytes {self.decoded_cache_bytes} must be >= 0")
         if self.max_anchor_nbytes < 1:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvsplice.agents.layouts import DEFAULT_LAYOUT
 from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
 from kvsplice.client.model.model_config import ModelConfig
-from kvsplice.common.config_flags import flag
+from kvsplice.common.config_flags import existing_file_flag, flag
 
 if TYPE_CHECKING:
     from kvsplice.client.modes.admission import AdmissionPolicy
@@ -69,12 +69,11 @@ class BenchAgentsConfig:
         3, "Agents per graph.", name="agents", cli_default=5, min=MIN_AGENTS, max=MAX_AGENTS
     )
     modes: tuple[str, ...] = flag(("dense", "exact", "naive"), MODES_HELP, csv=True)
-    policy_path: Path | None = flag(  # noqa: RUF009 (`flag` makes a field, as `field` does)
-        None,
+    policy_path: Path | None = existing_file_flag(  # noqa: RUF009 (it makes a field)
         "Admission policy JSON (kvsplice calibrate) for this model: the base parameters of "
         "every variant (default: built-in defaults). Nothing is gated on it.",
-        name="policy", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+        name="policy",
+    )
     samples: int = flag(3, "Tasks per variant.", min=1)
     seed: int = flag(0, "Draws the gsm8k/mmlu subset and the synthetic text.")
     graph: str = flag("fully_connected", "Agent graph.", choices=GRAPHS)
@@ -88,10 +87,10 @@ class BenchAgentsConfig:
     input_len: int = flag(256, "synthetic: user input tokens", min=1)
     response_len: int = flag(128, "synthetic: tokens per response", min=1)
     quant: str = flag("none", "Payload encoding in the store.", choices=QUANT_SCHEMES)
-    data_path: Path | None = flag(  # noqa: RUF009
-        None, "GSM8K/MMLU-format JSONL for math/mc.",
-        name="data", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+    data_path: Path | None = existing_file_flag(  # noqa: RUF009
+        "GSM8K/MMLU-format JSONL for math/mc.",
+        name="data",
+    )
     out_dir: Path = flag(  # noqa: RUF009
         Path("results/bench_agents"), "Where results.json, .md and plots go.", name="out", path=True
     )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvsplice.agents.layouts import LAYOUTS
 from kvsplice.client.model.model_config import ModelConfig
-from kvsplice.common.config_flags import flag
+from kvsplice.common.config_flags import existing_file_flag, flag
 from kvsplice.eval.bench.agents.config import LAYOUT_HELP, MODES_HELP
 from kvsplice.eval.measure.metrics import DENSE
 
@@ -42,14 +42,13 @@ class DemoConfig:
         csv=True, cli_default=None,
     )  # fmt: skip
     layout: str = flag("transcript", LAYOUT_HELP, choices=LAYOUTS)
-    policy_path: Path | None = flag(  # noqa: RUF009 (`flag` makes a field, as `field` does)
-        None,
+    policy_path: Path | None = existing_file_flag(  # noqa: RUF009 (it makes a field)
         "Admission policy JSON (kvsplice calibrate): its admitted modes join the default "
         "--modes, and 'gated' (the policy with the judge risk gate above it, in the pipeline "
         "and in the closing judge stage) runs it. Default: the policy shipped for the model "
         "(SmolLM2-135M), else only exact and dense.",
-        name="policy", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+        name="policy",
+    )
     max_new_tokens: int = flag(32, "Tokens each agent generates.", min=1)
     out_dir: Path = flag(  # noqa: RUF009
         Path("results/demo"), "Where demo.json and the TTFT chart go (created).",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvsplice.agents.judge import JUDGE_LAYOUTS, REGIMES
 from kvsplice.agents.judge_prompts import TASKS
 from kvsplice.client.model.model_config import ModelConfig
-from kvsplice.common.config_flags import flag
+from kvsplice.common.config_flags import existing_file_flag, flag
 from kvsplice.eval.bench.agents.config import MODES_HELP
 
 if TYPE_CHECKING:
@@ -77,22 +77,20 @@ class BenchJudgeConfig:
         default_factory=default_judge_modes, csv=True, cli_default=None,
     )  # fmt: skip
     seed: int = flag(0, "Seed of the per-example permutations.")
-    policy_path: Path | None = flag(  # noqa: RUF009 (`flag` makes a field, as `field` does)
-        None,
+    policy_path: Path | None = existing_file_flag(  # noqa: RUF009 (it makes a field)
         "Admission policy JSON for this model: what 'gated' runs and the base parameters of "
         "every variant (default: the policy shipped for the model, SmolLM2-135M's, else the "
         "built-in safe one).",
-        name="policy", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+        name="policy",
+    )
     json_path: Path | None = flag(  # noqa: RUF009
         None, 'Also write the result here: {"modes": [...], ...}.', name="json", path=True
     )
-    data_path: Path | None = flag(  # noqa: RUF009
-        None,
+    data_path: Path | None = existing_file_flag(  # noqa: RUF009
         "JSONL of candidate sets to judge instead of generating them: one "
         '{"id", "task", "question", "candidates": [2-8 strings], "answer"?} per line.',
-        name="data", path=True, exists=True, dir_okay=False,
-    )  # fmt: skip
+        name="data",
+    )
     examples: int = flag(8, "Examples judged (the first ones).", min=1)
     max_new_tokens: int = flag(
         DEFAULT_MAX_NEW_TOKENS,

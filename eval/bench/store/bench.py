@@ -28,7 +28,9 @@ from kvsplice.common.segment import SegmentMeta
 from kvsplice.eval.bench.store.config import StoreBenchConfig
 from kvsplice.eval.bench.store.paths import PathRow, bench_read_paths
 from kvsplice.eval.bench.store.payloads import (
+    MIB,
     VOCAB_SIZE,
+    CopyTimed,
     copyto_of,
     make_payload,
     make_segment_meta,
@@ -55,8 +57,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MB = 1_000_000  # MB/s figures are decimal megabytes; sizes are binary MiB
-MIB = 1 << 20
 TIERS = ("memory", "lmdb")
 GET_TARGET_SIZE_MIB = 8
 GET_TARGET_MB_S = 500.0
@@ -72,7 +72,7 @@ _NUM_CHANNEL_WARMUPS = 2
 
 
 @dataclass(frozen=True)
-class TransferRow:
+class TransferRow(CopyTimed):
     """Median seconds of one put or get through gRPC, and of `numpy.copyto` of the same bytes."""
 
     tier: str  # "memory": a memory tier alone; "lmdb": an LMDB tier alone
@@ -81,19 +81,6 @@ class TransferRow:
     seconds: float
     copyto_seconds: float
     target_mb_s: float | None  # None: no target for this row
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.size_mib * MIB / MB / self.seconds
-
-    @property
-    def copyto_mb_per_s(self) -> float:
-        return self.size_mib * MIB / MB / self.copyto_seconds
-
-    @property
-    def ratio_to_copyto(self) -> float:
-        """The transfer's bandwidth as a fraction of copyto's."""
-        return self.copyto_seconds / self.seconds
 
     @property
     def target_met(self) -> bool | None:

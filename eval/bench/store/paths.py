@@ -15,7 +15,13 @@ import numpy as np
 
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.eval.bench.store.payloads import copyto_of, make_payload, make_segment_meta
+from kvsplice.eval.bench.store.payloads import (
+    MIB,
+    CopyTimed,
+    copyto_of,
+    make_payload,
+    make_segment_meta,
+)
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import BENCH_NAMESPACE
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
@@ -24,29 +30,19 @@ from kvsplice.storeclient.config import StoreClientConfig
 
 logger = logging.getLogger(__name__)
 
-MB = 1_000_000
-MIB = 1 << 20
 READ_PATHS = ("same-host", "grpc")
 SAME_HOST_TARGET_RATIO = 0.6  # of a memory copy of the same bytes
 GRPC_TARGET_MB_S = 1000.0
 
 
 @dataclass(frozen=True)
-class PathRow:
+class PathRow(CopyTimed):
     """Median seconds of one `get_segment` by `path`, and of `numpy.copyto` of its bytes."""
 
     path: str  # "same-host" | "grpc"
     size_mib: int
     seconds: float
     copyto_seconds: float
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.size_mib * MIB / MB / self.seconds
-
-    @property
-    def ratio_to_copyto(self) -> float:
-        return self.copyto_seconds / self.seconds
 
     @property
     def target(self) -> str:

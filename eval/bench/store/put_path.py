@@ -23,7 +23,7 @@ import numpy as np
 
 from kvsplice.common.errors import StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
-from kvsplice.eval.bench.store.payloads import copyto_of, make_payload, make_segment_meta
+from kvsplice.eval.bench.store.payloads import MIB, copyto_of, make_payload, make_segment_meta
 from kvsplice.eval.measure.stopwatch import median_seconds
 from kvsplice.index.bench_lookup import BENCH_NAMESPACE
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
@@ -34,7 +34,6 @@ from kvsplice.storeclient.config import StoreClientConfig
 logger = logging.getLogger(__name__)
 
 GB = 1_000_000_000
-MIB = 1 << 20
 TARGET_RATIO_TO_MEMCPY = 0.5
 TARGET_SIDECAR_CPU_S_PER_GB = 0.25
 

@@ -22,7 +22,7 @@ def test_spans_must_tile_the_prompt() -> None:
     ids = make_prompt(6)
     with pytest.raises(ValueError, match="starts at 3, expected 2"):
         CallPlan(ids, (PlanSpan(0, 2), PlanSpan(3, 6)))
-    with pytest.raises(ValueError, match="covers 4 of 6"):
+    with pytest.raises(ValueError, match="cover 4 of 6"):
         CallPlan(ids, (PlanSpan(0, 4),))
 
 

@@ -434,41 +434,44 @@ def _priced(cost: CostModel, checks: tuple[int, ...], keep: tuple[float, ...]) -
     )  # fmt: skip
 
 
-def test_a_priced_gate_sends_a_judge_to_the_cheapest_route(
-    loaded: LoadedModel, store_target: str
+@pytest.mark.parametrize(
+    ("cost", "keep", "route", "decision"),
+    [
+        pytest.param(
+            CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1.0,), "crossfix",
+            "judge (answers=2+selection) -> crossfix: cheapest (predicted ms: exact ",
+            id="reading free, computing dear, the pass always kept: crossfix",
+        ),
+        pytest.param(
+            CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1.0,), "dense",
+            "judge (answers=2+selection) -> dense: cheapest",
+            id="each layerwise pass dearer than a dense forward: dense, reusing nothing",
+        ),
+        pytest.param(
+            CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (), "exact",
+            "judge (answers=2+selection) -> exact: cheapest",
+            id="keep shares unmeasured (0), crossfix's worst case dearer than exact: exact",
+        ),
+    ],
+)  # fmt: skip
+def test_a_priced_gate_sends_a_judge_to_the_cheapest_route_never_one_slower_than_dense(
+    loaded: LoadedModel,
+    store_target: str,
+    cost: CostModel,
+    keep: tuple[float, ...],
+    route: str,
+    decision: str,
 ) -> None:
-    """Reading free, computing dear, the pass always kept: crossfix is cheapest."""
-    policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
-    engine = make_store_engine(loaded, policy, store_target, "gate-priced-crossfix")
-    _, outcome = _judge(engine)
-    assert outcome.decisions["gated"].startswith(
-        "judge (answers=2+selection) -> crossfix: cheapest (predicted ms: exact "
-    )
-    assert {s.mode for s in outcome.reused if not s.exact} == {"crossfix"}
-
-
-def test_a_priced_gate_never_takes_a_route_predicted_slower_than_dense(
-    loaded: LoadedModel, store_target: str
-) -> None:
-    """Each layerwise pass dearer than a whole dense forward: dense, reusing nothing."""
-    policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
-    engine = make_store_engine(loaded, policy, store_target, "gate-priced-dense")
+    policy = _priced(cost, (1,), keep)
+    engine = make_store_engine(loaded, policy, store_target, f"gate-priced-{route}")
     prompt, outcome = _judge(engine)
-    assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> dense: cheapest")
-    assert not outcome.reused
-    assert _same_as_dense(engine, prompt, outcome)
-
-
-def test_a_priced_gate_sends_a_judge_to_exact_when_the_judge_mode_rarely_keeps(
-    loaded: LoadedModel, store_target: str
-) -> None:
-    """Keep shares unmeasured (0): crossfix's worst case, dearer than exact; exact it is."""
-    policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), ())
-    engine = make_store_engine(loaded, policy, store_target, "gate-priced-exact")
-    prompt, outcome = _judge(engine)
-    assert outcome.decisions["gated"].startswith("judge (answers=2+selection) -> exact: cheapest")
-    assert not [s for s in outcome.reused if not s.exact]
-    assert _same_as_dense(engine, prompt, outcome)
+    assert outcome.decisions["gated"].startswith(decision)
+    approximate = {s.mode for s in outcome.reused if not s.exact}
+    assert approximate == ({"crossfix"} if route == "crossfix" else set())
+    if route == "dense":
+        assert not outcome.reused
+    if route != "crossfix":
+        assert _same_as_dense(engine, prompt, outcome)
 
 
 def test_a_priced_gate_leaves_ordinary_calls_alone(loaded: LoadedModel, store_target: str) -> None:

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import pytest
-from helpers.text import FakePrompt, FakeSpan
+from helpers.text import FakePrompt
 
+from kvsplice.client.model.chat_prompt import ChatSpan
 from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, MathWorkload
 from kvsplice.eval.workloads.workload import CandidateBlock, candidate_blocks
 
 
 def test_candidate_blocks_are_the_agent_output_placeholders_in_prompt_order() -> None:
     spans = (
-        FakeSpan("text", "text_0", 0, 4),
-        FakeSpan("placeholder", "user_question", 4, 9),
-        FakeSpan("text", "text_2", 9, 11),
-        FakeSpan("placeholder", "agent_3_current", 11, 20),
-        FakeSpan("text", "text_4", 20, 22),
-        FakeSpan("placeholder", "agent_1_current", 22, 30),
-        FakeSpan("placeholder", "agent_2_current", 30, 30),  # an empty answer is no block
-        FakeSpan("text", "text_6", 30, 33),
+        ChatSpan("text", "text_0", 0, 4),
+        ChatSpan("placeholder", "user_question", 4, 9),
+        ChatSpan("text", "text_2", 9, 11),
+        ChatSpan("placeholder", "agent_3_current", 11, 20),
+        ChatSpan("text", "text_4", 20, 22),
+        ChatSpan("placeholder", "agent_1_current", 22, 30),
+        ChatSpan("placeholder", "agent_2_current", 30, 30),  # an empty answer is no block
+        ChatSpan("text", "text_6", 30, 33),
     )
     prompt = FakePrompt(tuple(range(33)), spans)
     assert candidate_blocks(prompt) == (CandidateBlock("3", 11, 20), CandidateBlock("1", 22, 30))

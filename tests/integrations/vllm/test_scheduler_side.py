@@ -25,7 +25,13 @@ from kvsplice.common.errors import (
 from kvsplice.common.keys import KeyChain, chunk_links, off_chain_key, root_key
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
-from kvsplice.integrations.vllm.transfer_specs import LoadFaultNews, SaveSpec, WorkerNews
+from kvsplice.integrations.vllm.transfer_specs import (
+    LoadFaultNews,
+    LoadSpec,
+    RequestStart,
+    SaveSpec,
+    WorkerNews,
+)
 from kvsplice.storeclient.results import PrefixLookup, SegmentRef
 
 FINGERPRINT = "kvfp1-" + "cd" * 16
@@ -42,7 +48,9 @@ class FakeStore:
         default_factory=lambda: SimpleNamespace(num_degraded_calls=0, num_corrupt_payloads=0)
     )
 
-    def lookup_prefix(self, fingerprint: str, token_ids: list[int]) -> PrefixLookup:
+    def lookup_prefix(
+        self, fingerprint: str, token_ids: list[int], session_id: str = ""
+    ) -> PrefixLookup:
         self.lookups.append((self.namespace, len(token_ids)))
         self.roots.append(fingerprint)
         if fingerprint != FINGERPRINT:  # the chain is held under the plain model's root
@@ -131,15 +139,25 @@ def test_a_partly_stored_prompt_gets_its_stored_prefix_only() -> None:
     assert side.num_new_matched_tokens(FakeRequest("r", prompt), 0) == 8
 
 
-def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> None:
-    prompt = list(range(10, 23))
+# what `SchedulerSide.build_step` returns: the step's loads, saves and request starts
+BuiltStep = tuple[list[LoadSpec], list[SaveSpec], list[RequestStart]]
+
+
+def promised_and_scheduled(prompt: list[int]) -> tuple[SchedulerSide, BuiltStep]:
+    """A side over `prompt`'s stored whole blocks (12 of its 13 tokens) that promised them to
+    request "r", was given blocks [7, 3, 9, 1] and scheduled the token left: the side, and
+    what that step built."""
     side, _ = make_side(prompt)
     request = FakeRequest("r", prompt)
     assert side.num_new_matched_tokens(request, 0) == 12
     side.after_alloc(request, [7, 3, 9, 1], 12)
-    loads, _, starts = side.build_step(
-        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
-    )
+    step = side.build_step(Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1}))
+    return side, step
+
+
+def test_the_load_names_the_promised_blocks_and_pieces_with_their_parents() -> None:
+    prompt = list(range(10, 23))
+    side, (loads, _, starts) = promised_and_scheduled(prompt)
     (load,) = loads
     assert [(s.request_id, s.num_prompt_tokens) for s in starts] == [("r", 13)]
     links = chunk_links(FINGERPRINT, prompt, BLOCK)
@@ -249,7 +267,9 @@ class BlockingStore(FakeStore):
         self.release = threading.Event()
         self.error = error
 
-    def lookup_prefix(self, fingerprint: str, token_ids: list[int]) -> PrefixLookup:
+    def lookup_prefix(
+        self, fingerprint: str, token_ids: list[int], session_id: str = ""
+    ) -> PrefixLookup:
         self.release.wait(10)
         if self.error is not None:
             self.lookups.append((self.namespace, len(token_ids)))
@@ -338,13 +358,7 @@ def test_a_chunk_counts_as_stored_only_once_the_sidecar_acknowledged_it() -> Non
 
 def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_again() -> None:
     prompt = list(range(10, 23))
-    side, _ = make_side(prompt)
-    request = FakeRequest("r", prompt)
-    assert side.num_new_matched_tokens(request, 0) == 12
-    side.after_alloc(request, [7, 3, 9, 1], 12)
-    (load,), saves, _ = side.build_step(
-        Step([NewReq("r", ([7, 3, 9, 1],), 12)], num_scheduled_tokens={"r": 1})
-    )
+    side, ((load,), saves, _) = promised_and_scheduled(prompt)
     bad = load.pieces[1]
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 4, bad.segment_id)]))
     assert side.num_faults_seen == 1
@@ -354,6 +368,19 @@ def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_
     assert [(s.start, s.end) for s in saves] == [(4, 8), (8, 12)]
     # another request with this prefix is promised the good piece only
     assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 4
+
+
+def test_a_request_whose_load_failed_is_never_promised_past_the_fault_again() -> None:
+    """vLLM's "recompute" asks the connector again for the same request; its cached answer
+    would promise the failing piece again (a sidecar gone: a promise it can never keep)."""
+    prompt = list(range(10, 23))
+    side, ((load,), _, _) = promised_and_scheduled(prompt)
+    request = FakeRequest("r", prompt)  # the same request asked again
+    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 8, None)]))  # unreachable
+    assert side.num_new_matched_tokens(request, 0) == 8  # recompute: asked again from 0
+    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 0, None)]))
+    assert side.num_new_matched_tokens(request, 0) == 0
+    assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 12  # its own lookup
 
 
 def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing(

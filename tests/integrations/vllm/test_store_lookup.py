@@ -21,7 +21,7 @@ class Store:
         self.counters = SimpleNamespace(num_degraded_calls=0)
         self.degrade = degrade
 
-    def lookup_prefix(self, root: str, token_ids: list[int]) -> PrefixLookup:
+    def lookup_prefix(self, root: str, token_ids: list[int], session_id: str = "") -> PrefixLookup:
         self.counters.num_degraded_calls += self.degrade  # the client answered a miss itself
         return PREFIX
 

@@ -184,7 +184,7 @@ def test_a_refused_put_is_said_once_by_kind_and_counted_as_not_stored(
 
     store = FakeStore()
 
-    def refuse(meta: object, payload: bytes) -> bool:
+    def refuse(meta: object, payload: bytes, session_id: str = "") -> bool:
         raise PermissionDenied("this token's tenant may not do this in the namespace")
 
     store.put_segment = refuse  # type: ignore[method-assign]

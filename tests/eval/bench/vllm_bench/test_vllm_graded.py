@@ -18,6 +18,7 @@ from kvsplice.eval.bench.vllm.config import VllmBenchConfig
 from kvsplice.eval.bench.vllm.engine import Completion
 from kvsplice.eval.bench.vllm.graded import (
     GRADED,
+    GradedRun,
     grade_run,
     paired_difference,
     pool,
@@ -122,16 +123,26 @@ class _Engine:
         return Completion(ids, 0.01, 0.02, len(prompt_ids), 0)
 
 
+def _warm_graded_runs(
+    engine: object,
+    problems: list[Problem],
+    config: VllmBenchConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[GradedRun]:
+    """The bench's warm graded runs of `problems` on the one fake `engine`, never settling."""
+    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
+    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
+    return vllm_bench._graded_runs(setup, _Tokenizer(), problems, "warm", config)
+
+
 def test_graded_runs_grade_each_problem_after_one_warm_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
     engine = _Engine(_texts(RIGHT, WRONG, "FAIL: wrong sign"))
-    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
     config = VllmBenchConfig(
         out_json=tmp_path / "r.json", layout="persona-first", answer_tokens=64, problems=(0, 1)
     )
-    runs = vllm_bench._graded_runs(setup, _Tokenizer(), [PROBLEM, PROBLEM], "warm", config)
+    runs = _warm_graded_runs(engine, [PROBLEM, PROBLEM], config, monkeypatch)
     assert [r.right for r in runs] == [{"solver": True, "reviser": False, "judge": True}] * 2
     assert len(engine.requests) == 15  # the warm-up pipeline, then one per problem
     assert {r["cache_salt"] for r in engine.requests} == {vllm_bench.GRADED_SALT}
@@ -166,16 +177,14 @@ class _RoleEngine:
 def test_concurrent_graded_runs_overlap_and_come_back_in_problem_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
     engine = _RoleEngine()
-    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
     config = VllmBenchConfig(
         out_json=tmp_path / "r.json", layout="persona-first", answer_tokens=64,
         problems=(0, 1, 2, 3), concurrency=4,
     )  # fmt: skip
     other = replace(PROBLEM, problem_id="Toy/1", question='def sub(a, b):\n    """a + b"""\n')
     problems = [PROBLEM, other, PROBLEM, other]
-    runs = vllm_bench._graded_runs(setup, _Tokenizer(), problems, "warm", config)
+    runs = _warm_graded_runs(engine, problems, config, monkeypatch)
     assert [r.problem_id for r in runs] == ["Toy/0", "Toy/1", "Toy/0", "Toy/1"]
     assert [r.right["solver"] for r in runs] == [True, False, True, False]
     assert [r.right["judge"] for r in runs] == [True, False, True, False]  # PASS on wrong code
@@ -330,15 +339,13 @@ class _McEngine:
 def test_an_mmlu_workload_grades_letters_its_judge_between_candidates_and_truncation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vllm_bench, "SETTLE_S", 0.0)
     engine = _McEngine()
-    setup = vllm_bench._Setup([engine])  # type: ignore[list-item]
     config = VllmBenchConfig(
         out_json=tmp_path / "r.json", layout="persona-first", answer_tokens=32, problems=(7,),
         workload="mmlu", repeats=0,
     )  # fmt: skip
     problem = Problem("mmlu-test-7", "Q?\nA. a\nB. b\nC. c\nD. d", "B")
-    (run,) = vllm_bench._graded_runs(setup, _Tokenizer(), [problem], "warm", config)
+    (run,) = _warm_graded_runs(engine, [problem], config, monkeypatch)
     assert run.right == {"solver": True, "reviser": False, "judge": True} and run.judge_graded
     assert run.verdict == "B"
     assert run.as_json()["truncated"] == {

@@ -2,8 +2,8 @@
 
 The stand-in is still a Mock (the tests script it and count its calls), but every hook
 runs kvsplice's code. Where a test scripts a hook, kvsplice must agree with the
-script: a scripted sync hit is first stored in the sidecar (by `seed`), then
-kvsplice's own lookup must promise exactly it. Only vLLM's connector API is used.
+script: a scripted hit is first stored in the sidecar (by `seed`), then kvsplice's
+own lookup must promise exactly it, sync or async (its `load_async`). Only vLLM's connector API is used.
 Knows nothing of where the sidecar is or how a prefix gets stored.
 """
 
@@ -70,15 +70,11 @@ def _matched_tokens_reconciler(seed: Seed) -> Reconcile:
         request: Any,
         num_computed_tokens: int,
     ) -> tuple[int, bool]:
-        num_tokens, load_async = scripted
-        if load_async:
-            # NOTE: kvsplice loads synchronously, so it is not asked: the test drives
-            # vLLM's async-load path, kvsplice's other hooks run alongside.
-            return scripted
+        num_tokens, _ = scripted
         num_held = num_computed_tokens + num_tokens
         if num_tokens:
             seed(list(request.all_token_ids[: num_held + 1]))  # the +1 is computed, not held
-        answer = _settled(real, request, num_computed_tokens)
+        answer = settled(real, request, num_computed_tokens)
         assert answer == scripted, (
             f"kvsplice answered {answer} for request {request.request_id} "
             f"({request.num_prompt_tokens} prompt tokens, {num_computed_tokens} computed "
@@ -89,7 +85,7 @@ def _matched_tokens_reconciler(seed: Seed) -> Reconcile:
     return reconcile
 
 
-def _settled(
+def settled(
     real: Callable[..., tuple[int | None, bool]], request: Any, num_computed_tokens: int
 ) -> tuple[int | None, bool]:
     """kvsplice's answer once its lookup returned.

@@ -15,7 +15,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -28,6 +27,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
+from worker_steps import kv_caches_like_vllm
 
 NUM_SPARE_BLOCKS = 4
 _request_ids = itertools.count()
@@ -62,8 +62,8 @@ class PrefixProducer:
             config, KVConnectorRole.WORKER, scheduler.kv_cache_config
         )
         try:
-            worker.register_kv_caches(_kv_caches(config, num_blocks))
-            request = self._request(token_ids, block_size)
+            worker.register_kv_caches(kv_caches_like_vllm(config, num_blocks, random=True))
+            request = self.request(token_ids, block_size)
             request.kv_transfer_params = kv_transfer_params
             scheduler.add_request(request)
             while scheduler.has_unfinished_requests():
@@ -72,7 +72,8 @@ class PrefixProducer:
             worker.shutdown()  # drains the puts
             scheduler.shutdown()
 
-    def _request(self, token_ids: list[int], block_size: int) -> Request:
+    def request(self, token_ids: list[int], block_size: int) -> Request:
+        """A request for `token_ids` as vLLM makes one (its block hashes too)."""
         sampling_params = SamplingParams(max_tokens=1)
         sampling_params.update_from_generation_config({}, self.eos_token_id)
         return Request(
@@ -101,23 +102,3 @@ class PrefixProducer:
         if request.num_computed_tokens < request.num_prompt_tokens:  # prefill goes on
             runner_output = dataclasses.replace(runner_output, sampled_token_ids=[[]])
         scheduler.update_from_output(output, runner_output)
-
-
-def _kv_caches(config: VllmConfig, num_blocks: int) -> dict[str, torch.Tensor]:
-    """A cache of the model's heads and head size, as vLLM 0.32 hands one to a connector.
-
-    NOTE: the per-layer view `[num_blocks, H_kv, block_size, 2 * D]`
-    (`vllm.v1.kv_cache_interface.create_kv_cache_views`). One layer, not the model's 30:
-    the scheduler-level tests need the chain of keys in the sidecar, not a model's worth
-    of K/V (1 MB a stored prefix instead of 36 MB, on a shared 2-core box).
-    """
-    model, parallel = config.model_config, config.parallel_config
-    shape = (
-        num_blocks,
-        model.get_num_kv_heads(parallel),
-        config.cache_config.block_size,
-        2 * model.get_head_size(),
-    )
-    generator = torch.Generator().manual_seed(0)
-    cache = torch.randn(shape, generator=generator).to(model.dtype)
-    return {"model.layers.0.self_attn.attn": cache}

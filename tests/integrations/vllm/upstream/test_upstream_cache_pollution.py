@@ -2,7 +2,7 @@
 
 A sync load kvsplice promised (99 of 100 blocks, held in the sidecar) fails at block
 50 under the `fail` policy: vLLM must evict that block and every later one from its
-prefix cache. kvsplice answers the lookup and runs every other scheduler hook.
+prefix cache. The failure is a corrupt record kvsplice's check catches (and deletes).
 """
 
 from vllm_kv_connector_unit.test_cache_pollution_prevention import (

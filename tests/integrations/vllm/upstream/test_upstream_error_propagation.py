@@ -1,8 +1,9 @@
 """vLLM's `test_error_propagation.py` run against kvsplice: a failed load under the
 `fail` policy ends the request with FINISHED_ERROR.
 
-The sync test's hit is kvsplice's own (held in the sidecar, looked up); the async
-test keeps its scripted async load (kvsplice never loads asynchronously).
+Both hits are kvsplice's own (held in the sidecar, looked up; the async one loaded on its
+background thread); the failures are kvsplice's: a segment evicted before the sync load,
+the sidecar killed mid-way through the async one (`failure_plan`).
 """
 
 from vllm_kv_connector_unit.test_error_propagation import (

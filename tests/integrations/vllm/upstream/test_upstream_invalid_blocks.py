@@ -1,8 +1,8 @@
 """vLLM's `test_invalid_blocks_correctness.py` run against kvsplice.
 
-Sync recompute (blocks stay allocated, the request recomputes from the bad block) and
-sync fail (bad blocks evicted, the request errors) use kvsplice's own hit; the async
-recompute test keeps its scripted async load.
+Sync recompute (blocks stay allocated, the request recomputes from the bad block), sync
+fail (bad blocks evicted, the request errors) and async recompute use kvsplice's own hits
+and its own failures (sidecar killed mid-load, corrupt record, evicted segment).
 """
 
 from vllm_kv_connector_unit.test_invalid_blocks_correctness import (

@@ -2,8 +2,8 @@
 
 The sync tests' hits are kvsplice's own: three requests each held for 99 of 100 blocks,
 or one held and a second sharing its first 50 blocks (vLLM's prefix cache covers
-those; kvsplice must then promise nothing more). The async tests keep their scripted
-async loads; a later sync lookup of theirs is kvsplice's.
+those; kvsplice must then promise nothing more), and the async tests' loads run on
+kvsplice's background thread. Each scripted failure is a kvsplice fault (`failure_plan`).
 """
 
 from vllm_kv_connector_unit.test_kv_load_failure_recovery import (

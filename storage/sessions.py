@@ -1,0 +1,202 @@
+"""Session leases: which segments live agent sessions hold, and the eviction order they imply.
+
+Owns sessions (a namespace's `session_id`, its lease deadline, the keys it holds), which
+keys no live session holds any more, and each namespace's held bytes. It does no I/O and
+takes no locks: `TieredStore` calls it under its own lock, as it calls `Catalog`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+SessionRef = tuple[str, str]  # (namespace, session_id)
+
+
+class HoldOutcome(StrEnum):
+    """What became of a request to hold a session's segments (logged, returned on the wire)."""
+
+    ACCEPTED = "accepted"
+    CLIPPED = "clipped"  # held, but shorter than asked or not every key (the tenant's quota)
+    REJECTED = "rejected"  # sessions are off, or the lease asked for is not a duration
+
+
+@dataclass(frozen=True)
+class Hold:
+    outcome: HoldOutcome
+    lease_s: float  # the lease granted (0 when rejected)
+    num_held: int  # keys of this call the session holds now
+    reason: str = ""
+
+
+@dataclass
+class _Session:
+    keys: dict[bytes, None] = field(default_factory=dict)  # in the order first held
+    expires_at_s: float = 0.0
+    lease_s: float = 0.0
+
+
+class SessionLeases:
+    """Live sessions and the segments they hold, for `lease_s` after their last request.
+
+    A key is held while any live session holds it (a shared prefix stays while one of its
+    sessions lives); the keys of ended and expired sessions are *released*, and eviction
+    takes them first, oldest release first, then unheld keys in the caller's order, then held
+    keys in that order. A namespace's held bytes never exceed `held_budget(namespace)`.
+    """
+
+    def __init__(
+        self,
+        lease_s: float,
+        max_lease_s: float,
+        held_budget: Callable[[str], int | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.lease_s = lease_s
+        self.max_lease_s = max(max_lease_s, lease_s)
+        self._held_budget = held_budget
+        self._clock = clock
+        self._sessions: dict[SessionRef, _Session] = {}
+        self._holders: dict[bytes, set[SessionRef]] = {}
+        self._key_nbytes: dict[bytes, tuple[str, int]] = {}
+        self._released: OrderedDict[bytes, None] = OrderedDict()
+        self._held_nbytes: Counter[str] = Counter()
+        self._deadlines: list[tuple[float, SessionRef]] = []  # heap; stale items skipped
+
+    @property
+    def enabled(self) -> bool:
+        return self.lease_s > 0
+
+    def hold(
+        self, ref: SessionRef, keys: Iterable[tuple[bytes, int]], lease_s: float | None = None
+    ) -> Hold:
+        """Renew `ref`'s lease (`lease_s`, else the default) and hold `keys` (key, nbytes)."""
+        if not self.enabled:
+            return Hold(HoldOutcome.REJECTED, 0.0, 0, "sessions are off (--session-lease-s 0)")
+        if lease_s is not None and not (lease_s > 0 and math.isfinite(lease_s)):
+            return Hold(HoldOutcome.REJECTED, 0.0, 0, f"lease_s {lease_s!r} is not a duration")
+        self.expire()
+        asked_s = self.lease_s if lease_s is None else lease_s
+        granted_s = min(asked_s, self.max_lease_s)
+        session = self._sessions.setdefault(ref, _Session())
+        self._renew(ref, session, granted_s)
+        num_held, num_refused = self._hold_keys(ref, session, keys)
+        reasons = []
+        if granted_s < asked_s:
+            reasons.append(f"lease {asked_s:g} s clipped to {granted_s:g} s")
+        if num_refused:
+            reasons.append(f"{num_refused} segments over the namespace's quota not held")
+        outcome = HoldOutcome.CLIPPED if reasons else HoldOutcome.ACCEPTED
+        return Hold(outcome, granted_s, num_held, "; ".join(reasons))
+
+    def end(self, ref: SessionRef) -> bool:
+        """End `ref` now (its release hint); False if it was not live."""
+        session = self._sessions.pop(ref, None)
+        if session is None:
+            return False
+        for key in session.keys:
+            self._let_go(ref, key)
+        return True
+
+    def expire(self) -> int:
+        """End the sessions whose lease ran out; how many."""
+        now_s = self._clock()
+        num_expired = 0
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            deadline_s, ref = heapq.heappop(self._deadlines)
+            session = self._sessions.get(ref)
+            if session is not None and session.expires_at_s == deadline_s:
+                self.end(ref)
+                num_expired += 1
+        return num_expired
+
+    def forget(self, key: bytes) -> None:
+        """`key` left the store: no session holds it, nothing releases it."""
+        holders = self._holders.pop(key, None)
+        if holders is not None:
+            for ref in holders:
+                self._sessions[ref].keys.pop(key, None)
+            namespace, nbytes = self._key_nbytes[key]
+            self._held_nbytes[namespace] -= nbytes
+        self._released.pop(key, None)
+        self._key_nbytes.pop(key, None)
+
+    def touched(self, key: bytes) -> None:
+        """`key` was used again (by any request): no longer first in line as released."""
+        self._released.pop(key, None)
+
+    def is_held(self, key: bytes) -> bool:
+        return key in self._holders
+
+    def num_live(self) -> int:
+        return len(self._sessions)
+
+    def held_nbytes(self, namespace: str) -> int:
+        return self._held_nbytes[namespace]
+
+    def eviction_order(
+        self, lru_keys: Iterable[bytes], in_scope: Callable[[bytes], bool]
+    ) -> Iterator[bytes]:
+        """`lru_keys` (the catalog's order) reranked: released keys in scope first, then
+        the unheld ones, then the held ones.
+
+        NOTE: held keys are evicted last, not never: a put is refused only when nothing at
+        all is evictable, as without sessions (a lease is a priority, not a pin).
+        """
+        self.expire()
+        released = [key for key in self._released if in_scope(key)]
+        yield from released
+        skip = set(released)
+        held: list[bytes] = []
+        for key in lru_keys:
+            if key in skip:
+                continue
+            if key in self._holders:
+                held.append(key)
+                continue
+            yield key
+        yield from held
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _renew(self, ref: SessionRef, session: _Session, lease_s: float) -> None:
+        session.lease_s = lease_s
+        session.expires_at_s = self._clock() + lease_s
+        heapq.heappush(self._deadlines, (session.expires_at_s, ref))
+
+    def _hold_keys(
+        self, ref: SessionRef, session: _Session, keys: Iterable[tuple[bytes, int]]
+    ) -> tuple[int, int]:
+        namespace = ref[0]
+        budget = self._held_budget(namespace)
+        num_held = num_refused = 0
+        for key, nbytes in keys:
+            holders = self._holders.get(key)
+            if holders is None:
+                if budget is not None and self._held_nbytes[namespace] + nbytes > budget:
+                    num_refused += 1
+                    continue
+                holders = self._holders[key] = set()
+                self._released.pop(key, None)
+                self._key_nbytes[key] = (namespace, nbytes)
+                self._held_nbytes[namespace] += nbytes
+            holders.add(ref)
+            session.keys[key] = None
+            num_held += 1
+        return num_held, num_refused
+
+    def _let_go(self, ref: SessionRef, key: bytes) -> None:
+        holders = self._holders.get(key)
+        if holders is None:
+            return
+        holders.discard(ref)
+        if holders:
+            return
+        del self._holders[key]
+        self._released[key] = None
+        namespace, nbytes = self._key_nbytes[key]
+        self._held_nbytes[namespace] -= nbytes
