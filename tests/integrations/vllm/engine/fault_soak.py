@@ -6,7 +6,7 @@ The requests: every prompt once (each engine stores half), then repeats on the o
 keeps away from the rest, so that the fault is certain to be met and its count known:
 - the sidecar SIGKILLed (probes while it is down: failed lookups), then restarted;
 - stored bytes flipped in one prompt's last link per engine (a probe on the engine that
-  never computed that block loads it: corrupt loads == the links flipped, each deleted);
+  never computed that block loads it: corrupt loads == the links flipped, none left bad);
 - segments deleted between lookup and load (a burst of probes waiting for KV blocks with
   their lookups answered, then their links deleted: missing loads);
 - the sidecar SIGSTOPped (probes time out: failed lookups, the breaker opens).
