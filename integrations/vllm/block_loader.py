@@ -33,6 +33,8 @@ class BlockLoader:
         self.faults = faults
         self.num_loaded_tokens = 0
         self.num_failed_loads = 0
+        self.num_corrupt_loads = 0  # of the failed: a piece failed verification (deleted)
+        self.num_missing_loads = 0  # of the failed: a promised segment was gone
         self._loaded_runs: dict[str, list[ReusedRun]] = {}  # request id -> this step's load
 
     def load(self, spec: LoadSpec) -> set[int]:
@@ -95,8 +97,10 @@ class BlockLoader:
         refusal = fault.refusal if isinstance(fault, GateRefused) else None
         if refusal is None:
             self.num_failed_loads += 1
+            self.num_missing_loads += fault.missing
             self.faults.record("load failed", f"request {spec.request_id}: {fault}")
         if fault.corrupt_segment_id is not None:
+            self.num_corrupt_loads += 1
             self._delete(spec.namespace, fault.corrupt_segment_id)
         failed = set(spec.block_ids[num_good:])
         position = spec.start + num_good * self.paged.block_size

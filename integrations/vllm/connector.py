@@ -39,6 +39,7 @@ from kvsplice.integrations.vllm.engine_fingerprint import (
     effective_fingerprint,
     engine_fingerprint,
 )
+from kvsplice.integrations.vllm.request_keys import check_request_fields
 from kvsplice.integrations.vllm.reuse_policy import admitted_engine_modes
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
@@ -116,6 +117,7 @@ class KvspliceConnector(KVConnectorBase_V1):
         self._finished_loads: set[str] = set()  # async loads a disabled worker could not run
         self._stats_seen: dict[str, int] = {}  # the totals at the last get_kv_connector_stats
         if role == KVConnectorRole.SCHEDULER:
+            check_request_fields()
             engine_modes = admitted_engine_modes(self.config.reuse_policy, self.fingerprint)
             self.scheduler = SchedulerSide(
                 self.clients, self.fingerprint, self.block_size, self.chunk_tokens,
@@ -244,7 +246,8 @@ class KvspliceConnector(KVConnectorBase_V1):
         if self.scheduler is not None:
             side, breaker = self.scheduler, self.scheduler.lookups.breaker
             totals.update(
-                lookups=side.num_lookups, promised_exact_tokens=side.num_promised_exact_tokens,
+                lookups=side.num_lookups, failed_lookups=side.lookups.num_failed_lookups,
+                promised_exact_tokens=side.num_promised_exact_tokens,
                 promised_approximate_tokens=side.num_promised_approximate_tokens,
                 breaker_trips=breaker.num_trips, breaker_open=int(breaker.is_open),
             )  # fmt: skip
@@ -252,6 +255,7 @@ class KvspliceConnector(KVConnectorBase_V1):
             w = self.worker
             totals.update(
                 loaded_tokens=w.num_loaded_tokens, failed_loads=w.num_failed_loads,
+                corrupt_loads=w.num_corrupt_loads, missing_loads=w.num_missing_loads,
                 stored_chunks=w.num_stored_chunks, failed_saves=w.num_failed_saves,
                 withheld_saves=w.num_withheld_saves,
             )  # fmt: skip

@@ -13,6 +13,7 @@ approximate reuse, the runs of stored segments that continue it (`span_cover`).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,6 +84,8 @@ class Lookups:
         self._step_deadline: float | None = None  # this step's first waits end then
         self.num_lookups = 0
         self.num_deferred = 0
+        self.num_failed_lookups = 0  # timed out, refused or failed: answered as a miss
+        self._failed_lock = threading.Lock()
         self.waited_s = 0.0  # the first-time waits granted, summed (what the steps could stall)
 
     def poll(self, request_id: str, query: LookupQuery, token_ids: Sequence[int]) -> Found | None:
@@ -109,6 +112,7 @@ class Lookups:
                 self.num_deferred += 1
                 return None
             del self._pending[request_id]
+            self._count_failed()
             self.faults.record("lookup timed out", f"no answer in {self.timeout_s:.1f} s")
             self.breaker.record_failure("lookup timed out")
             return MISS
@@ -133,17 +137,24 @@ class Lookups:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def _count_failed(self) -> None:
+        with self._failed_lock:  # lookups fail on the pool's threads
+            self.num_failed_lookups += 1
+
     def _guarded(self, query: LookupQuery, token_ids: Sequence[int]) -> Found:
         try:
             lookup = self._lookup(query, token_ids)
         except REQUEST_REFUSALS as error:
+            self._count_failed()
             self.faults.record(f"lookup refused ({type(error).__name__})", error)
             return MISS
         except StoreUnavailable as error:
+            self._count_failed()
             self.faults.record(unavailable_kind(error), error)
             self.breaker.record_failure(error)
             return MISS
         except Exception as error:  # any other status or bug: a miss, never the engine
+            self._count_failed()
             self.faults.record(f"lookup failed ({type(error).__name__})", error)
             self.breaker.record_failure(error)
             return MISS

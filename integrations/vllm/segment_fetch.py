@@ -25,12 +25,17 @@ MismatchFn = Callable[[SegmentMeta], str | None]  # why the meta is not the prom
 class LoadFault(Exception):
     """A stored piece could not be used: the tokens from `position` on are recomputed.
 
-    `corrupt_segment_id` names a piece that was there but failed verification."""
+    `corrupt_segment_id` names a piece that was there but failed verification; `missing`:
+    the promised segment was gone (evicted or deleted since the lookup, or unreachable)."""
 
-    def __init__(self, position: int, reason: str, corrupt_segment_id: str | None = None) -> None:
+    def __init__(
+        self, position: int, reason: str, corrupt_segment_id: str | None = None,
+        *, missing: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(f"at token {position}: {reason}")
         self.position = position
         self.corrupt_segment_id = corrupt_segment_id
+        self.missing = missing
 
 
 class SegmentFetch:
@@ -77,8 +82,9 @@ class SegmentFetch:
             corrupt = store.counters.num_corrupt_payloads != corrupt_before
             state = "corrupt" if corrupt else "gone or unreachable"
             raise LoadFault(
-                position, f"segment {segment_id} is {state}", blamed if corrupt else None
-            )
+                position, f"segment {segment_id} is {state}", blamed if corrupt else None,
+                missing=not corrupt,
+            )  # fmt: skip
         meta, payload = found
         why = mismatch(meta)
         if why is not None:

@@ -110,6 +110,14 @@ class WorkerSide:
         return self.loader.num_failed_loads
 
     @property
+    def num_corrupt_loads(self) -> int:
+        return self.loader.num_corrupt_loads
+
+    @property
+    def num_missing_loads(self) -> int:
+        return self.loader.num_missing_loads
+
+    @property
     def num_stored_chunks(self) -> int:
         return self.news.num_stored_chunks
 

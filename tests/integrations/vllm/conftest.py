@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +17,15 @@ def model_dir() -> str:
     from kvsplice.client.model.models import DEFAULT_CACHE_DIR, converted_smollm2_dir
 
     return str(converted_smollm2_dir(DEFAULT_CACHE_DIR.expanduser()))
+
+
+@pytest.fixture(scope="module")
+def adapters(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two LoRA adapters of the served model by name (random weights, fixed by their seeds)."""
+    from helpers.lora_adapters import write_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        name: write_adapter(root / name, model_dir, seed)
+        for name, seed in (("sql", 1), ("math", 2))
+    }

@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from helpers.waiting import wait_for
+from vllm.lora.request import LoRARequest
 
 from kvsplice.common.errors import (
     InvalidRequest,
@@ -77,6 +79,9 @@ class FakeRequest:
     all_token_ids: list[int]
     cache_salt: str | None = None
     num_prompt_tokens: int = 0
+    prompt_embeds: object = None  # vLLM's Request fields the key reads (request_keys)
+    lora_request: object = None
+    mm_features: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.all_token_ids)
@@ -299,6 +304,7 @@ def test_a_lookup_past_its_deadline_is_a_miss() -> None:
     assert side.num_new_matched_tokens(request, 0) is None
     time.sleep(0.1)
     assert side.num_new_matched_tokens(request, 0) == 0
+    assert side.lookups.num_failed_lookups == 1
     store.release.set()
 
 
@@ -318,6 +324,7 @@ def test_a_refused_or_failed_lookup_is_a_miss_never_an_exception(error: Exceptio
     for request_id in ("r1", "r2"):
         assert side.num_new_matched_tokens(FakeRequest(request_id, list(range(10, 22))), 0) == 0
     assert side.faults.counts  # counted (and logged once per kind)
+    assert side.lookups.num_failed_lookups == 2
 
 
 def test_a_failing_sidecar_opens_the_breaker_then_it_is_not_asked() -> None:
@@ -327,7 +334,7 @@ def test_a_failing_sidecar_opens_the_breaker_then_it_is_not_asked() -> None:
     for i in range(10):
         assert side.num_new_matched_tokens(FakeRequest(f"r{i}", list(range(10, 22))), 0) == 0
     assert len(store.lookups) == 3  # the breaker opened after three failures
-    assert side.lookups.breaker.is_open
+    assert side.lookups.breaker.is_open and side.lookups.num_failed_lookups == 3
 
 
 def test_a_chunk_counts_as_stored_only_once_the_sidecar_acknowledged_it() -> None:
@@ -376,10 +383,13 @@ def test_a_request_whose_load_failed_is_never_promised_past_the_fault_again() ->
     assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 12  # its own lookup
 
 
-def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing() -> None:
+def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing(
+    tmp_path: Path,
+) -> None:
     prompt = list(range(10, 22))
     side, store = make_side(prompt)
-    lora = SimpleNamespace(lora_name="sql", lora_int_id=1, lora_path="/adapters/sql")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
+    lora = LoRARequest("sql", 1, str(tmp_path))
     image = SimpleNamespace(identifier="img-1", mm_position=SimpleNamespace(offset=2, length=4))
     plain = side.num_new_matched_tokens(FakeRequest("plain", prompt), 0)
     with_lora = side.num_new_matched_tokens(with_attrs(FakeRequest("l", prompt), lora), 0)
@@ -398,9 +408,9 @@ def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothin
 def with_attrs(
     request: FakeRequest, lora: object, mm: list | None = None, prompt_embeds: object = None
 ) -> FakeRequest:
-    request.lora_request = lora  # type: ignore[attr-defined]
-    request.mm_features = mm or []  # type: ignore[attr-defined]
-    request.prompt_embeds = prompt_embeds  # type: ignore[attr-defined]
+    request.lora_request = lora
+    request.mm_features = mm or []
+    request.prompt_embeds = prompt_embeds
     return request
 
 

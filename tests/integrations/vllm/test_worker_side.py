@@ -112,6 +112,11 @@ def test_a_load_fault_withholds_every_save_computed_over_it_until_the_scheduler_
     ]
     assert len(news.failed) == 2 and len(news.acked) == 1
     assert reader.num_withheld_saves == 2 and store.deleted == []
+    assert (reader.num_failed_loads, reader.num_missing_loads, reader.num_corrupt_loads) == (
+        1,
+        1,
+        0,
+    )
     # planned after the scheduler absorbed the fault (vLLM recomputed the blocks): stored
     reader.take_news(num_faults_seen=1)
     reader.save(save_spec("r", 3, blocks), num_faults_seen=1)
@@ -128,6 +133,11 @@ def test_a_corrupt_piece_is_reported_as_such_and_deleted() -> None:
     (fault,) = reader.take_news(0).faults
     assert (fault.position, fault.corrupt_segment_id) == (0, first)
     assert store.deleted == [first]
+    assert (reader.num_failed_loads, reader.num_missing_loads, reader.num_corrupt_loads) == (
+        1,
+        0,
+        1,
+    )
 
 
 def test_a_piece_that_is_not_the_promised_link_is_corrupt() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,13 @@ def engines(
         EngineSpec("a", model_dir, free_port(), deployed, **publishing),  # type: ignore[arg-type]
         EngineSpec("b", model_dir, free_port(), deployed, **AS_VLLM_RUNS),  # type: ignore[arg-type]
     ]
+    with started(specs, log_dir) as engines:
+        yield engines
+
+
+@contextmanager
+def started(specs: list[EngineSpec], log_dir: Path) -> Iterator[dict[str, Engine]]:
+    """The engines of `specs` by name, started at the same time, ready; stopped after."""
     engines = {spec.name: Engine(spec, log_dir).start() for spec in specs}
     try:
         with ThreadPoolExecutor(len(engines)) as pool:
