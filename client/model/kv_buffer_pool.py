@@ -96,7 +96,9 @@ class KVBufferPool:
         keys = torch.empty(shape, dtype=dtype, device=device)
         values = torch.empty_like(keys)
         self.num_allocated += 1
-        logger.debug("K/V buffer pair %s %s allocated (%d so far)", shape, dtype, self.num_allocated)
+        logger.debug(
+            "K/V buffer pair %s %s allocated (%d so far)", shape, dtype, self.num_allocated
+        )
         return _Pair(keys, values, (storage_use_count(keys), storage_use_count(values)))
 
 

@@ -141,7 +141,9 @@ class SpareSlotsCache(DynamicCache):
         """
         keys_buffer, values_buffer = self._all_layers
         layers = self._spare_layers
-        same_layers = len(self.layers) == len(layers) and all(map(operator.is_, self.layers, layers))
+        same_layers = len(self.layers) == len(layers) and all(
+            map(operator.is_, self.layers, layers)
+        )
         if not (same_layers and all(map(_holds_prefix, layers, keys_buffer, values_buffer))):
             raise ValueError("the cache's layers no longer hold their preallocated buffers")
         starts = {layer.get_seq_length() for layer in layers}

@@ -8,11 +8,10 @@ negative control adds one on purpose and shows the count moving (so the guard ca
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-
-import functools
 
 import pytest
 from transformers.cache_utils import DynamicLayer
