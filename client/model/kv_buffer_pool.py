@@ -39,13 +39,14 @@ class _Pair:
 
 
 class KVBufferPool:
-    """Up to `max_buffers` K/V pairs, most recently used kept; thread-safe.
+    """Up to `max_buffers` K/V pairs, most recently used kept; thread-safe. One (the
+    default) serves calls one after another: a call's cache is gone when the next begins.
 
     A pair's token capacity is `num_tokens + spare_tokens` rounded up to `bucket_tokens`,
     so calls of nearby lengths share one pair.
     """
 
-    def __init__(self, max_buffers: int = 2, spare_tokens: int = 64, bucket_tokens: int = 256):
+    def __init__(self, max_buffers: int = 1, spare_tokens: int = 64, bucket_tokens: int = 256):
         if max_buffers < 0 or spare_tokens < 0 or bucket_tokens < 1:
             raise ValueError(
                 f"max_buffers {max_buffers}, spare_tokens {spare_tokens} must be >= 0 and "
