@@ -3,7 +3,9 @@
 Two paths, chosen by the plan alone. The splice path, when every reused span
 reads all its layers from the store and the computed tokens are one run at the
 end (an exact prefix, or everything reused but the tail): reused K/V (keys
-Δ-shifted) are appended to an HF cache and the model runs once over the tail.
+Δ-shifted) are written into a preallocated HF cache (`SpareSlotsCache`, its buffers
+the executor's pool reuses across calls) and the model runs once over the tail,
+extending that cache in place.
 Every other plan (computed tokens in several places, spans joining at other
 layers, subset rules, captured states) runs through the decoder-layer loop
 (`LayerwiseExecutor`), all its computed tokens in one pass per layer, whose K/V
@@ -144,7 +146,7 @@ class CallExecutor:
         """
         if not splices_only(plan):
             raise ValueError("the plan needs the decoder-layer loop, not the splice path")
-        cache = self.fresh_cache(plan.num_tokens)
+        cache = self._fresh_cache(plan.num_tokens)
         logits: torch.Tensor | None = None
         for group in _group_runs(plan.spans):
             if group[0].computed:
@@ -186,7 +188,7 @@ class CallExecutor:
         with timed(timings, "splice_s"):
             cache.append_in_place(sum(span.num_tokens for span in spans), write)
 
-    def fresh_cache(self, num_tokens: int) -> SpareSlotsCache:
+    def _fresh_cache(self, num_tokens: int) -> SpareSlotsCache:
         """An empty cache for a call of `num_tokens` (and spare slots), in buffers from the
         executor's pool: a former call's, once nothing holds a view of them."""
         layout, model = self._layout, self._model
