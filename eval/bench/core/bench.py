@@ -8,8 +8,10 @@ worker next to its sidecar runs (lookups, the in-place read, checks and checksum
 splice, the last token's forward: its TTFT), stage by stage (`stages_s`), and within it the
 splice stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written
 into them); the former two-step decode (dequantize, then shift, then copy into the cache);
-`numpy.copyto` of the same fp32 K/V bytes; and the floor no reuse call can go under: the
-bare HF forward of one token over a cache of the same length (`forward_floor_s`), whose
+`numpy.copyto` of the same fp32 K/V bytes; and the floor of a reuse call: the bare HF
+forward of one token over HF's own `DynamicCache` of the same length (`forward_floor_s`; it
+copies the cache per forward, where the engine's preallocated cache is extended in place,
+so the call's forward can sit a little under it), whose
 ratio to dense prefill bounds the speedup on this machine. `counts` (`core.counts`) is what
 one call did. The context was stored by a call that placed it at `CAPTURE_POSITION`, so the
 reuse call (`naive`) shifts every key.
@@ -83,7 +85,7 @@ class CoreBenchRow:
 
     @property
     def ceiling_speedup_vs_dense(self) -> float:
-        """Dense prefill over the bare one-token forward: no reuse call here can beat it."""
+        """Dense prefill over the bare one-token forward (HF's cache): a reuse call's bound."""
         return self.dense_prefill_s / self.forward_floor_s
 
     @property
