@@ -3,7 +3,9 @@
 Two paths, chosen by the plan alone. The splice path, when every reused span
 reads all its layers from the store and the computed tokens are one run at the
 end (an exact prefix, or everything reused but the tail): reused K/V (keys
-Δ-shifted) are appended to an HF cache and the model runs once over the tail.
+Δ-shifted) are written into a preallocated HF cache (`SpareSlotsCache`, its buffers
+the executor's pool reuses across calls) and the model runs once over the tail,
+extending that cache in place.
 Every other plan (computed tokens in several places, spans joining at other
 layers, subset rules, captured states) runs through the decoder-layer loop
 (`LayerwiseExecutor`), all its computed tokens in one pass per layer, whose K/V
@@ -34,13 +36,10 @@ from kvsplice.client.execute.execution import (
 )
 from kvsplice.client.execute.layerwise_executor import LayerwiseExecutor, LayerwiseResult
 from kvsplice.client.execute.plan import CallPlan, PlanSpan
-from kvsplice.client.model.hf_cache import (
-    cache_kwarg,
-    full_length_cache,
-    install_layers,
-    read_layers,
-)
+from kvsplice.client.model.hf_cache import cache_kwarg, read_layers
+from kvsplice.client.model.kv_buffer_pool import KVBufferPool
 from kvsplice.client.model.models import fp32_head
+from kvsplice.client.model.spare_slots_cache import SpareSlotsCache
 from kvsplice.common.errors import LayoutMismatch
 from kvsplice.common.layout import KVLayout
 from kvsplice.kvmath.fused_decode import PinnedStaging, decode_into
@@ -59,6 +58,7 @@ class CallExecutor:
         self._layout = layout
         self._rope = rope
         self._staging = PinnedStaging()  # carries int8 payload bytes to a GPU model
+        self._buffers = KVBufferPool()  # the splice path's caches, reused across calls
         self._head = fp32_head(model)  # every logit read in float32 (`models.fp32_head`)
         self.num_layers = layout.num_layers
 
@@ -146,7 +146,7 @@ class CallExecutor:
         """
         if not splices_only(plan):
             raise ValueError("the plan needs the decoder-layer loop, not the splice path")
-        cache = full_length_cache()
+        cache = self._fresh_cache(plan.num_tokens)
         logits: torch.Tensor | None = None
         for group in _group_runs(plan.spans):
             if group[0].computed:
@@ -162,29 +162,41 @@ class CallExecutor:
         return ExecutionState(reuse, cache, logits, [first], plan.num_tokens)
 
     def _append_reused(
-        self, cache: DynamicCache, spans: Sequence[PlanSpan], timings: CallTimings
+        self, cache: SpareSlotsCache, spans: Sequence[PlanSpan], timings: CallTimings
     ) -> None:
         """Append consecutive reused spans, each moved by its own Δ, to every layer of `cache`.
 
-        Each span is written once (`decode_into`) into one fresh [L, 1, H_kv, T, D] buffer
-        per K and V, which empty cache layers then hold as they are: the cache never
-        aliases a tier's tensors (the local tier hands out what it holds).
+        Each span is written once (`decode_into`) into the next slots of the cache's own
+        [L, 1, H_kv, T_cap, D] K and V buffers: no buffer of its own, no copy into the cache
+        (which never aliases a tier's tensors: the local tier hands out what it holds).
         """
-        layout, model = self._layout, self._model
-        num_tokens = sum(span.num_tokens for span in spans)
-        shape = (layout.num_layers, 1, layout.num_kv_heads, num_tokens, layout.head_dim)
-        with timed(timings, "splice_s"):
-            keys = torch.empty(shape, dtype=model.dtype, device=model.device)
-            values = torch.empty_like(keys)
+        for span in spans:
+            assert span.kv is not None
+            check_segment_layout(span.kv, self._layout)
+
+        def write(keys: torch.Tensor, values: torch.Tensor) -> None:  # [L, H_kv, T, D]
             target = 0
             for span in spans:
                 assert span.kv is not None
-                check_segment_layout(span.kv, layout)
                 rows = slice(target, target + span.num_tokens)
-                keys_out, values_out = keys[:, 0, :, rows], values[:, 0, :, rows]
-                decode_into(span.kv, self._rope, span.delta, keys_out, values_out, self._staging)
+                decode_into(
+                    span.kv, self._rope, span.delta, keys[:, :, rows], values[:, :, rows],
+                    self._staging,
+                )  # fmt: skip
                 target += span.num_tokens
-            install_layers(cache, keys, values)
+
+        with timed(timings, "splice_s"):
+            cache.append_in_place(sum(span.num_tokens for span in spans), write)
+
+    def _fresh_cache(self, num_tokens: int) -> SpareSlotsCache:
+        """An empty cache for a call of `num_tokens` (and spare slots), in buffers from the
+        executor's pool: a former call's, once nothing holds a view of them."""
+        layout, model = self._layout, self._model
+        keys, values = self._buffers.acquire(
+            layout.num_layers, layout.num_kv_heads, num_tokens, layout.head_dim, model.dtype,
+            model.device,
+        )  # fmt: skip
+        return SpareSlotsCache(keys, values)
 
 
 def takes_splice_path(plan: CallPlan) -> bool:

@@ -1,4 +1,5 @@
-"""The only module that touches transformers' cache objects (v5 layer API).
+"""Transformers' cache objects (v5 layer API), read and written; the splice path's
+preallocated cache is `spare_slots_cache`'s.
 
 Reads and writes per-layer K/V through `cache.layers[i].keys/.values` and
 `cache.update`; the removed v4 accessors (`key_cache`, legacy tuples) are never
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import CacheLayerMixin
 
 from kvsplice.common.errors import LayoutMismatch
 
@@ -91,26 +92,6 @@ def append_layers(
     """
     for offset in range(keys.shape[0]):
         cache.update(keys[offset].unsqueeze(0), values[offset].unsqueeze(0), layer_start + offset)
-
-
-def install_layers(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Append K/V to every layer of a batch-1 cache, without copying them into empty layers.
-
-    keys, values: [L, 1, H_kv, T, D], contiguous per layer (e.g. one buffer the caller
-    wrote in place). An empty plain `DynamicLayer` takes views of them (`cache.update`
-    would concatenate onto an empty tensor: a second full copy); other layers (holding
-    tokens already, or sliding windows, which crop) go through `cache.update`.
-    """
-    for layer_idx in range(keys.shape[0]):
-        layer_keys, layer_values = keys[layer_idx], values[layer_idx]
-        if layer_idx >= len(cache.layers):  # a full-length cache creates layers on update
-            cache.update(layer_keys[:, :, :0], layer_values[:, :, :0], layer_idx)
-        layer = cache.layers[layer_idx]
-        if type(layer) is DynamicLayer and layer.get_seq_length() == 0:
-            layer.lazy_initialization(layer_keys, layer_values)
-            layer.keys, layer.values = layer_keys, layer_values
-        else:
-            cache.update(layer_keys, layer_values, layer_idx)
 
 
 def append_layer_runs(

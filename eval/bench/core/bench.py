@@ -6,11 +6,13 @@ times, in one run on one machine: the engine's dense prefill of the prompt; the 
 call reusing the prompt's context from a sidecar in another process on this host, as a
 worker next to its sidecar runs (lookups, the in-place read, checks and checksum, the
 splice, the last token's forward: its TTFT), stage by stage (`stages_s`), and within it the
-splice stage alone (`splice_s`: fresh cache buffers, fused dequantize + RoPE shift written
-into them); the former two-step decode (dequantize, then shift, then copy into the cache);
-`numpy.copyto` of the same fp32 K/V bytes; and the floor no reuse call can go under: the
-bare HF forward of one token over a cache of the same length (`forward_floor_s`), whose
-ratio to dense prefill bounds the speedup on this machine. `counts` (`core.counts`) is what
+splice stage alone (`splice_s`: fused dequantize + RoPE shift written into the cache's
+pooled buffers); the former two-step decode (dequantize, then shift, then copy into the
+cache); `numpy.copyto` of the same fp32 K/V bytes; and the floor of a reuse call: the bare
+HF forward of one token over HF's own `DynamicCache` of the same length (`forward_floor_s`;
+that cache copies itself per forward, the engine's is extended in place, so the call's
+forward can sit a little under it), whose ratio to dense prefill bounds the speedup on
+this machine. `counts` (`core.counts`) is what
 one call did. The context was stored by a call that placed it at `CAPTURE_POSITION`, so the
 reuse call (`naive`) shifts every key.
 """
@@ -70,7 +72,7 @@ class CoreBenchRow:
     kv_nbytes: int  # fp32 K and V: what the cache receives and memcpy copies
     dense_prefill_s: float  # the engine's dense TTFT over context + tail
     reuse_s: float  # the engine's TTFT reusing the context (everything up to the first token)
-    decode_s: float  # that call's splice stage: fresh buffers, fused dequantize + shift + write
+    decode_s: float  # that call's splice stage: fused dequantize + shift, written in the cache
     two_step_decode_s: float  # the former path: dequantize, shift, then copy into the cache
     memcpy_s: float
     forward_floor_s: float  # the bare HF forward of one token over a cache of `num_tokens`
@@ -83,7 +85,7 @@ class CoreBenchRow:
 
     @property
     def ceiling_speedup_vs_dense(self) -> float:
-        """Dense prefill over the bare one-token forward: no reuse call here can beat it."""
+        """Dense prefill over the bare one-token forward (HF's cache): a reuse call's bound."""
         return self.dense_prefill_s / self.forward_floor_s
 
     @property
@@ -337,8 +339,8 @@ def render_core_bench(rows: Sequence[CoreBenchRow]) -> Table:
         title="kvsplice bench core (ReuseEngine, int8 payload, medians)",
         caption=(
             "reuse call = ReuseEngine's TTFT reusing the context (lookups, read, checks, "
-            "splice, last token); splice = that call's splice stage (fresh buffers, fused "
-            "dequantize + shift + write); two-step = the former decode; memcpy = numpy.copyto "
+            "splice, last token); splice = that call's splice stage (fused dequantize + "
+            "shift, written into the cache); two-step = the former decode; memcpy = numpy.copyto "
             "of the same fp32 K/V bytes. Targets at 1,024 "
             f"tokens: splice >= {DECODE_TARGET_RATIO:.0%} of memcpy, reuse call >= "
             f"{REUSE_TARGET_SPEEDUP:.0f}x dense."

@@ -1,19 +1,25 @@
 """The guard of `bench core`: what one reuse call does, counted, never timed.
 
 The counts are exact and hold on a loaded machine: a round trip to the sidecar, a model forward
-or a payload copy added to the call fails these tests. Each negative control adds one on
-purpose and shows the count moving (so the guard can fail)."""
+or a payload copy added to the call fails these tests, and so does an allocation the size of
+the K/V (a fresh cache buffer per call, a copy of the cache per forward): the bytes torch
+allocates are bounded, not the page faults, which glibc's thresholds make erratic. Each
+negative control adds one on purpose and shows the count moving (so the guard can fail)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from transformers.cache_utils import DynamicLayer
 
 from kvsplice.client.model.hf_cache import truncate
+from kvsplice.client.model.kv_buffer_pool import KVBufferPool
 from kvsplice.client.model.models import LoadedModel, ModelConfig, load_model_cached
+from kvsplice.client.model.spare_slots_cache import SpareSlotsLayer
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.eval.bench.core import bench as core
 from kvsplice.eval.bench.core.counts import CallCounts
@@ -23,7 +29,7 @@ from kvsplice.storeclient.config import StoreClientConfig
 
 pytestmark = pytest.mark.slow
 
-NUM_TOKENS = 96
+NUM_TOKENS = 256  # the K/V (11.8 MB) dwarfs a one-token forward's own allocations (2.3 MB)
 NAMESPACE = "core-counts"
 EXPECTED = {  # what the calls do as shipped: one lookup per reusable span, reads in place
     "naive": CallCounts({"FindSimilar": 1, "LookupPrefix": 1}, 1, 1, 0),
@@ -66,11 +72,52 @@ def _counts(
         return core.reuse_call_counts(engine, prompt, sidecar)
 
 
+def _prompt_len(loaded: LoadedModel, mode: str) -> int:
+    return NUM_TOKENS + 1 + (core.CAPTURE_POSITION if mode == "exact" else 0)
+
+
+def _kv_bound(loaded: LoadedModel, mode: str) -> int:
+    """Half the bytes of the K/V the call's cache holds: what one call may allocate."""
+    layout = loaded.layout
+    per_token = 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim
+    return per_token * (_prompt_len(loaded, mode) - 1) * loaded.model.dtype.itemsize // 2
+
+
+@pytest.fixture(scope="module")
+def shipped(smollm2: LoadedModel, sidecar: SidecarProcess) -> dict[str, CallCounts]:
+    return {mode: _counts(smollm2, sidecar, mode) for mode in EXPECTED}
+
+
 @pytest.mark.parametrize("mode", sorted(EXPECTED))
-def test_the_reuse_call_does_what_it_did(
-    smollm2: LoadedModel, sidecar: SidecarProcess, mode: str
+def test_the_reuse_call_does_what_it_did(shipped: dict[str, CallCounts], mode: str) -> None:
+    assert shipped[mode] == EXPECTED[mode]
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_the_reuse_call_allocates_no_kv_sized_buffer(
+    smollm2: LoadedModel, shipped: dict[str, CallCounts], mode: str
 ) -> None:
-    assert _counts(smollm2, sidecar, mode) == EXPECTED[mode]
+    """The cache comes from the executor's pool and the forward extends it in place."""
+    assert 0 < shipped[mode].allocated_bytes < _kv_bound(smollm2, mode)
+
+
+def test_a_fresh_kv_buffer_per_call_is_counted(
+    smollm2: LoadedModel, sidecar: SidecarProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_pool = functools.partialmethod(KVBufferPool.__init__, max_buffers=0)
+    monkeypatch.setattr(KVBufferPool, "__init__", no_pool)
+    counts = _counts(smollm2, sidecar, "naive")
+    assert counts == EXPECTED["naive"]  # the same work, only allocated afresh
+    assert counts.allocated_bytes > _kv_bound(smollm2, "naive")
+
+
+def test_a_copy_of_the_cache_per_forward_is_counted(
+    smollm2: LoadedModel, sidecar: SidecarProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SpareSlotsLayer, "update", DynamicLayer.update)  # torch.cat per update
+    counts = _counts(smollm2, sidecar, "naive")
+    assert counts == EXPECTED["naive"]
+    assert counts.allocated_bytes > _kv_bound(smollm2, "naive")
 
 
 def test_an_added_round_trip_is_counted(
