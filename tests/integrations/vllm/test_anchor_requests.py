@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_scheduler_side import (  # fmt: skip
+from scheduler_fakes import (  # fmt: skip
     BLOCK,
     FINGERPRINT,
     Cached,

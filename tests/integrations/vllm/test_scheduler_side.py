@@ -6,24 +6,32 @@ and `SchedulerOutput` (vLLM 0.32); the engine tests run the real ones.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from helpers.waiting import wait_for
+from scheduler_fakes import (
+    BLOCK,
+    FINGERPRINT,
+    BlockingStore,
+    Cached,
+    FakeClients,
+    FakeRequest,
+    FakeStore,
+    NewReq,
+    Step,
+    make_blocking_side,
+    make_side,
+    with_attrs,
+)
 from vllm.lora.request import LoRARequest
 
 from kvsplice.common.errors import (
-    InvalidRequest,
-    KvspliceError,
-    PermissionDenied,
     StoreUnavailable,
 )
 from kvsplice.common.keys import KeyChain, chunk_links, off_chain_key, root_key
-from kvsplice.integrations.vllm.connector_config import ConnectorConfig, salted_namespace
+from kvsplice.integrations.vllm.connector_config import salted_namespace
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.transfer_specs import (
     LoadFaultNews,
@@ -32,95 +40,6 @@ from kvsplice.integrations.vllm.transfer_specs import (
     SaveSpec,
     WorkerNews,
 )
-from kvsplice.storeclient.results import PrefixLookup, SegmentRef
-
-FINGERPRINT = "kvfp1-" + "cd" * 16
-BLOCK = 4
-
-
-@dataclass
-class FakeStore:
-    stored_tokens: list[int]  # the sidecar holds the chunk chain over these tokens
-    lookups: list[tuple[str, int]] = field(default_factory=list)
-    namespace: str = ""
-    roots: list[str] = field(default_factory=list)  # the fingerprint of each lookup
-    counters: SimpleNamespace = field(
-        default_factory=lambda: SimpleNamespace(num_degraded_calls=0, num_corrupt_payloads=0)
-    )
-
-    def lookup_prefix(
-        self, fingerprint: str, token_ids: list[int], session_id: str = ""
-    ) -> PrefixLookup:
-        self.lookups.append((self.namespace, len(token_ids)))
-        self.roots.append(fingerprint)
-        if fingerprint != FINGERPRINT:  # the chain is held under the plain model's root
-            return PrefixLookup.MISS
-        refs = []
-        for link in chunk_links(fingerprint, self.stored_tokens, BLOCK):
-            if list(token_ids[link.start : link.end]) != self.stored_tokens[link.start : link.end]:
-                break
-            refs.append(SegmentRef(link.key, link.start, link.num_tokens, 0, 2, 100))
-        return PrefixLookup(tuple(refs), refs[-1].end_position if refs else 0)
-
-
-class FakeClients:
-    def __init__(self, store: FakeStore) -> None:
-        self.config = ConnectorConfig("h:1", namespace="ns")
-        self.store = store
-
-    def for_namespace(self, namespace: str) -> FakeStore:
-        self.store.namespace = namespace
-        return self.store
-
-
-@dataclass
-class FakeRequest:
-    request_id: str
-    all_token_ids: list[int]
-    cache_salt: str | None = None
-    num_prompt_tokens: int = 0
-    prompt_embeds: object = None  # vLLM's Request fields the key reads (request_keys)
-    lora_request: object = None
-    mm_features: list = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.num_prompt_tokens = self.num_prompt_tokens or len(self.all_token_ids)
-
-
-@dataclass
-class NewReq:
-    req_id: str
-    block_ids: tuple[list[int], ...]
-    num_computed_tokens: int
-
-
-@dataclass
-class Cached:
-    req_ids: list[str] = field(default_factory=list)
-    resumed_req_ids: set[str] = field(default_factory=set)
-    new_block_ids: list = field(default_factory=list)
-    num_computed_tokens: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Step:
-    scheduled_new_reqs: list[NewReq] = field(default_factory=list)
-    scheduled_cached_reqs: Cached = field(default_factory=Cached)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-
-
-def make_side(
-    stored: list[int], save_decode: bool = True, load_async: str = "never"
-) -> tuple[SchedulerSide, FakeStore]:
-    store = FakeStore(stored)
-    clients = FakeClients(store)
-    side = SchedulerSide(
-        clients,  # type: ignore[arg-type]
-        FINGERPRINT, BLOCK, BLOCK, save_decode=save_decode, load_async=load_async,
-        lookup_wait_s=10.0,
-    )  # fmt: skip
-    return side, store
 
 
 def test_promises_whole_stored_blocks_leaving_one_token_to_compute() -> None:
@@ -259,161 +178,6 @@ def test_by_default_only_prompt_positions_are_saved() -> None:
 # ---- issue 33: lookups off the loop, faults, acknowledgements, what keys name -------------
 
 
-class BlockingStore(FakeStore):
-    """A sidecar that answers only once `release` is set (or raises `error`)."""
-
-    def __init__(self, stored: list[int], error: Exception | None = None) -> None:
-        super().__init__(stored)
-        self.release = threading.Event()
-        self.error = error
-
-    def lookup_prefix(
-        self, fingerprint: str, token_ids: list[int], session_id: str = ""
-    ) -> PrefixLookup:
-        self.release.wait(10)
-        if self.error is not None:
-            self.lookups.append((self.namespace, len(token_ids)))
-            raise self.error
-        return super().lookup_prefix(fingerprint, token_ids)
-
-
-def make_blocking_side(store: FakeStore, **kwargs: float) -> SchedulerSide:
-    kwargs = {"lookup_wait_s": 0.01, "lookup_timeout_s": 5.0, **kwargs}
-    return SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK, **kwargs)  # type: ignore[arg-type]
-
-
-def test_a_slow_lookup_never_blocks_the_scheduler_it_answers_later() -> None:
-    prompt = list(range(10, 22))
-    store = BlockingStore(prompt)
-    side = make_blocking_side(store)
-    request = FakeRequest("r", prompt)
-    # the sidecar answers only once released: a blocking lookup could not return None here
-    assert side.num_new_matched_tokens(request, 0) is None  # "ask again next step"
-    assert side.num_new_matched_tokens(request, 0) is None
-    store.release.set()
-    answer = wait_for(
-        lambda: side.num_new_matched_tokens(request, 0), lambda n: n is not None, timeout_s=30.0
-    )
-    assert answer == 8 and len(store.lookups) == 1
-
-
-def test_a_lookup_past_its_deadline_is_a_miss() -> None:
-    store = BlockingStore(list(range(10, 22)))
-    side = make_blocking_side(store, lookup_timeout_s=0.05)
-    request = FakeRequest("r", list(range(10, 22)))
-    assert side.num_new_matched_tokens(request, 0) is None
-    time.sleep(0.1)
-    assert side.num_new_matched_tokens(request, 0) == 0
-    assert side.lookups.num_failed_lookups == 1
-    store.release.set()
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        PermissionDenied("not your namespace"),
-        InvalidRequest("prompt too long"),
-        KvspliceError("store answered INTERNAL"),
-        RuntimeError("a bug"),
-    ],
-)
-def test_a_refused_or_failed_lookup_is_a_miss_never_an_exception(error: Exception) -> None:
-    store = BlockingStore(list(range(10, 22)), error=error)
-    store.release.set()
-    side = make_blocking_side(store, lookup_wait_s=5.0)
-    for request_id in ("r1", "r2"):
-        assert side.num_new_matched_tokens(FakeRequest(request_id, list(range(10, 22))), 0) == 0
-    assert side.faults.counts  # counted (and logged once per kind)
-    assert side.lookups.num_failed_lookups == 2
-
-
-def test_a_failing_sidecar_opens_the_breaker_then_it_is_not_asked() -> None:
-    store = BlockingStore(list(range(10, 22)), error=StoreUnavailable("connection refused"))
-    store.release.set()
-    side = make_blocking_side(store, lookup_wait_s=5.0)
-    for i in range(10):
-        assert side.num_new_matched_tokens(FakeRequest(f"r{i}", list(range(10, 22))), 0) == 0
-    assert len(store.lookups) == 3  # the breaker opened after three failures
-    assert side.lookups.breaker.is_open and side.lookups.num_failed_lookups == 3
-
-
-def test_a_chunk_counts_as_stored_only_once_the_sidecar_acknowledged_it() -> None:
-    prompt = list(range(10, 19))
-    side, _ = make_side([])
-
-    def saves_of(request_id: str) -> list[SaveSpec]:
-        side.num_new_matched_tokens(FakeRequest(request_id, prompt), 0)
-        step = Step([NewReq(request_id, ([0, 1, 2],), 0)], num_scheduled_tokens={request_id: 9})
-        return side.build_step(step)[1]
-
-    first = saves_of("r1")
-    assert len(first) == 2 and saves_of("r2") == []  # in flight: not put twice
-    side.absorb(WorkerNews(failed=[(s.namespace, s.key) for s in first]))  # dropped / failed
-    again = saves_of("r3")
-    assert [s.start for s in again] == [0, 4]  # put again when next computed
-    side.absorb(WorkerNews(acked=[(s.namespace, s.key) for s in again]))
-    # acknowledged, yet a later lookup does not find it (evicted): put again, no hole
-    assert [s.start for s in saves_of("r4")] == [0, 4]
-
-
-def test_a_load_fault_rewinds_the_chain_and_the_corrupt_piece_is_never_promised_again() -> None:
-    prompt = list(range(10, 23))
-    side, ((load,), saves, _) = promised_and_scheduled(prompt)
-    bad = load.pieces[1]
-    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 4, bad.segment_id)]))
-    assert side.num_faults_seen == 1
-    # vLLM recomputes from token 4: those chunks are saved once computed again
-    cached = Cached(["r"], set(), [None], [4])
-    _, saves, _ = side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 9}))
-    assert [(s.start, s.end) for s in saves] == [(4, 8), (8, 12)]
-    # another request with this prefix is promised the good piece only
-    assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 4
-
-
-def test_a_request_whose_load_failed_is_never_promised_past_the_fault_again() -> None:
-    """vLLM's "recompute" asks the connector again for the same request; its cached answer
-    would promise the failing piece again (a sidecar gone: a promise it can never keep)."""
-    prompt = list(range(10, 23))
-    side, ((load,), _, _) = promised_and_scheduled(prompt)
-    request = FakeRequest("r", prompt)  # the same request asked again
-    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 8, None)]))  # unreachable
-    assert side.num_new_matched_tokens(request, 0) == 8  # recompute: asked again from 0
-    side.absorb(WorkerNews(faults=[LoadFaultNews("r", load.namespace, 0, None)]))
-    assert side.num_new_matched_tokens(request, 0) == 0
-    assert side.num_new_matched_tokens(FakeRequest("r2", prompt), 0) == 12  # its own lookup
-
-
-def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing(
-    tmp_path: Path,
-) -> None:
-    prompt = list(range(10, 22))
-    side, store = make_side(prompt)
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
-    lora = LoRARequest("sql", 1, str(tmp_path))
-    image = SimpleNamespace(identifier="img-1", mm_position=SimpleNamespace(offset=2, length=4))
-    plain = side.num_new_matched_tokens(FakeRequest("plain", prompt), 0)
-    with_lora = side.num_new_matched_tokens(with_attrs(FakeRequest("l", prompt), lora), 0)
-    with_image = side.num_new_matched_tokens(with_attrs(FakeRequest("i", prompt), None, [image]), 0)
-    assert plain == 8 and with_lora == 0 and with_image == 0  # the plain chain does not serve them
-    assert len(set(store.roots)) == 3 and store.roots[0] == FINGERPRINT
-    embeds = with_attrs(FakeRequest("e", [0] * 12), None, [], prompt_embeds=object())
-    assert side.num_new_matched_tokens(embeds, 0) == 0 and len(store.lookups) == 3
-    step = Step([NewReq("e", ([0, 1, 2],), 0)], num_scheduled_tokens={"e": 12})
-    assert side.build_step(step)[1] == []  # never saved
-    step = Step([NewReq("l", ([3, 4, 5],), 0)], num_scheduled_tokens={"l": 12})
-    lora_saves = side.build_step(step)[1]
-    assert lora_saves and {s.root for s in lora_saves} == {store.roots[1]}
-
-
-def with_attrs(
-    request: FakeRequest, lora: object, mm: list | None = None, prompt_embeds: object = None
-) -> FakeRequest:
-    request.lora_request = lora
-    request.mm_features = mm or []
-    request.prompt_embeds = prompt_embeds
-    return request
-
-
 def test_a_resumed_request_that_loads_reports_its_hits() -> None:
     prompt = list(range(10, 23))
     side, _ = make_side(prompt)
@@ -543,3 +307,25 @@ def test_a_slow_content_search_stops_in_time_and_the_exact_prefix_stands() -> No
     )
     assert found == 8 and 1 <= store.num_similar < 4
     assert side.faults.counts["looking up approximate runs stopped"] == 1
+
+
+def test_lora_and_image_requests_have_their_own_chain_prompt_embeds_share_nothing(
+    tmp_path: Path,
+) -> None:
+    prompt = list(range(10, 22))
+    side, store = make_side(prompt)
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
+    lora = LoRARequest("sql", 1, str(tmp_path))
+    image = SimpleNamespace(identifier="img-1", mm_position=SimpleNamespace(offset=2, length=4))
+    plain = side.num_new_matched_tokens(FakeRequest("plain", prompt), 0)
+    with_lora = side.num_new_matched_tokens(with_attrs(FakeRequest("l", prompt), lora), 0)
+    with_image = side.num_new_matched_tokens(with_attrs(FakeRequest("i", prompt), None, [image]), 0)
+    assert plain == 8 and with_lora == 0 and with_image == 0  # the plain chain does not serve them
+    assert len(set(store.roots)) == 3 and store.roots[0] == FINGERPRINT
+    embeds = with_attrs(FakeRequest("e", [0] * 12), None, [], prompt_embeds=object())
+    assert side.num_new_matched_tokens(embeds, 0) == 0 and len(store.lookups) == 3
+    step = Step([NewReq("e", ([0, 1, 2],), 0)], num_scheduled_tokens={"e": 12})
+    assert side.build_step(step)[1] == []  # never saved
+    step = Step([NewReq("l", ([3, 4, 5],), 0)], num_scheduled_tokens={"l": 12})
+    lora_saves = side.build_step(step)[1]
+    assert lora_saves and {s.root for s in lora_saves} == {store.roots[1]}
