@@ -33,6 +33,7 @@ from kvsplice.storeclient.config import StoreClientConfig
 
 BLOCK = 128  # vLLM's CPU block size, the connector's chunk in these tests
 ENGINES = ("b", "a")  # request i of pass p goes to ENGINES[(i + p) % 2]
+DELETE_ATTEMPTS = 4  # bursts of deletes tried until one lands between a lookup and its load
 STRIDE = 7  # repeats visit the prompts in this stride (coprime with an even count)
 
 
@@ -205,9 +206,11 @@ class Soak:
         raise AssertionError(f"no {count} prompts to probe (only by {only_by}) at request {now}")
 
     def deltas(self, before: dict[str, dict[str, float]], name: str,
-               ready: Callable[[dict[str, float]], bool]) -> dict[str, float]:  # fmt: skip
+               ready: Callable[[dict[str, float]], bool], timeout_s: float = 60.0,
+               fail: bool = True) -> dict[str, float]:  # fmt: skip
         """Per engine, counter `name`'s growth since `before`, once `ready` holds for the
-        growths (vLLM publishes connector stats each logging interval)."""
+        growths (vLLM publishes connector stats each logging interval); after `timeout_s`
+        an AssertionError (`fail`) or the growths as they are."""
 
         def grown() -> dict[str, float]:
             return {
@@ -215,7 +218,12 @@ class Soak:
                 for e in ("a", "b")
             }
 
-        return wait_for(grown, ready, timeout_s=60.0, interval_s=1.0)
+        try:
+            return wait_for(grown, ready, timeout_s=timeout_s, interval_s=1.0)
+        except AssertionError:
+            if fail:
+                raise
+            return grown()
 
     def wait_breakers_closed(self) -> None:
         """Until both engines' sidecar breakers are closed (lookups asked again)."""
@@ -263,21 +271,31 @@ def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
     counts["corrupt"] = {"injected": len(flipped), "corrupt_loads": corrupt, "still_bad": still_bad}
 
     soak.at(0.55)  # ---- segments deleted between lookup and load
-    soak.wait_breakers_closed()
-    burst, before = soak.targets(12, taken), soak.snapshot()
-    links = [link for k in burst for link in own_links(soak.fingerprint, soak.prompts[k])]
-    deleted = 0
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(soak.probe, [("a", k) for k in burst])
-        # NOTE: again and again while the burst runs: a probe that was looked up and waits
-        # for KV blocks (12 of them, 3 blocks each, 24 blocks) then loads a deleted link;
-        # one looked up after a pass misses, recomputes and stores it for the next pass
-        while not waiting.done():
-            time.sleep(0.3)
-            deleted += sum(delete_segment(sidecar, soak.namespace, link.hex()) for link in links)
-        waiting.result(timeout=600)
-    counts["deleted"] = {"injected": deleted, "missing_loads": soak.deltas(
-        before, "missing_loads", lambda d: d["a"] >= 1)}  # fmt: skip
+    # NOTE: a race by nature (the window is a probe's wait for KV blocks after its lookup),
+    # so it is tried again with fresh probes until kvsplice counts one: on a quiet machine a
+    # burst can find blocks free and load before any delete lands (seen once in 1 of 1 runs).
+    deleted, missing = 0, {"a": 0.0, "b": 0.0}
+    for attempt in range(DELETE_ATTEMPTS):
+        soak.wait_breakers_closed()
+        burst, before = soak.targets(12, taken), soak.snapshot()
+        links = [link for k in burst for link in own_links(soak.fingerprint, soak.prompts[k])]
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(soak.probe, [("a", k) for k in burst])
+            # NOTE: again and again while the burst runs: a probe that was looked up and waits
+            # for KV blocks (12 of them, 3 blocks each, 24 blocks) then loads a deleted link;
+            # one looked up after a pass misses, recomputes and stores it for the next pass
+            while not waiting.done():
+                time.sleep(0.05)
+                deleted += sum(
+                    delete_segment(sidecar, soak.namespace, link.hex()) for link in links
+                )
+            waiting.result(timeout=600)
+        last = attempt == DELETE_ATTEMPTS - 1
+        missing = soak.deltas(before, "missing_loads", lambda d: d["a"] >= 1,
+                              timeout_s=60.0 if last else 20.0, fail=last)  # fmt: skip
+        if missing["a"] >= 1:
+            break
+    counts["deleted"] = {"injected": deleted, "attempts": attempt + 1, "missing_loads": missing}
 
     soak.at(0.75)  # ---- the sidecar stopped: lookups time out, the breakers open
     probes, before = crosswise(3), soak.snapshot()
