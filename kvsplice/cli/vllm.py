@@ -57,8 +57,9 @@ def bench_vllm(**values: Any) -> None:
     if importlib.util.find_spec("vllm") is None:
         fail("vLLM is not installed here: run it from .venv-vllm (make vllm)")
     from kvsplice.client.model.models import model_directory
-    from kvsplice.eval.bench.vllm.bench import print_report, run_bench
+    from kvsplice.eval.bench.vllm.bench import run_bench
     from kvsplice.eval.bench.vllm.config import WORKLOAD_SIZES
+    from kvsplice.eval.bench.vllm.printing import print_report
     from kvsplice.eval.workloads.graded_pipelines import PIPELINES
 
     model_dir = str(model_directory(model_config(values["model"], values["model_cache"])))

@@ -3,11 +3,16 @@ compared under an instruction, and the checks those tests share."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from helpers.approx import CLOSING, GENERATION, SYSTEM_3, run_chain
+import pytest
+
+from helpers.approx import CLOSING, GENERATION, SYSTEM_3, make_loaded4, run_chain
 from helpers.text import FakePrompt, make_prompt
+from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.reuse_engine import CallOutcome, ReuseEngine
+from kvsplice.server.embedded import EmbeddedStore, loopback_config
 
 ATOL = 1e-4
 QUESTION = "what is two plus two?"
@@ -64,3 +69,16 @@ class ChoicePrompt:
     token_ids: tuple[int, ...]
     spans: tuple
     choice_ids: tuple[int, ...]
+
+
+@pytest.fixture(scope="module")
+def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An embedded store per test module."""
+    with EmbeddedStore(loopback_config(str(tmp_path_factory.mktemp("xf") / "lmdb"))) as store:
+        yield store.target
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    """The tiny 4-layer Llama the judge-mode tests run."""
+    return make_loaded4()

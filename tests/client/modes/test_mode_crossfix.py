@@ -4,12 +4,11 @@ restored, margin-guarded, resumed and refused exactly. The gate above it: test_m
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 import torch
-from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3, make_loaded4
+from helpers.approx import CLOSING, GENERATION, NUM_LAYERS, SYSTEM_3
 from helpers.client import make_store_engine, make_tiny_llama
 from helpers.judge_prompts import (
     ATOL,
@@ -24,6 +23,8 @@ from helpers.judge_prompts import (
     judge,
     same_as_dense,
 )
+from helpers.judge_prompts import loaded as loaded  # fixture
+from helpers.judge_prompts import store_target as store_target  # fixture
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 from helpers.text import CharTokenizer, FakePrompt, make_prompt
 
@@ -39,18 +40,6 @@ from kvsplice.client.modes.exact import ExactPolicy
 from kvsplice.client.modes.shared import decision_margin, first_token_margin
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
 from kvsplice.kvmath.segment_kv import SegmentKV
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
-
-
-@pytest.fixture(scope="module")
-def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with EmbeddedStore(loopback_config(str(tmp_path_factory.mktemp("xf") / "lmdb"))) as store:
-        yield store.target
-
-
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return make_loaded4()
 
 
 def test_margin_is_top1_minus_top2() -> None:

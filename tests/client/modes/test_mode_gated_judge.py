@@ -3,25 +3,14 @@ the noise floor, and anchor's pooled judge anchors (PAL-KV)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-from helpers.approx import GENERATION, make_loaded4, run_chain
+from helpers import judge_prompts as jp
+from helpers.approx import GENERATION, run_chain
 from helpers.client import make_store_engine
-from helpers.judge_prompts import (
-    CONTINUE,
-    NEAR_DUPLICATE,
-    NEVER_KEPT,
-    QUESTIONS,
-    SELECT,
-    ChoicePrompt,
-    answers,
-    candidate_token_layers,
-    comparing,
-    comparing_about,
-    judge,
-    same_as_dense,
-)
+from helpers.judge_prompts import loaded as loaded  # fixture
+from helpers.judge_prompts import store_target as store_target  # fixture
 from helpers.modes import one_torch_thread as one_torch_thread  # autouse fixture
 
 from kvsplice.client.execute.execution import ExecutionState
@@ -40,18 +29,6 @@ from kvsplice.client.modes.naive import NaivePolicy
 from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.client.modes.shared import decision_margin
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
-from kvsplice.server.embedded import EmbeddedStore, loopback_config
-
-
-@pytest.fixture(scope="module")
-def store_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with EmbeddedStore(loopback_config(str(tmp_path_factory.mktemp("xf") / "lmdb"))) as store:
-        yield store.target
-
-
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return make_loaded4()
 
 
 def _gated(
@@ -66,12 +43,12 @@ def test_gate_sends_a_judge_past_a_mode_not_admitted_for_judges(
     engine = make_store_engine(
         loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-judge-exact"
     )
-    prompt, outcome = judge(engine)
+    prompt, outcome = jp.judge(engine)
     assert outcome.decisions["gated"] == (
         "judge (answers=2+selection) -> exact: naive not admitted for judges"
     )
     assert not [s for s in outcome.reused if not s.exact]
-    assert same_as_dense(engine, prompt, outcome)
+    assert jp.same_as_dense(engine, prompt, outcome)
 
 
 def test_gate_lets_ordinary_calls_run_the_serving_mode(
@@ -80,7 +57,7 @@ def test_gate_lets_ordinary_calls_run_the_serving_mode(
     engine = make_store_engine(
         loaded, _gated(NaivePolicy(), None, ()), store_target, "gate-ordinary"
     )
-    _, outcome = judge(engine, CONTINUE)
+    _, outcome = jp.judge(engine, jp.CONTINUE)
     assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
     assert {s.mode for s in outcome.reused if not s.exact} == {"naive"}
 
@@ -91,7 +68,7 @@ def test_gate_sends_a_judge_to_the_mode_admitted_for_judges(
     crossfix = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     policy = _gated(NaivePolicy(), crossfix, ("crossfix",))
     engine = make_store_engine(loaded, policy, store_target, "gate-judge-crossfix")
-    _, outcome = judge(engine)
+    _, outcome = jp.judge(engine)
     assert outcome.decisions["gated"] == (
         "judge (answers=2+selection) -> crossfix: admitted for judges"
     )
@@ -103,7 +80,7 @@ def test_a_judge_mode_wins_over_a_zero_drift_serving_mode(loaded: LoadedModel) -
     crossfix = CrossfixPolicy(CrossfixParams(ratio=0.0, check_layer=1, min_margin=0.0))
     policy = _gated(ExactPolicy(), crossfix, ("crossfix",))
     engine = ReuseEngine(loaded, policy, None, EngineConfig(store_segments=False))
-    outcome = engine.run(comparing([(40, 41), (50, 51)], SELECT), GENERATION)
+    outcome = engine.run(jp.comparing([(40, 41), (50, 51)], jp.SELECT), GENERATION)
     assert outcome.decisions["gated"] == (
         "judge (answers=2+selection) -> crossfix: admitted for judges"
     )
@@ -128,16 +105,16 @@ def test_pooled_anchors_serve_a_judge_from_other_agents_and_placeholders(
     )
     decisions = {}
     for name, engine in (("kvcomm", kvcomm), ("pooled", pooled)):
-        for question in QUESTIONS:
+        for question in jp.QUESTIONS:
             run_chain(engine, question)  # fills the question and answer pools (2 agents)
-        answers = [o.output_ids or (32,) for _, o in run_chain(engine, NEAR_DUPLICATE)]
-        outcome = engine.run(comparing_about(NEAR_DUPLICATE, answers, SELECT), GENERATION)
+        answers = [o.output_ids or (32,) for _, o in run_chain(engine, jp.NEAR_DUPLICATE)]
+        outcome = engine.run(jp.comparing_about(jp.NEAR_DUPLICATE, answers, jp.SELECT), GENERATION)
         decisions[name] = outcome.decisions
     assert decisions["kvcomm"] == {"anchor_gate": "too_few_eligible"}
     assert decisions["pooled"]["anchor_pool"] == "pooled over 2 answer placeholders (judge)"
     assert decisions["pooled"]["anchor_gate"] != "too_few_eligible"
     # an ordinary call is never pooled
-    _, second = run_chain(pooled, QUESTIONS[0])[1]
+    _, second = run_chain(pooled, jp.QUESTIONS[0])[1]
     assert "anchor_pool" not in second.decisions
 
 
@@ -167,7 +144,7 @@ class _Remembering:
 def test_the_gate_hands_the_routed_policy_its_own_planned_call(loaded: LoadedModel) -> None:
     inner = _Remembering()
     engine = ReuseEngine(loaded, _gated(inner, None, ()), None, EngineConfig())
-    outcome = engine.run(comparing([(40, 41), (50, 51)], CONTINUE), GENERATION)
+    outcome = engine.run(jp.comparing([(40, 41), (50, 51)], jp.CONTINUE), GENERATION)
     assert list(outcome.decisions.items()) == [
         ("gated", "ordinary (answers=2+no-selection) -> naive"), ("inner", "planned"),
     ]  # fmt: skip
@@ -215,20 +192,20 @@ def test_a_priced_gate_sends_a_judge_to_the_cheapest_route_never_one_slower_than
 ) -> None:
     policy = _priced(cost, (1,), keep)
     engine = make_store_engine(loaded, policy, store_target, f"gate-priced-{route}")
-    prompt, outcome = judge(engine)
+    prompt, outcome = jp.judge(engine)
     assert outcome.decisions["gated"].startswith(decision)
     approximate = {s.mode for s in outcome.reused if not s.exact}
     assert approximate == ({"crossfix"} if route == "crossfix" else set())
     if route == "dense":
         assert not outcome.reused
     if route != "crossfix":
-        assert same_as_dense(engine, prompt, outcome)
+        assert jp.same_as_dense(engine, prompt, outcome)
 
 
 def test_a_priced_gate_leaves_ordinary_calls_alone(loaded: LoadedModel, store_target: str) -> None:
     policy = _priced(CostModel(1e-6, 0.0, 1.0, 0.0, 0.0), (1,), (1.0,))
     engine = make_store_engine(loaded, policy, store_target, "gate-priced-ordinary")
-    _, outcome = judge(engine, CONTINUE)
+    _, outcome = jp.judge(engine, jp.CONTINUE)
     assert outcome.decisions["gated"] == "ordinary (answers=2+no-selection) -> naive"
 
 
@@ -238,7 +215,7 @@ def test_a_priced_gate_needs_the_dense_policy() -> None:
 
 
 @pytest.mark.parametrize("bitwise", [True, False], ids=["splits-bitwise", "splits-round"])
-@pytest.mark.parametrize("floor", [1e-9, NEVER_KEPT])
+@pytest.mark.parametrize("floor", [1e-9, jp.NEVER_KEPT])
 def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_densejudge(
     loaded: LoadedModel,
     store_target: str,
@@ -256,19 +233,19 @@ def test_the_noise_floor_sends_a_close_judge_mode_call_to_the_densejudge(
     policy = _priced(CostModel(1e-3, 0.0, 0.0, 0.0, 0.0), (1,), (1.0,))
     namespace = f"gate-floor-{int(floor >= 1)}-{int(bitwise)}"
     engine = make_store_engine(loaded, policy, store_target, namespace)
-    plain = comparing(answers(engine), SELECT)
-    prompt = ChoicePrompt(plain.token_ids, plain.spans, (5, 6, 7))
+    plain = jp.comparing(jp.answers(engine), jp.SELECT)
+    prompt = jp.ChoicePrompt(plain.token_ids, plain.spans, (5, 6, 7))
     outcome = engine.run(prompt, GENERATION)
     assert " -> crossfix: cheapest " in outcome.decisions["gated"]
     margin = decision_margin(outcome.logits_first, (5, 6, 7))
     if floor < 1:
         assert outcome.decisions[gated.FLOOR_GUARD] == f"kept: margin {margin:.3f} >= {floor:g}"
-        assert candidate_token_layers(outcome) > 0
+        assert jp.candidate_token_layers(outcome) > 0
     else:
         assert outcome.decisions[gated.FLOOR_GUARD].startswith("dense: margin ")
         assert outcome.decisions["crossfix"].startswith("kept: margin ")  # what ran first
-        assert candidate_token_layers(outcome) == 0
-        assert same_as_dense(engine, plain, outcome)
+        assert jp.candidate_token_layers(outcome) == 0
+        assert jp.same_as_dense(engine, plain, outcome)
         resumed = outcome.decisions["crossfix"].endswith("; computed on densely from check 1")
         assert resumed == bitwise
         assert outcome.decisions[gated.FLOOR_GUARD].endswith(

@@ -11,16 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from scheduler_fakes import (  # fmt: skip
-    BLOCK,
-    FINGERPRINT,
-    Cached,
-    FakeClients,
-    FakeRequest,
-    FakeStore,
-    NewReq,
-    Step,
-)
+import scheduler_fakes as fakes
 
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import chained_meta
@@ -34,7 +25,7 @@ PROMPT = [*PREFIX, *RUN, 5]
 REFUSAL = "0 stored anchor(s) for this context; KVComm's gate wants 2"
 
 
-class RunStore(FakeStore):
+class RunStore(fakes.FakeStore):
     """The chain over PREFIX, and RUN as a segment computed at position 40 elsewhere."""
 
     run_exact: bool = True
@@ -48,25 +39,25 @@ class RunStore(FakeStore):
 
     @property
     def meta(self) -> object:
-        return chained_meta("ns", FINGERPRINT, root_key(FINGERPRINT), tuple(RUN), 40, 2,
+        return chained_meta("ns", fakes.FINGERPRINT, root_key(fakes.FINGERPRINT), tuple(RUN), 40, 2,
                             created_at_s=time.time(), exact=self.run_exact)  # fmt: skip
 
 
-def side_and_request(reuse: str, run_exact: bool = True) -> tuple[SchedulerSide, FakeRequest]:
+def side_and_request(reuse: str, run_exact: bool = True) -> tuple[SchedulerSide, fakes.FakeRequest]:
     store = RunStore(PREFIX)
     store.run_exact = run_exact
-    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK,  # type: ignore[arg-type]
+    side = SchedulerSide(fakes.FakeClients(store), fakes.FINGERPRINT, fakes.BLOCK, fakes.BLOCK,  # type: ignore[arg-type]
                          engine_modes=("naive", "anchor"), lookup_wait_s=10.0)  # fmt: skip
-    request = FakeRequest("r", list(PROMPT))
+    request = fakes.FakeRequest("r", list(PROMPT))
     request.kv_transfer_params = {"kvsplice": {"reuse": reuse}}  # type: ignore[attr-defined]
     return side, request
 
 
-def first_step(side: SchedulerSide, request: FakeRequest) -> list:
+def first_step(side: SchedulerSide, request: fakes.FakeRequest) -> list:
     promised = side.num_new_matched_tokens(request, 0)
     assert promised == 24  # the chain's 8 and the run's 16
     side.after_alloc(request, list(range(7)), 24)
-    step = Step([NewReq("r", (list(range(7)),), 24)], num_scheduled_tokens={"r": 1})
+    step = fakes.Step([fakes.NewReq("r", (list(range(7)),), 24)], num_scheduled_tokens={"r": 1})
     return side.build_step(step)[0]
 
 
@@ -79,8 +70,8 @@ def test_a_refused_request_is_recomputed_told_why_and_anchored_once_computed(bro
     side.absorb(WorkerNews(faults=[LoadFaultNews("r", "ns", 8, None, refusal)]))
     assert side.take_anchors() == []  # not computed yet
     # vLLM recomputes from token 8: this step computes tokens 8..25
-    cached = Cached(["r"], set(), [None], [8])
-    side.build_step(Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 17}))
+    cached = fakes.Cached(["r"], set(), [None], [8])
+    side.build_step(fakes.Step(scheduled_cached_reqs=cached, num_scheduled_tokens={"r": 17}))
     anchors = side.take_anchors()
     report = side.finished(request)
     assert report is not None
@@ -109,9 +100,9 @@ def test_gated_takes_the_policy_s_first_engine_mode_and_anchor_only_exact_runs()
 
 def test_a_request_asking_for_a_mode_the_policy_does_not_admit_gets_exact_reuse() -> None:
     store = RunStore(PREFIX)
-    side = SchedulerSide(FakeClients(store), FINGERPRINT, BLOCK, BLOCK,  # type: ignore[arg-type]
+    side = SchedulerSide(fakes.FakeClients(store), fakes.FINGERPRINT, fakes.BLOCK, fakes.BLOCK,  # type: ignore[arg-type]
                          engine_modes=("naive",), lookup_wait_s=10.0)  # fmt: skip
-    request = FakeRequest("r", list(PROMPT))
+    request = fakes.FakeRequest("r", list(PROMPT))
     request.kv_transfer_params = {"kvsplice": {"reuse": "anchor"}}  # type: ignore[attr-defined]
     assert side.num_new_matched_tokens(request, 0) == 8
     report = side.finished(request)

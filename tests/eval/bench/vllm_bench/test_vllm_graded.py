@@ -25,6 +25,7 @@ from kvsplice.eval.bench.vllm.graded import (
     summarize,
     wilson,
 )
+from kvsplice.eval.bench.vllm.printing import print_report
 from kvsplice.eval.workloads.graded_pipelines import PIPELINES
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES
 from kvsplice.eval.workloads.workload import Problem
@@ -215,7 +216,7 @@ def test_a_graded_only_report_is_written_and_printed(tmp_path: Path) -> None:
     gated = report["configs"][1]["graded"]["roles"]
     assert (gated["solver"]["right"], gated["solver"]["vs_recompute_points"]) == (0, -100.0)
     console = Console(record=True, width=200)
-    vllm_bench.print_report(report, console)
+    print_report(report, console)
     text = console.export_text()
     assert "graded answers" in text and "0/1" in text and "TTFT per agent" not in text
 

@@ -319,3 +319,23 @@ def own_links(fingerprint: str, prompt: list[int]) -> list[bytes]:
     """The keys of the loadable blocks past the prompt's first (whose base others share)."""
     num_blocks = (len(prompt) - 1) // BLOCK
     return [link.key for link in chunk_links(fingerprint, prompt, BLOCK)[1:num_blocks]]
+
+
+def verify_stored(
+    sidecar: Sidecar, namespace: str, engines: dict[str, Engine], prompts: list[list[int]]
+) -> None:
+    """Every stored segment reads back verified, and what engine B loads from the store
+    (its own prefix cache emptied first) answers as the reference does."""
+    ids = stored_segment_ids(sidecar, namespace)
+    assert ids
+    config = StoreClientConfig(same_host_reads=False)
+    with StoreClient(sidecar.target, namespace, config=config) as client:
+        unreadable = [i for i in ids if client.get_segment(i) is None]
+    assert unreadable == [], f"{len(unreadable)} of {len(ids)} stored segments fail to verify"
+    engines["b"].reset_prefix_cache()
+    for prompt in prompts:
+        expected = engines["reference"].complete(prompt, max_tokens=8, min_tokens=8)
+        assert (
+            engines["b"].complete(prompt, max_tokens=8, min_tokens=8).token_ids
+            == expected.token_ids
+        )

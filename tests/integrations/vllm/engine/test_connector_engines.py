@@ -29,19 +29,18 @@ from fault_soak import (
     corrupt_in_lmdb,
     inject_faults,
     soak_prompts,
-    stored_segment_ids,
+    verify_stored,
 )
 from helpers.waiting import wait_for
 
 # The KV event streams, checked on these engines (the test lives in its own module).
 from kv_event_checks import test_kv_events_name_what_the_sidecar_holds_in_vllms_words  # noqa: F401
+from session_checks import test_a_chat_request_s_session_id_reaches_the_sidecar  # noqa: F401
 from transformers import AutoTokenizer
 
 from kvsplice.common.keys import chunk_links
 from kvsplice.eval.bench.vllm.engine import Engine, Sidecar
 from kvsplice.eval.workloads.token_transcript import PIPELINE_ROLES, TokenTranscript
-from kvsplice.storeclient.client import StoreClient
-from kvsplice.storeclient.config import StoreClientConfig
 
 # Engines start once for the module; on a loaded 2-core box that alone took 6 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -378,24 +377,6 @@ def test_aborted_requests_leave_the_engines_serving(
     assert complete_all(engines["b"], prompts[:4], 8) == expected
 
 
-def verify_stored(sidecar: Sidecar, engines: dict[str, Engine], prompts: list[list[int]]) -> None:
-    """Every stored segment reads back verified, and what engine B loads from the store
-    (its own prefix cache emptied first) answers as the reference does."""
-    ids = stored_segment_ids(sidecar, NAMESPACE)
-    assert ids
-    config = StoreClientConfig(same_host_reads=False)
-    with StoreClient(sidecar.target, NAMESPACE, config=config) as client:
-        unreadable = [i for i in ids if client.get_segment(i) is None]
-    assert unreadable == [], f"{len(unreadable)} of {len(ids)} stored segments fail to verify"
-    engines["b"].reset_prefix_cache()
-    for prompt in prompts:
-        expected = engines["reference"].complete(prompt, max_tokens=8, min_tokens=8)
-        assert (
-            engines["b"].complete(prompt, max_tokens=8, min_tokens=8).token_ids
-            == expected.token_ids
-        )
-
-
 # The soak's reduced form runs in `make test`; its full form (the issue's 500 requests over
 # 32 tokens): KVSPLICE_SOAK_REQUESTS=500 KVSPLICE_SOAK_TOKENS=32. KVSPLICE_SOAK_REPORT=path
 # writes what was injected and counted there.
@@ -453,28 +434,8 @@ def run_soak(
     for engine in engines.values():
         engine.check_alive()
     wait_until_stored(sidecar, NAMESPACE)
-    verify_stored(sidecar, engines, prompts[::40])
+    verify_stored(sidecar, NAMESPACE, engines, prompts[::40])
     return report
-
-
-def test_a_chat_request_s_session_id_reaches_the_sidecar(
-    engines: dict[str, Engine], sidecar: Sidecar
-) -> None:
-    """vLLM carries a chat body's `session_id` to the connector (`Request.session_id`), whose
-    lookup makes the session live at the sidecar: ending it there finds it (one never sent is
-    not found)."""
-    engine = engines["a"]
-    words = " ".join(f"step-{i}" for i in range(80))  # several blocks: the request is looked up
-    body = {
-        "model": engine.spec.model_dir, "max_tokens": 1, "temperature": 0.0,
-        "session_id": "chat-session-4711",
-        "messages": [{"role": "user", "content": f"Plan task 4711 in order: {words}"}],
-    }  # fmt: skip
-    response = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120.0)
-    assert response.status_code == 200, response.text[:300]
-    with StoreClient(sidecar.target, NAMESPACE) as client:
-        assert not client.end_session("never-sent")
-        assert client.end_session("chat-session-4711")
 
 
 # The anchor mode (issue 50): a receiver persona long enough that its first block is its own.
