@@ -1,11 +1,20 @@
-"""What every vLLM test folder shares: the served model's directory."""
+"""What every vLLM test folder shares: the served model's directory.
+
+The folder runs where vLLM is installed: `make test` runs it in `.venv-vllm`. In a
+virtualenv without vLLM (`.venv`) nothing here is collected, so modules that import
+vLLM at the top (its event classes, its config) need no guard of their own.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    collect_ignore_glob = ["*"]
 
 
 @pytest.fixture(scope="session")
