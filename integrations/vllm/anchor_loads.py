@@ -13,8 +13,9 @@ test) and, when every run passes, replaces the placed K/V by base + Σ w·offset
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,6 +50,28 @@ class AnchorGate:
             raise ValueError(f"gamma {self.gamma} must be in [0, 1]")
         if not self.tau > 0:
             raise ValueError(f"tau {self.tau} must be > 0")
+        if self.metric not in ("value", "key"):
+            raise ValueError(f"metric {self.metric!r} must be 'value' or 'key'")
+
+    @classmethod
+    def from_policy(cls, params: Mapping[str, Any], source: str) -> AnchorGate:
+        """The gate an admission policy calibrated (`params["anchor"]`, the HF loop's
+        `anchor.params` names): its γ, τ and metric. A policy calibrated with a part of the
+        HF mode the connector does not run (CacheBlend's repair, partial coverage, pooled
+        judges) is refused, naming it: its evidence is not for what the engine would run."""
+        off = {k: params[k] for k, unused in NOT_RUN.items() if k in params and params[k] != unused}
+        if off:
+            raise ValueError(
+                f"{source}: the anchor mode was calibrated with {off}, which the vLLM "
+                f"connector does not run (it runs KVComm's gate and correction: gamma, tau, "
+                f"metric); calibrate without them for engines"
+            )
+        return cls(**{k: params[k] for k in ("gamma", "tau", "metric") if k in params})
+
+
+# The HF anchor mode's parameters the connector does not run, at their "not used" values
+# (the rest are the HF loop's storage details: the connector's payloads are its own).
+NOT_RUN: dict[str, Any] = {"repair_ratio": None, "min_coverage": 1.0, "pool_judges": 0}
 
 
 class GateRefused(LoadFault):

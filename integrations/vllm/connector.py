@@ -27,6 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvsplice.common.reuse_modes import ANCHOR
+from kvsplice.integrations.vllm.anchor_loads import AnchorGate
 from kvsplice.integrations.vllm.block_layout import UnsupportedLayout, check_supported, layout_for
 from kvsplice.integrations.vllm.connector_config import ConnectorConfig
 from kvsplice.integrations.vllm.connector_stats import (
@@ -40,7 +42,7 @@ from kvsplice.integrations.vllm.engine_fingerprint import (
     engine_fingerprint,
 )
 from kvsplice.integrations.vllm.request_keys import check_request_fields
-from kvsplice.integrations.vllm.reuse_policy import admitted_engine_modes
+from kvsplice.integrations.vllm.reuse_policy import admitted_engine_modes, mode_params
 from kvsplice.integrations.vllm.scheduler_side import SchedulerSide
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.store_clients import StoreClients
@@ -152,11 +154,15 @@ class KvspliceConnector(KVConnectorBase_V1):
         try:
             kind = check_supported(self._vllm_config)  # the loaded layers' own backends
             layout = layout_for(first, self.block_size, kind, _cpu_isa(self._vllm_config, first))
+            # the anchor gate as the policy calibrated it (a policy it cannot run: refused here)
+            gate = AnchorGate.from_policy(
+                *mode_params(self.config.reuse_policy, self.fingerprint, ANCHOR)
+            )
             self.worker = WorkerSide(
                 self.clients, self.fingerprint, self.block_size, kv_caches, layout,
                 self.config.quant, self.config.max_pending_saves, self.faults,
                 rope=lambda: RopeSpec.from_hf_config(self._vllm_config.model_config.hf_text_config),
-                negative_control=self.config.negative_control,
+                negative_control=self.config.negative_control, anchor_gate=gate,
             )  # fmt: skip
         except UnsupportedLayout as error:
             self._disabled = f"this worker cannot read its KV cache: {error}"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from kvsplice.integrations.vllm.anchor_loads import AnchorCorrector
+from kvsplice.integrations.vllm.anchor_loads import AnchorCorrector, AnchorGate
 from kvsplice.integrations.vllm.anchor_saves import AnchorSaver
 from kvsplice.integrations.vllm.async_loads import AsyncLoads
 from kvsplice.integrations.vllm.block_layout import BlockLayout
@@ -40,14 +40,14 @@ class WorkerSide:
         self, clients: StoreClients, fingerprint: str, block_size: int,
         caches: Mapping[str, torch.Tensor], layout: BlockLayout, quant: str,
         max_pending_saves: int, faults: FaultLog, rope: Callable[[], RopeSpec] | None = None,
-        negative_control: str | None = None,
+        negative_control: str | None = None, anchor_gate: AnchorGate | None = None,
     ) -> None:  # fmt: skip
         self.fingerprint = fingerprint
         self.paged = PagedCaches(caches, layout, block_size)
         self.faults = faults
         self.news = WorkerNewsDesk()
         fetch = SegmentFetch(clients, self.paged.kv_dims)
-        anchors = None if rope is None else AnchorCorrector(clients, rope)
+        anchors = None if rope is None else AnchorCorrector(clients, rope, anchor_gate)
         spans = SpanWriter(fetch, self.paged, rope, negative_control, anchors)
         self.loader = BlockLoader(clients, self.paged, fetch, spans, self.news, faults)
         self.async_loads = AsyncLoads(self.loader.load)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from kvsplice.common.keys import chunk_links
+from kvsplice.integrations.vllm.anchor_loads import AnchorGate
 from kvsplice.integrations.vllm.block_layout import BlockLayout, CpuBlockLayout
 from kvsplice.integrations.vllm.sidecar_faults import FaultLog
 from kvsplice.integrations.vllm.transfer_specs import LoadSpec, SaveSpec, StoredPiece
@@ -70,6 +71,7 @@ def synthetic_layout() -> CpuBlockLayout:
 def make_worker(
     store: FakeStore, seed: int | None = 0, rope: object = None, *,
     layout: BlockLayout | None = None, negative_control: str | None = None,
+    anchor_gate: AnchorGate | None = None,
 ) -> WorkerSide:  # fmt: skip
     shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * DIM)
     gen = torch.Generator().manual_seed(seed or 0)
@@ -90,6 +92,7 @@ def make_worker(
         FaultLog(),
         rope=None if rope is None else (lambda: rope),  # type: ignore[arg-type,return-value]
         negative_control=negative_control,
+        anchor_gate=anchor_gate,
     )
 
 

@@ -25,8 +25,16 @@ from typing import Any
 
 import httpx
 
+from kvsplice.eval.bench.process_cpu import cpu_s_per_request, groups_cpu_s
 from kvsplice.eval.bench.serve.config import ServeBenchConfig
-from kvsplice.eval.bench.serve.report import HIT_TOKENS, fold_repeats, hit_token_deltas, run_row
+from kvsplice.eval.bench.serve.report import (
+    HIT_TOKENS,
+    STORE,
+    cpu_columns,
+    fold_repeats,
+    hit_token_deltas,
+    run_row,
+)
 from kvsplice.eval.bench.serve.router import STATS_PATH
 from kvsplice.eval.bench.serve.sharegpt import disjoint_sets, sample_conversations
 from kvsplice.eval.bench.serve.workloads import (
@@ -79,6 +87,7 @@ class PlannedRun:
 class _Serving:
     engines: list[Engine]
     router_url: str
+    groups: dict[str, int]  # process group of each engine and of the store, by name
 
 
 def plan_runs(config: ServeBenchConfig) -> list[PlannedRun]:
@@ -132,9 +141,11 @@ def _measure(
     before = [engine.counters(split_by="source") for engine in serving.engines]
     sent_before, failed_before = _routed(serving.router_url)
     load_before = os.getloadavg()[0]
+    cpu_before = groups_cpu_s(serving.groups)
     logger.info("%s: %s (%d %s)", name, run.name, len(run.conversations) or run.num_requests,
                 "conversations" if run.conversations else "requests")  # fmt: skip
     _run_client(client, config, out_dir)
+    cpu = cpu_s_per_request(cpu_before, groups_cpu_s(serving.groups), run.num_requests)
     time.sleep(SETTLE_S)
     after = [engine.counters(split_by="source") for engine in serving.engines]
     metrics = read_metrics(client)
@@ -144,7 +155,8 @@ def _measure(
     identity = {"workload": run.workload, "concurrency": run.concurrency, "config": name,
                 "repeat": run.repeat}  # fmt: skip
     extra = {"requests_per_engine": _delta(sent_after, sent_before), "seed": run.seed,
-             "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+             "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+             "cpu_s_per_request": cpu, **cpu_columns(cpu)}  # fmt: skip
     row = run_row(identity, metrics, hit_token_deltas(before, after), extra)
     logger.info("%s: %s: %.2f req/s, TTFT p50 %.3f s, %d hit tokens", name, run.name,
                 row["requests_per_s"], row["ttft_p50_s"], row["hit_tokens"])  # fmt: skip
@@ -205,21 +217,24 @@ def _serving(name: str, config: ServeBenchConfig) -> Iterator[_Serving]:
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     stops: list[Callable[[], None]] = []
+    groups: dict[str, int] = {}
     try:
-        engines = _engines(name, config, data, logs, stops)
+        engines = _engines(name, config, data, logs, stops, groups)
         wait_all_ready(engines)
         for engine in engines:  # warm-up: shares no prefix with any run
             engine.complete(list(range(1000, 1300)), max_tokens=4)
-        yield _Serving(engines, _start_router(engines, logs, stops))
+        yield _Serving(engines, _start_router(engines, logs, stops), groups)
     finally:
         for stop in reversed(stops):
             stop()
 
 
 def _engines(
-    name: str, config: ServeBenchConfig, data: Path, logs: Path, stops: list[Callable[[], None]]
-) -> list[Engine]:
-    """Start the store configuration `name` needs, then its two engines (not yet ready)."""
+    name: str, config: ServeBenchConfig, data: Path, logs: Path,
+    stops: list[Callable[[], None]], groups: dict[str, int],
+) -> list[Engine]:  # fmt: skip
+    """Start the store configuration `name` needs, then its two engines (not yet ready);
+    each one's process group in `groups` (the store as STORE)."""
     env = {"VLLM_CPU_OMP_THREADS_BIND": config.threads, "VLLM_SERVER_DEV_MODE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "2"}  # fmt: skip
     kv: dict[str, Any] | None = None
@@ -229,11 +244,13 @@ def _engines(
         stops.append(server.stop)
         kv = lmcache_transfer(server.start().port, save_decode=True)
         extra = LMCACHE_ENGINE_ARGS
+        groups[STORE] = server.process.pid  # type: ignore[union-attr]
     elif name == "kvsplice":
         sidecar = Sidecar(data, free_port(), free_port(), logs)
         stops.append(sidecar.stop)
         kv = kvsplice_transfer(sidecar.start().target, NAMESPACE,
                                chunk_tokens=config.chunk_tokens, save_decode=True)  # fmt: skip
+        groups[STORE] = sidecar.process.pid  # type: ignore[union-attr]
     engines = []
     for i in range(2):
         spec = EngineSpec(
@@ -243,6 +260,7 @@ def _engines(
         engine = Engine(spec, logs)
         stops.append(engine.stop)
         engines.append(engine.start())
+        groups[spec.name] = engine.process.pid  # type: ignore[union-attr]
     return engines
 
 
@@ -293,6 +311,9 @@ def write_report(
             "sdist's benchmarks/multi_turn/benchmark_serving_multi_turn.py (multi_turn, "
             "ShareGPT sampled by its convert_sharegpt_to_openai.py)",
         },
+        "cpu_accounting": "store_cpu_s_per_request / engine_cpu_s_per_request: user + system "
+        "CPU seconds of the store's and both engines' process groups (each server and what it "
+        "forked, /proc) over the client's run, divided by its requests",
         "num_cpus": os.cpu_count(),
         "load_avg": list(os.getloadavg()),
         "duration_s": time.time() - started,

@@ -33,11 +33,22 @@ HIT_COUNTERS = {
     "external_hit_tokens": "vllm:prompt_tokens_by_source_total[external_kv_transfer]",
     "prompt_tokens": "vllm:prompt_tokens_total",
 }
-# Measured per run; a repeated run reports their median and [min, max].
+# Measured per run; a repeated run reports their median and [min, max] (a key that is
+# None in any of them, as the store's CPU without a store, is left as the first run's).
 MEASURED = (
     "ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "requests_per_s", "tokens_per_s", "hit_tokens",
     "local_hit_tokens", "external_hit_tokens", "prompt_tokens", "duration_s",
+    "store_cpu_s_per_request", "engine_cpu_s_per_request",
 )  # fmt: skip
+STORE = "store"  # the store's process group in a run's `cpu_s_per_request` (the engines' by name)
+
+
+def cpu_columns(cpu: Mapping[str, float | None]) -> dict[str, float | None]:
+    """A run's CPU seconds per request (`process_cpu`, by process group) as two row keys:
+    the store's (sidecar or LMCache server; None without one) and both engines' summed."""
+    engines = [value for name, value in cpu.items() if name != STORE]
+    summed = None if not engines or None in engines else sum(v for v in engines if v is not None)
+    return {"store_cpu_s_per_request": cpu.get(STORE), "engine_cpu_s_per_request": summed}
 
 
 def hit_token_deltas(
@@ -83,6 +94,8 @@ def _fold(group: list[dict[str, Any]]) -> dict[str, Any]:
     if len(group) == 1:
         return folded
     for key in MEASURED:
+        if any(row.get(key) is None for row in group):
+            continue
         values = [row[key] for row in group]
         folded[key] = statistics.median(values)
         folded.setdefault("spread", {})[key] = [min(values), max(values)]
@@ -97,7 +110,7 @@ def print_table(report: Mapping[str, Any], console: Any) -> None:
     from kvsplice.eval.report.tables import figures_table
 
     columns = ("workload", "conc", "config", "req/s", "tok/s", "TTFT p50", "TTFT p99",
-               "TPOT p99", "hit tok", "hit %", "failed", "load")  # fmt: skip
+               "TPOT p99", "hit tok", "hit %", "failed", "CPU s/req eng", "store", "load")  # fmt: skip
     title = "bench serve: vLLM's clients, two engines behind a router (s; medians of repeats)"
     table = figures_table(columns, ("workload", "config"), title=title)
     for row in report["runs"]:
@@ -107,7 +120,12 @@ def print_table(report: Mapping[str, Any], console: Any) -> None:
             f"{row['requests_per_s']:.2f}", f"{row['tokens_per_s']:.1f}",
             f"{row['ttft_p50_s']:.3f}", f"{row['ttft_p99_s']:.3f}", f"{row['tpot_p99_s']:.4f}",
             str(row["hit_tokens"]), f"{100 * share:.0f}", str(row["num_failed"]),
-            f"{row['load_avg_1m_after']:.1f}",
+            _seconds(row.get("engine_cpu_s_per_request")),
+            _seconds(row.get("store_cpu_s_per_request")), f"{row['load_avg_1m_after']:.1f}",
         )  # fmt: skip
     console.print(table)
     console.print(f"hit tokens: {report['hit_tokens_definition']}")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

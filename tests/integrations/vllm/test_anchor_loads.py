@@ -11,16 +11,22 @@ refuses with no pool or an ambiguous one: nothing is written, the blocks are rec
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers.vllm_worker import BLOCK, DIM, FINGERPRINT, HEADS, LAYERS, NS, FakeStore, make_worker
 
+from kvsplice.common.errors import FingerprintMismatch
 from kvsplice.common.keys import root_key
+from kvsplice.common.reuse_modes import ANCHOR
 from kvsplice.common.segment import chained_meta
 from kvsplice.integrations.vllm import anchor_loads, anchor_saves
+from kvsplice.integrations.vllm.anchor_loads import AnchorGate
 from kvsplice.integrations.vllm.chunk_putter import token_major
+from kvsplice.integrations.vllm.reuse_policy import mode_params
 from kvsplice.integrations.vllm.span_cover import ReusedSpan
 from kvsplice.integrations.vllm.transfer_specs import AnchorSpec, LoadSpec
 from kvsplice.integrations.vllm.worker_side import WorkerSide
@@ -116,9 +122,11 @@ def anchor_of(worker: WorkerSide, run: Run) -> None:
     assert worker.anchor_saves is not None and worker.anchor_saves.flush()
 
 
-def load(store: AnchorStore, run: Run) -> tuple[set[int], SegmentKV, WorkerSide]:
+def load(
+    store: AnchorStore, run: Run, gate: AnchorGate | None = None
+) -> tuple[set[int], SegmentKV, WorkerSide]:
     """Load `run` in C in the anchor mode into blocks 5, 6: failed blocks and what they hold."""
-    reader = make_worker(store, seed=None, rope=ROPE)
+    reader = make_worker(store, seed=None, rope=ROPE, anchor_gate=gate)
     spec = LoadSpec("r", NS, FINGERPRINT, NEW, NEW + T, (5, 6), PREFIX + run.tokens, (),
                     spans=(run.span,), mode="anchor")  # fmt: skip
     failed = reader.load(spec)
@@ -177,17 +185,23 @@ def test_a_run_near_an_anchor_loads_closer_to_its_in_context_kv_than_naive(
     must land at most half naive's error from A''s in-context K/V."""
     break_correction(monkeypatch, broken)
     store = AnchorStore()
+    near = near_a(store)
+    failed, loaded, _ = load(store, near)
+    assert failed == set()
+    assert (error(loaded, near.real) < 0.5 * error(near.naive, near.real)) == (broken is None)
+
+
+def near_a(store: AnchorStore) -> Run:
+    """A run A' near anchor A (two anchors stored): A's base plus 5% noise, C's offset of A
+    plus a little of another."""
     a, _ = two_anchors(store)
     gen = torch.Generator().manual_seed(5)
     states = ROPE.shift_layers(a.naive.keys, -NEW) + 0.05 * torch.randn(
         a.naive.keys.shape, generator=gen
     )
     values = a.naive.values + 0.05 * torch.randn(a.naive.values.shape, generator=gen)
-    near = Run(store, tuple(range(500, 500 + T)), states, values,
+    return Run(store, tuple(range(500, 500 + T)), states, values,
                offset_of(11) + offset_of(13, scale=0.03))  # fmt: skip
-    failed, loaded, _ = load(store, near)
-    assert failed == set()
-    assert (error(loaded, near.real) < 0.5 * error(near.naive, near.real)) == (broken is None)
 
 
 def test_with_too_few_anchors_the_gate_refuses_and_nothing_is_written() -> None:
@@ -220,3 +234,54 @@ def test_an_ambiguous_pool_is_refused() -> None:
     assert failed == {5, 6}
     (fault,) = reader.take_news(0).faults
     assert fault.refusal is not None and fault.refusal.startswith("ambiguous")
+
+
+def policy_file(tmp_path: Path, params: dict[str, object], modes: tuple[str, ...]) -> str:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({
+        "format_version": 2, "model_fingerprint": FINGERPRINT, "created_at": None,
+        "admitted_modes": ["dense", "exact", *modes], "drift": {}, "params": {"anchor": params},
+    }))  # fmt: skip
+    return str(path)
+
+
+@pytest.mark.parametrize("gamma", [None, 0.0])
+def test_the_gate_runs_with_the_gamma_the_policy_calibrated(
+    gamma: float | None, tmp_path: Path
+) -> None:
+    """A' near A is corrected at the default γ (0.3); a policy that calibrated γ = 0 (any
+    uncertainty refuses) gets it refused: the policy's parameter reaches the gate."""
+    params = {} if gamma is None else {"gamma": gamma, "tau": 0.1, "metric": "value"}
+    gate = AnchorGate.from_policy(*mode_params(policy_file(tmp_path, params, ("anchor",)),
+                                               FINGERPRINT, ANCHOR))  # fmt: skip
+    store = AnchorStore()
+    failed, _, reader = load(store, near_a(store), gate)
+    if gamma is None:
+        assert gate == AnchorGate() and failed == set()
+    else:
+        assert gate.gamma == 0.0 and failed == {5, 6}
+        (fault,) = reader.take_news(0).faults
+        assert fault.refusal is not None and fault.refusal.startswith("ambiguous")
+
+
+def test_a_policy_not_admitting_anchor_or_for_another_model_gives_no_gate_params(
+    tmp_path: Path,
+) -> None:
+    path = policy_file(tmp_path, {"gamma": 0.0}, ("naive",))
+    assert mode_params(path, FINGERPRINT, ANCHOR)[0] == {}
+    assert mode_params(None, "kvfp1-" + "0" * 32, ANCHOR) == ({}, "no admission policy")
+    with pytest.raises(FingerprintMismatch):
+        mode_params(path, "kvfp1-" + "1" * 32, ANCHOR)
+
+
+@pytest.mark.parametrize("unrun", [{"repair_ratio": 0.15}, {"min_coverage": 0.5},
+                                   {"pool_judges": 1}, {"metric": "hidden"}])  # fmt: skip
+def test_a_policy_calibrated_with_what_the_connector_does_not_run_is_refused(
+    unrun: dict[str, object], tmp_path: Path
+) -> None:
+    path = policy_file(tmp_path, {"gamma": 0.5, **unrun}, ("anchor",))
+    with pytest.raises(ValueError, match=next(iter(unrun))):
+        AnchorGate.from_policy(*mode_params(path, FINGERPRINT, ANCHOR))
+    # its storage details (the HF loop's own payload scheme) are not the gate's: accepted
+    kept = {"gamma": 0.5, "repair_ratio": None, "quant": "int8", "max_anchor_nbytes": 1 << 20}
+    assert AnchorGate.from_policy(kept, "p").gamma == 0.5

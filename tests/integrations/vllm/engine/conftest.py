@@ -70,11 +70,17 @@ def sidecar(
 # default), chunked prefill (at most 512 tokens a step). float32, so that an output equal
 # to the reference's proves the loaded K/V exact; a KV cache of 24 blocks (3,072 tokens)
 # so that 16 concurrent requests of 300-1,000 tokens preempt.
+KV_BLOCKS = 24
 AS_VLLM_RUNS = {
     "enable_prefix_caching": True,
     "dtype": "float32",
     "max_model_len": 2048,
-    "extra_args": ("--num-gpu-blocks-override", "24", "--max-num-batched-tokens", "512"),
+    "extra_args": (
+        "--num-gpu-blocks-override",
+        str(KV_BLOCKS),
+        "--max-num-batched-tokens",
+        "512",
+    ),
     "log_stats": True,
     "env": {"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache
 }

@@ -7,16 +7,20 @@ keeps away from the rest, so that the fault is certain to be met and its count k
 - the sidecar SIGKILLed (probes while it is down: failed lookups), then restarted;
 - stored bytes flipped in one prompt's last link per engine (a probe on the engine that
   never computed that block loads it: corrupt loads == the links flipped, none left bad);
-- segments deleted between lookup and load (a burst of probes waiting for KV blocks with
-  their lookups answered, then their links deleted: missing loads);
-- the sidecar SIGSTOPped (probes time out: failed lookups, the breaker opens).
+- segments deleted between lookup and load (engine a's traffic held, its KV blocks all taken
+  by long requests, a probe looked up and left waiting for blocks, its links deleted, the
+  blocks freed: missing loads == 1 per attempt);
+- the sidecar SIGSTOPped (probes time out) and kept stopped until both engines counted failed
+  lookups and a breaker trip.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +37,9 @@ from kvsplice.storeclient.config import StoreClientConfig
 
 BLOCK = 128  # vLLM's CPU block size, the connector's chunk in these tests
 ENGINES = ("b", "a")  # request i of pass p goes to ENGINES[(i + p) % 2]
-DELETE_ATTEMPTS = 4  # bursts of deletes tried until one lands between a lookup and its load
+DELETE_ATTEMPTS = 3  # a delete step whose hogs finished before the deletes landed is redone
+HOG_SLACK = 120  # a hog's prompt ends this many tokens before its last block's end
+HOG_BLOCKS = 8  # blocks of one hog at most (1,024 tokens, under max_model_len)
 STRIDE = 7  # repeats visit the prompts in this stride (coprime with an even count)
 
 
@@ -129,10 +135,29 @@ def kvsplice_counts(engine: Engine) -> dict[str, float]:
     }
 
 
-def breaker_open(engine: Engine) -> bool:
+def gauge(engine: Engine, name: str) -> float:
+    """A gauge of the engine's /metrics, summed over its labels."""
     text = httpx.get(f"{engine.url}/metrics", timeout=30.0).text
-    gauge = [line for line in text.splitlines() if line.startswith("vllm:kvsplice_breaker_open")]
-    return any(float(line.rsplit(" ", 1)[1]) > 0 for line in gauge)
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+        if line.split("{")[0].split(" ")[0] == name
+    )  # fmt: skip
+
+
+def breaker_open(engine: Engine) -> bool:
+    return gauge(engine, "vllm:kvsplice_breaker_open") > 0
+
+
+def hog_prompts(num_blocks: int, seed: int) -> list[list[int]]:
+    """Prompts that together take `num_blocks` KV blocks and keep them while they decode
+    `HOG_SLACK - 10` tokens (each ends `HOG_SLACK` tokens before its last block's end, so
+    none needs another block: nothing is preempted, no block frees early). Random ids,
+    new per seed: nothing of them is stored or cached."""
+    rng, sizes = random.Random(seed), []
+    while num_blocks > 0:
+        sizes.append(min(HOG_BLOCKS, num_blocks))
+        num_blocks -= sizes[-1]
+    return [[rng.randrange(1000, 30000) for _ in range(n * BLOCK - HOG_SLACK)] for n in sizes]
 
 
 @dataclass
@@ -152,6 +177,13 @@ class Soak:
     counts: dict[str, object] = field(default_factory=dict)  # each fault: injected, observed
     num_done: int = 0
     num_probes: int = 0
+    # per engine: set while its traffic may go (cleared while a fault step needs it idle)
+    open_to: dict[str, threading.Event] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b"):
+            self.open_to[name] = threading.Event()
+            self.open_to[name].set()
 
     def request(self, engine: str, k: int, label: str) -> None:
         try:
@@ -168,8 +200,9 @@ class Soak:
             self.failures.append(f"{label} (prompt {k}) on {engine} failed: {error!r}")
 
     def one(self, i: int) -> None:
-        k = self.schedule.prompt(i)
-        self.request(self.schedule.engine(i), k, f"request {i}")
+        k, engine = self.schedule.prompt(i), self.schedule.engine(i)
+        self.open_to[engine].wait()
+        self.request(engine, k, f"request {i}")
         self.served[k] = i
         self.num_done += 1
 
@@ -237,9 +270,10 @@ class Soak:
         return {e: kvsplice_counts(self.engines[e]) for e in ("a", "b")}
 
 
-def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
+def inject_faults(soak: Soak, stop_s: float, kv_blocks: int) -> dict[str, object]:
     """Each fault in turn, under the soak's load; returns, per fault, what was injected and
-    what kvsplice counted (each count's window ends once it grew, or after a minute)."""
+    what kvsplice counted (each count's window ends once it grew, or after a minute).
+    `kv_blocks`: the engines' KV cache in blocks (`--num-gpu-blocks-override`)."""
     sidecar, taken = soak.sidecar, set[int]()
     counts: dict[str, object] = {}
 
@@ -271,31 +305,12 @@ def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
     counts["corrupt"] = {"injected": len(flipped), "corrupt_loads": corrupt, "still_bad": still_bad}
 
     soak.at(0.55)  # ---- segments deleted between lookup and load
-    # NOTE: a race by nature (the window is a probe's wait for KV blocks after its lookup),
-    # so it is tried again with fresh probes until kvsplice counts one: on a quiet machine a
-    # burst can find blocks free and load before any delete lands (seen once in 1 of 1 runs).
-    deleted, missing = 0, {"a": 0.0, "b": 0.0}
     for attempt in range(DELETE_ATTEMPTS):
-        soak.wait_breakers_closed()
-        burst, before = soak.targets(12, taken), soak.snapshot()
-        links = [link for k in burst for link in own_links(soak.fingerprint, soak.prompts[k])]
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(soak.probe, [("a", k) for k in burst])
-            # NOTE: again and again while the burst runs: a probe that was looked up and waits
-            # for KV blocks (12 of them, 3 blocks each, 24 blocks) then loads a deleted link;
-            # one looked up after a pass misses, recomputes and stores it for the next pass
-            while not waiting.done():
-                time.sleep(0.05)
-                deleted += sum(
-                    delete_segment(sidecar, soak.namespace, link.hex()) for link in links
-                )
-            waiting.result(timeout=600)
-        last = attempt == DELETE_ATTEMPTS - 1
-        missing = soak.deltas(before, "missing_loads", lambda d: d["a"] >= 1,
-                              timeout_s=60.0 if last else 20.0, fail=last)  # fmt: skip
-        if missing["a"] >= 1:
+        deleted = delete_while_waiting(soak, taken, kv_blocks, seed=attempt)
+        if deleted["landed_while_waiting"]:
             break
-    counts["deleted"] = {"injected": deleted, "attempts": attempt + 1, "missing_loads": missing}
+    deleted["attempts"] = attempt + 1
+    counts["deleted"] = deleted
 
     soak.at(0.75)  # ---- the sidecar stopped: lookups time out, the breakers open
     probes, before = crosswise(3), soak.snapshot()
@@ -304,14 +319,19 @@ def inject_faults(soak: Soak, stop_s: float) -> dict[str, object]:
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(soak.probe, probes)  # their lookups time out while it is stopped
         time.sleep(stop_s)
+        # NOTE: stopped until each engine counted both (or 2 minutes): probes queued behind
+        # traffic may look up only after a fixed pause, and would then meet nothing
+        failed = soak.deltas(before, "failed_lookups", lambda d: min(d.values()) >= 1,
+                             timeout_s=120.0, fail=False)  # fmt: skip
+        trips = soak.deltas(before, "breaker_trips", lambda d: min(d.values()) >= 1,
+                            timeout_s=max(1.0, 120.0 - (time.monotonic() - stopped)),
+                            fail=False)  # fmt: skip
         os.killpg(sidecar.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
         stopped_s = time.monotonic() - stopped
         waiting.result(timeout=600)
     counts["sigstop"] = {
-        "injected_s": round(stopped_s, 1),
-        "failed_lookups": soak.deltas(before, "failed_lookups", lambda d: min(d.values()) >= 1),
-        "breaker_trips": soak.deltas(before, "breaker_trips", lambda d: min(d.values()) >= 1),
-    }
+        "injected_s": round(stopped_s, 1), "failed_lookups": failed, "breaker_trips": trips,
+    }  # fmt: skip
     return counts
 
 
@@ -319,6 +339,51 @@ def own_links(fingerprint: str, prompt: list[int]) -> list[bytes]:
     """The keys of the loadable blocks past the prompt's first (whose base others share)."""
     num_blocks = (len(prompt) - 1) // BLOCK
     return [link.key for link in chunk_links(fingerprint, prompt, BLOCK)[1:num_blocks]]
+
+
+def delete_while_waiting(soak: Soak, taken: set[int], kv_blocks: int, seed: int) -> dict[str, Any]:
+    """One probe on engine a looked up, then its links deleted while it waits for KV blocks,
+    then loaded: kvsplice must count exactly one missing load. Engine a's traffic is held
+    (it drains first); hogs take every block but the null block and keep them while they
+    decode; the probe's lookup is answered (the scheduler keeps the answer while the probe
+    waits: vLLM asks again each step, the connector answers from it); the deletes land;
+    the hogs finish and the probe loads what is gone. `landed_while_waiting`: the hogs
+    still held every block and the probe still waited after the last delete."""
+    engine, name = soak.engines["a"], "a"
+    soak.wait_breakers_closed()
+    soak.open_to[name].clear()
+    try:
+        wait_for(lambda: gauge(engine, "vllm:num_requests_running")
+                 + gauge(engine, "vllm:num_requests_waiting"),
+                 lambda n: n == 0, timeout_s=300.0, interval_s=0.2)  # fmt: skip
+        (k,) = soak.targets(1, taken)
+        links = own_links(soak.fingerprint, soak.prompts[k])
+        hogs = hog_prompts(kv_blocks - 1, seed)  # vLLM keeps one block back (its null block)
+        with ThreadPoolExecutor(len(hogs) + 1) as pool:
+            running = [pool.submit(engine.complete, hog, max_tokens=HOG_SLACK - 10,
+                                   min_tokens=HOG_SLACK - 10) for hog in hogs]  # fmt: skip
+            wait_for(lambda: gauge(engine, "vllm:kv_cache_usage_perc"), lambda u: u >= 1.0,
+                     timeout_s=120.0, interval_s=0.05)  # fmt: skip
+            before = soak.snapshot()
+            probe = pool.submit(soak.probe, [(name, k)])
+            soak.deltas(before, "lookups", lambda d: d[name] >= 1, timeout_s=30.0)
+            time.sleep(0.3)  # its lookup answered (a sidecar on this host answers in ms)
+            deleted = sum(delete_segment(soak.sidecar, soak.namespace, link.hex())
+                          for link in links)  # fmt: skip
+            landed = (
+                not any(hog.done() for hog in running)
+                and gauge(engine, "vllm:num_requests_waiting") >= 1
+                and not probe.done()
+            )
+            for hog in running:
+                hog.result(timeout=600)
+            probe.result(timeout=600)
+        missing = soak.deltas(before, "missing_loads", lambda d: d[name] >= 1,
+                              timeout_s=60.0 if landed else 10.0, fail=False)  # fmt: skip
+    finally:
+        soak.open_to[name].set()
+    return {"injected": deleted, "probes": 1, "landed_while_waiting": landed,
+            "hogs": [len(h) for h in hogs], "missing_loads": missing}  # fmt: skip
 
 
 def verify_stored(

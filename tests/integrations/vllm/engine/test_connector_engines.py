@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import NAMESPACE
+from conftest import KV_BLOCKS, NAMESPACE
 from fault_soak import (
     Schedule,
     Soak,
@@ -417,7 +417,7 @@ def run_soak(
     )  # fmt: skip
     referenced = time.monotonic()
     with ThreadPoolExecutor(1) as chaos_pool, ThreadPoolExecutor(8) as pool:
-        injected = chaos_pool.submit(inject_faults, soak, SOAK_STOP_S)
+        injected = chaos_pool.submit(inject_faults, soak, SOAK_STOP_S, KV_BLOCKS)
         list(pool.map(soak.one, range(num_requests)))
         counts = injected.result(timeout=900)
     report = {"requests": num_requests, "probes": soak.num_probes, "prompts": SOAK_PROMPTS,
@@ -430,7 +430,12 @@ def run_soak(
     assert sum(corrupt["corrupt_loads"].values()) == corrupt["injected"] == 2, report
     assert corrupt["still_bad"] == [], report  # each corrupt link gone or stored anew
     deleted: dict[str, Any] = counts["deleted"]  # type: ignore[assignment]
-    assert deleted["injected"] >= 1 and deleted["missing_loads"]["a"] >= 1, report
+    # a probe looked up, its links deleted while it waited for blocks: one missing load
+    assert deleted["landed_while_waiting"] and deleted["injected"] >= 1, report
+    assert deleted["missing_loads"]["a"] == deleted["probes"] == 1, report
+    sigstop: dict[str, Any] = counts["sigstop"]  # type: ignore[assignment]
+    assert min(sigstop["failed_lookups"].values()) >= 1, report
+    assert min(sigstop["breaker_trips"].values()) >= 1, report
     for engine in engines.values():
         engine.check_alive()
     wait_until_stored(sidecar, NAMESPACE)
