@@ -8,8 +8,8 @@ keeps away from the rest, so that the fault is certain to be met and its count k
 - stored bytes flipped in one prompt's last link per engine (a probe on the engine that
   never computed that block loads it: corrupt loads == the links flipped, none left bad);
 - segments deleted between lookup and load (engine a's traffic held, its KV blocks all taken
-  by long requests, a probe looked up and left waiting for blocks, its links deleted, the
-  blocks freed: missing loads == 1 per attempt);
+  by streamed requests, a probe looked up and left waiting for blocks, its links deleted,
+  the streams closed so the blocks free: missing loads == 1);
 - the sidecar SIGSTOPped (probes time out) and kept stopped until both engines counted failed
   lookups and a breaker trip.
 """
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -144,13 +145,18 @@ def gauge(engine: Engine, name: str) -> float:
     )  # fmt: skip
 
 
+def in_flight(engine: Engine) -> float:
+    """Requests the engine runs or has waiting."""
+    return gauge(engine, "vllm:num_requests_running") + gauge(engine, "vllm:num_requests_waiting")
+
+
 def breaker_open(engine: Engine) -> bool:
     return gauge(engine, "vllm:kvsplice_breaker_open") > 0
 
 
 def hog_prompts(num_blocks: int, seed: int) -> list[list[int]]:
-    """Prompts that together take `num_blocks` KV blocks and keep them while they decode
-    `HOG_SLACK - 10` tokens (each ends `HOG_SLACK` tokens before its last block's end, so
+    """Prompts that together take `num_blocks` KV blocks and keep them while they decode up
+    to `HOG_SLACK - 10` tokens (each ends `HOG_SLACK` tokens before its last block's end, so
     none needs another block: nothing is preempted, no block frees early). Random ids,
     new per seed: nothing of them is stored or cached."""
     rng, sizes = random.Random(seed), []
@@ -158,6 +164,21 @@ def hog_prompts(num_blocks: int, seed: int) -> list[list[int]]:
         sizes.append(min(HOG_BLOCKS, num_blocks))
         num_blocks -= sizes[-1]
     return [[rng.randrange(1000, 30000) for _ in range(n * BLOCK - HOG_SLACK)] for n in sizes]
+
+
+def hold_blocks(engine: Engine, prompt: list[int], release: threading.Event) -> bool:
+    """Stream a completion of `prompt` until `release` is set, then close the stream (vLLM
+    aborts the request: its blocks free at once); whether it was still running then."""
+    body = {"model": engine.spec.model_dir, "prompt": prompt, "max_tokens": HOG_SLACK - 10,
+            "min_tokens": HOG_SLACK - 10, "temperature": 0.0, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=600.0) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if release.is_set():
+                return True
+            if line == "data: [DONE]":
+                break
+    return False
 
 
 @dataclass
@@ -305,12 +326,12 @@ def inject_faults(soak: Soak, stop_s: float, kv_blocks: int) -> dict[str, object
     counts["corrupt"] = {"injected": len(flipped), "corrupt_loads": corrupt, "still_bad": still_bad}
 
     soak.at(0.55)  # ---- segments deleted between lookup and load
+    tried = []
     for attempt in range(DELETE_ATTEMPTS):
-        deleted = delete_while_waiting(soak, taken, kv_blocks, seed=attempt)
-        if deleted["landed_while_waiting"]:
+        tried.append(delete_while_waiting(soak, taken, kv_blocks, seed=attempt))
+        if tried[-1]["landed_while_waiting"]:
             break
-    deleted["attempts"] = attempt + 1
-    counts["deleted"] = deleted
+    counts["deleted"] = {**tried[-1], "attempts": tried}
 
     soak.at(0.75)  # ---- the sidecar stopped: lookups time out, the breakers open
     probes, before = crosswise(3), soak.snapshot()
@@ -344,46 +365,67 @@ def own_links(fingerprint: str, prompt: list[int]) -> list[bytes]:
 def delete_while_waiting(soak: Soak, taken: set[int], kv_blocks: int, seed: int) -> dict[str, Any]:
     """One probe on engine a looked up, then its links deleted while it waits for KV blocks,
     then loaded: kvsplice must count exactly one missing load. Engine a's traffic is held
-    (it drains first); hogs take every block but the null block and keep them while they
-    decode; the probe's lookup is answered (the scheduler keeps the answer while the probe
+    (it drains first); hogs take every block but the null block (each computed once
+    first, so that all find their blocks cached and start in one step) and keep them while
+    they decode; the probe's lookup is answered (the scheduler keeps the answer while the probe
     waits: vLLM asks again each step, the connector answers from it); the deletes land;
-    the hogs finish and the probe loads what is gone. `landed_while_waiting`: the hogs
-    still held every block and the probe still waited after the last delete."""
+    the hogs' streams close (vLLM aborts them) and the probe loads what is gone.
+    `landed_while_waiting`: the hogs still held every block and the probe still waited
+    after the last delete."""
     engine, name = soak.engines["a"], "a"
+    lookup_s = time.monotonic()
     soak.wait_breakers_closed()
-    soak.open_to[name].clear()
+    for gate in soak.open_to.values():  # both: the sidecar then answers the probe's lookup only
+        gate.clear()
     try:
-        wait_for(lambda: gauge(engine, "vllm:num_requests_running")
-                 + gauge(engine, "vllm:num_requests_waiting"),
-                 lambda n: n == 0, timeout_s=300.0, interval_s=0.2)  # fmt: skip
+        for other in ("a", "b"):
+            wait_for(partial(in_flight, soak.engines[other]), lambda n: n == 0,
+                     timeout_s=300.0, interval_s=0.2)  # fmt: skip
         (k,) = soak.targets(1, taken)
         links = own_links(soak.fingerprint, soak.prompts[k])
         hogs = hog_prompts(kv_blocks - 1, seed)  # vLLM keeps one block back (its null block)
+        for hog in hogs:  # computed once: its blocks cached, so the hogs start together
+            engine.complete(hog, max_tokens=1)  # (no prefill, no lookup) and decode together
+        release = threading.Event()
         with ThreadPoolExecutor(len(hogs) + 1) as pool:
-            running = [pool.submit(engine.complete, hog, max_tokens=HOG_SLACK - 10,
-                                   min_tokens=HOG_SLACK - 10) for hog in hogs]  # fmt: skip
-            wait_for(lambda: gauge(engine, "vllm:kv_cache_usage_perc"), lambda u: u >= 1.0,
-                     timeout_s=120.0, interval_s=0.05)  # fmt: skip
-            before = soak.snapshot()
-            probe = pool.submit(soak.probe, [(name, k)])
-            soak.deltas(before, "lookups", lambda d: d[name] >= 1, timeout_s=30.0)
-            time.sleep(0.3)  # its lookup answered (a sidecar on this host answers in ms)
-            deleted = sum(delete_segment(soak.sidecar, soak.namespace, link.hex())
-                          for link in links)  # fmt: skip
-            landed = (
-                not any(hog.done() for hog in running)
-                and gauge(engine, "vllm:num_requests_waiting") >= 1
-                and not probe.done()
-            )
-            for hog in running:
-                hog.result(timeout=600)
+            holding = [pool.submit(hold_blocks, engine, hog, release) for hog in hogs]
+            try:
+                wait_for(lambda: gauge(engine, "vllm:kv_cache_usage_perc"), lambda u: u >= 1.0,
+                         timeout_s=120.0, interval_s=0.05)  # fmt: skip
+                before, answered = soak.snapshot(), sidecar_lookups(soak.sidecar)
+                probe = pool.submit(soak.probe, [(name, k)])
+                # the sidecar counted its answer (found before the deletes): the connector
+                # keeps that answer while the probe waits
+                wait_for(lambda: sidecar_lookups(soak.sidecar), lambda n: n > answered,
+                         timeout_s=60.0, interval_s=0.05)  # fmt: skip
+                lookup_s = time.monotonic()
+                deleted = sum(delete_segment(soak.sidecar, soak.namespace, link.hex())
+                              for link in links)  # fmt: skip
+                # NOTE: in time (the connector keeps a lookup's answer LOOKUP_MAX_AGE_S, 10 s)
+                seen: dict[str, object] = {"hogs_holding": not any(hold.done() for hold in holding),
+                        "probe_pending": not probe.done(),
+                        "waiting_gauge": gauge(engine, "vllm:num_requests_waiting")}  # fmt: skip
+                landed = bool(seen["hogs_holding"] and seen["probe_pending"])
+            finally:
+                release.set()  # the hogs end: the probe gets their blocks and loads
+                released_s = time.monotonic() - lookup_s
+            landed = all(hold.result(timeout=600) for hold in holding) and landed
             probe.result(timeout=600)
         missing = soak.deltas(before, "missing_loads", lambda d: d[name] >= 1,
                               timeout_s=60.0 if landed else 10.0, fail=False)  # fmt: skip
     finally:
-        soak.open_to[name].set()
-    return {"injected": deleted, "probes": 1, "landed_while_waiting": landed,
-            "hogs": [len(h) for h in hogs], "missing_loads": missing}  # fmt: skip
+        for gate in soak.open_to.values():
+            gate.set()
+    return {"injected": deleted, "probes": 1, "landed_while_waiting": landed, "seen": seen,
+            "lookup_to_release_s": round(released_s, 2), "hogs": [len(h) for h in hogs],
+            "missing_loads": missing}  # fmt: skip
+
+
+def sidecar_lookups(sidecar: Sidecar) -> float:
+    """The lookups the sidecar answered (`kvsplice_lookups_total`, every kind and result)."""
+    text = httpx.get(f"{sidecar.admin_url}/metrics", timeout=30.0).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kvsplice_lookups_total"))  # fmt: skip
 
 
 def verify_stored(
