@@ -73,10 +73,12 @@ def put_runs(client: CountingClient) -> dict[str, SegmentMeta]:
     return metas
 
 
-def search(client: CountingClient, exact_bases: bool = False) -> tuple[ReusedSpan, ...]:
+def search(
+    client: CountingClient, exact_bases: bool = False, faults: FaultLog | None = None
+) -> tuple[ReusedSpan, ...]:
     clients = SimpleNamespace(for_namespace=lambda namespace: client)
     lookup = StoreLookup(clients, block_size=BLOCK, chunk_tokens=CHUNK, timeout_s=20.0,  # type: ignore[arg-type]
-                         faults=FaultLog())  # fmt: skip
+                         faults=faults or FaultLog())  # fmt: skip
     query = LookupQuery(NAMESPACE, FINGERPRINT, len(PROMPT), True, exact_bases)
     found = lookup(query, PROMPT)
     assert found.exact.num_matched_tokens == 0
@@ -101,3 +103,19 @@ def test_the_search_fetches_no_segment_and_the_load_fetches_exactly_the_runs(
     loaded = [fetch.span(spec, span) for span in spans]
     assert [kv.start_position for kv in loaded] == [40, 0]
     assert client.fetched == [a, b]  # each promised run once, at load
+
+
+def test_a_sidecar_older_than_the_tokens_finds_no_runs_and_says_so(
+    client: CountingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_runs(client)
+    asked = StoreClient.find_similar
+
+    def older(self: StoreClient, *args: object, with_token_ids: bool = False, **kwargs: object):  # type: ignore[no-untyped-def]
+        return asked(self, *args, **kwargs)  # type: ignore[arg-type]  # the field unread
+
+    monkeypatch.setattr(StoreClient, "find_similar", older)
+    faults = FaultLog()
+    assert search(client, faults=faults) == ()
+    assert faults.counts["approximate candidates came without their tokens"] >= 1
+    assert client.fetched == []
