@@ -141,7 +141,7 @@ class LookupPrefixResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRef, _Mapping]]] = ..., num_matched_tokens: _Optional[int] = ...) -> None: ...
 
 class FindSimilarRequest(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "token_ids", "text", "left_context_ids", "parent_key", "limit")
+    __slots__ = ("namespace", "model_fingerprint", "token_ids", "text", "left_context_ids", "parent_key", "limit", "with_token_ids")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class FindSimilarRequest(_message.Message):
     LEFT_CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WITH_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -156,21 +157,26 @@ class FindSimilarRequest(_message.Message):
     left_context_ids: _containers.RepeatedScalarFieldContainer[int]
     parent_key: bytes
     limit: int
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., left_context_ids: _Optional[_Iterable[int]] = ..., parent_key: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+    with_token_ids: bool
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., left_context_ids: _Optional[_Iterable[int]] = ..., parent_key: _Optional[bytes] = ..., limit: _Optional[int] = ..., with_token_ids: _Optional[bool] = ...) -> None: ...
 
 class SimilarCandidate(_message.Message):
-    __slots__ = ("segment", "estimated_jaccard", "exact_tokens", "same_left_context", "exact_window")
+    __slots__ = ("segment", "estimated_jaccard", "exact_tokens", "same_left_context", "exact_window", "token_ids", "exact")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_JACCARD_FIELD_NUMBER: _ClassVar[int]
     EXACT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAME_LEFT_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     EXACT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
     segment: SegmentRef
     estimated_jaccard: float
     exact_tokens: bool
     same_left_context: bool
     exact_window: int
-    def __init__(self, segment: _Optional[_Union[SegmentRef, _Mapping]] = ..., estimated_jaccard: _Optional[float] = ..., exact_tokens: _Optional[bool] = ..., same_left_context: _Optional[bool] = ..., exact_window: _Optional[int] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    exact: bool
+    def __init__(self, segment: _Optional[_Union[SegmentRef, _Mapping]] = ..., estimated_jaccard: _Optional[float] = ..., exact_tokens: _Optional[bool] = ..., same_left_context: _Optional[bool] = ..., exact_window: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., exact: _Optional[bool] = ...) -> None: ...
 
 class FindSimilarResponse(_message.Message):
     __slots__ = ("candidates",)

@@ -171,7 +171,11 @@ def similar_query(request: pb.FindSimilarRequest) -> SimilarQuery:
     )
 
 
-def similar_response(matches: Sequence[SimilarMatch]) -> pb.FindSimilarResponse:
+def similar_response(
+    matches: Sequence[SimilarMatch], with_token_ids: bool = False
+) -> pb.FindSimilarResponse:
+    """`with_token_ids`: each candidate with its tokens and `exact` too, from the meta the
+    index holds (in memory, the catalog's: no record or payload byte is read)."""
     return pb.FindSimilarResponse(
         candidates=[
             pb.SimilarCandidate(
@@ -180,6 +184,8 @@ def similar_response(matches: Sequence[SimilarMatch]) -> pb.FindSimilarResponse:
                 exact_tokens=m.exact_tokens,
                 same_left_context=m.same_left_context,
                 exact_window=m.exact_window,
+                token_ids=m.meta.token_ids if with_token_ids else (),
+                exact=m.meta.exact and with_token_ids,
             )
             for m in matches
         ]

@@ -195,7 +195,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._metrics.record_lookup(
             "similar", bool(matches), num_queried, similar_hit_tokens(matches, num_queried)
         )
-        return convert.similar_response(matches)
+        return convert.similar_response(matches, request.with_token_ids)
 
     async def PutAnchor(
         self, request_iterator: AsyncIterator[pb.PutAnchorRequest], context: aio.ServicerContext

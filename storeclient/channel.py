@@ -16,6 +16,11 @@ from kvsplice.storeclient.config import ClientTls
 ChannelOptions = Sequence[tuple[str, Any]]
 
 
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The per-call metadata carrying `token` (none without one)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 def channel_credentials(tls: ClientTls) -> grpc.ChannelCredentials:
     def read(path: str | None) -> bytes | None:
         return None if path is None else Path(path).read_bytes()

@@ -28,7 +28,7 @@ from kvsplice.common.segment import SegmentMeta, validate_namespace
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.proto.stats_wire import stats_of
 from kvsplice.storeclient import wire
-from kvsplice.storeclient.channel import open_channel
+from kvsplice.storeclient.channel import bearer_metadata, open_channel
 from kvsplice.storeclient.config import ClientTls, StoreClientConfig
 from kvsplice.storeclient.faults import (
     MIN_ATTEMPT_TIMEOUT_S,
@@ -59,10 +59,6 @@ MAX_REMEMBERED_READS = 4096  # how many segments' read path (`served_from`) a cl
 SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 
 logger = logging.getLogger(__name__)
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def checked_namespace(namespace: str) -> str:
@@ -335,11 +331,14 @@ class StoreClient:
         left_context_ids: Sequence[int] = (),
         parent_key: bytes | None = None,
         limit: int = 0,
+        with_token_ids: bool = False,
     ) -> list[SimilarCandidate]:
-        """Verified similar segments, best first; [] when none or degraded."""
+        """Verified similar segments, best first; [] when none or degraded. `with_token_ids`:
+        each with its `token_ids` and `exact` too (the sidecar reads no payload for them)."""
         request = wire.similar_request(
             self.namespace, model_fingerprint, token_ids, text, left_context_ids, parent_key, limit
         )
+        request.with_token_ids = with_token_ids
         call = self._unary(self._stub.FindSimilar, request, wire.similar_result)
         return self._idempotent("find_similar", call, self.config.lookup_timeout_s, [])
 

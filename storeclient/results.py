@@ -46,13 +46,20 @@ PrefixLookup.MISS = PrefixLookup(segments=(), num_matched_tokens=0)
 
 @dataclass(frozen=True)
 class SimilarCandidate:
-    """A segment whose tokens resemble the query, with the evidence the server verified."""
+    """A segment whose tokens resemble the query, with the evidence the server verified.
+
+    `token_ids` and `exact` (its K/V equal dense prefill of its whole left context, as
+    `SegmentMeta.exact`) only when asked (`find_similar(with_token_ids=True)`): else `()`
+    and False, as from a sidecar older than the field.
+    """
 
     segment: SegmentRef
     estimated_jaccard: float
     exact_tokens: bool
     same_left_context: bool
     exact_window: int
+    token_ids: tuple[int, ...] = ()
+    exact: bool = False
 
 
 @dataclass(frozen=True)

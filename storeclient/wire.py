@@ -381,6 +381,8 @@ def similar_result(response: pb.FindSimilarResponse) -> list[SimilarCandidate]:
             exact_tokens=c.exact_tokens,
             same_left_context=c.same_left_context,
             exact_window=c.exact_window,
+            token_ids=tuple(c.token_ids),
+            exact=c.exact,
         )
         for c in response.candidates
     ]

@@ -37,8 +37,10 @@ def find_spans(
     `exact_only`: of segments computed on an exact chain only (the anchor mode's bases:
     an offset corrects K/V of the kind it was measured against, a sender's own).
 
-    NOTE: each new candidate's tokens are read with the segment (in place on the
-    sidecar's host: a map view and a checksum; elsewhere its payload streams).
+    NOTE: each candidate's tokens come with the search's answer (`with_token_ids`, from
+    the sidecar's catalog): no payload is read here; a run's segment is fetched (and
+    verified) once, by the load. A candidate without tokens (an older sidecar) is skipped,
+    a fault.
     """
     end = (len(token_ids) - 1) // block_size * block_size
     step = max(1, chunk_tokens // 4)
@@ -56,7 +58,11 @@ def find_spans(
                 break
             num_queries += 1
             window_ids = token_ids[window : window + chunk_tokens]
-            _add_candidates(store, root, window_ids, candidates, exact_only)
+            if _add_candidates(store, root, window_ids, candidates, exact_only):
+                faults.record(
+                    "approximate candidates came without their tokens",
+                    "the sidecar predates FindSimilar's with_token_ids (upgrade it)",
+                )
         spans = cover(token_ids, start, end, list(candidates.values()), min_run=MIN_SPAN_TOKENS)
         reached = spans[-1].end if spans else start
         if reached <= position:  # nothing from here on: the tokens are new
@@ -68,14 +74,17 @@ def find_spans(
 def _add_candidates(
     store: Any, root: str, window: Sequence[int], candidates: dict[str, StoredTokens],
     exact_only: bool,
-) -> None:  # fmt: skip
-    for candidate in store.find_similar(root, window, limit=MAX_SPAN_CANDIDATES):
+) -> int:  # fmt: skip
+    """Adds the window's new candidates; returns how many came without tokens (skipped)."""
+    num_tokenless = 0
+    found = store.find_similar(root, window, limit=MAX_SPAN_CANDIDATES, with_token_ids=True)
+    for candidate in found:
         ref = candidate.segment
-        if ref.segment_id in candidates or ref.layer_start != 0:
+        num_tokenless += not candidate.token_ids
+        if ref.segment_id in candidates or ref.layer_start != 0 or not candidate.token_ids:
             continue
-        found = store.get_segment(ref.segment_id, model_fingerprint=root)
-        if found is not None and (found[0].exact or not exact_only):
-            meta = found[0]
+        if candidate.exact or not exact_only:
             candidates[ref.segment_id] = StoredTokens(
-                ref.segment_id, meta.start_position, tuple(meta.token_ids)
+                ref.segment_id, ref.start_position, tuple(candidate.token_ids)
             )
+    return num_tokenless

@@ -173,7 +173,9 @@ def rpc_calls(
             metadata=md,
         ),
         "FindSimilar": lambda s, md: s.FindSimilar(
-            pb.FindSimilarRequest(namespace=ns, model_fingerprint=FINGERPRINT, token_ids=[1, 2]),
+            pb.FindSimilarRequest(
+                namespace=ns, model_fingerprint=FINGERPRINT, token_ids=[1, 2], with_token_ids=True
+            ),
             metadata=md,
         ),
         "PutAnchor": lambda s, md: s.PutAnchor(

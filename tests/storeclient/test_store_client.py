@@ -88,6 +88,19 @@ def test_lookups_find_what_was_put(client: StoreClient) -> None:
     assert client.lookup_prefix(FINGERPRINT, [999]) == PrefixLookup.MISS
 
 
+def test_find_similar_returns_tokens_and_exact_only_when_asked(client: StoreClient) -> None:
+    payload = make_payload(100)
+    meta = make_meta(range(10, 30), payload, exact=True)
+    client.put_segment(meta, payload)
+    (plain,) = client.find_similar(FINGERPRINT, list(range(10, 30)))
+    assert (plain.token_ids, plain.exact) == ((), False)
+    (asked,) = client.find_similar(FINGERPRINT, list(range(10, 30)), with_token_ids=True)
+    assert (asked.token_ids, asked.exact) == (meta.token_ids, True)
+    assert replace(asked, token_ids=(), exact=False) == plain
+    other = client.in_namespace("tenant-b")  # another namespace: none of this one's
+    assert other.find_similar(FINGERPRINT, list(range(10, 30)), with_token_ids=True) == []
+
+
 def test_anchors_delete_and_stats(client: StoreClient) -> None:
     assert client.put_anchor(FINGERPRINT, "question", "a1", b"base", {"critic": b"off"}, 7) == []
     assert client.touch_anchors(FINGERPRINT, "question", ["a1", "nope"]) == 1

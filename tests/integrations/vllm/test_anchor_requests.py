@@ -30,12 +30,15 @@ class RunStore(fakes.FakeStore):
 
     run_exact: bool = True
 
-    def find_similar(self, root: str, window: list[int], limit: int) -> list[SimilarCandidate]:
+    def find_similar(
+        self, root: str, window: list[int], limit: int, with_token_ids: bool = False
+    ) -> list[SimilarCandidate]:
         ref = SegmentRef(self.meta.context_key, 40, len(RUN), 0, 2, 100)
-        return [SimilarCandidate(ref, 1.0, True, False, len(RUN))]
+        tokens = tuple(RUN) if with_token_ids else ()
+        return [SimilarCandidate(ref, 1.0, True, False, len(RUN), tokens, self.run_exact)]
 
     def get_segment(self, segment_id: str, *, model_fingerprint: str) -> tuple | None:
-        return (self.meta, b"") if segment_id == self.meta.segment_id else None
+        raise AssertionError("the scheduler half reads no payload (the search has the tokens)")
 
     @property
     def meta(self) -> object:

@@ -287,7 +287,9 @@ class SlowSimilarStore(FakeStore):
 
     num_similar: int = 0
 
-    def find_similar(self, root: str, window: list[int], limit: int) -> list[object]:
+    def find_similar(
+        self, root: str, window: list[int], limit: int, with_token_ids: bool = False
+    ) -> list[object]:
         self.num_similar += 1
         time.sleep(0.3)
         return []

@@ -25,7 +25,9 @@ class Store:
         self.counters.num_degraded_calls += self.degrade  # the client answered a miss itself
         return PREFIX
 
-    def find_similar(self, root: str, window: list[int], limit: int) -> list[object]:
+    def find_similar(
+        self, root: str, window: list[int], limit: int, with_token_ids: bool = False
+    ) -> list[object]:
         raise RuntimeError("search index down")
 
 
