@@ -402,9 +402,8 @@ def delete_while_waiting(soak: Soak, taken: set[int], kv_blocks: int, seed: int)
                 deleted = sum(delete_segment(soak.sidecar, soak.namespace, link.hex())
                               for link in links)  # fmt: skip
                 # NOTE: in time (the connector keeps a lookup's answer LOOKUP_MAX_AGE_S, 10 s)
-                seen: dict[str, object] = {"hogs_holding": not any(hold.done() for hold in holding),
-                        "probe_pending": not probe.done(),
-                        "waiting_gauge": gauge(engine, "vllm:num_requests_waiting")}  # fmt: skip
+                seen = {"hogs_holding": not any(hold.done() for hold in holding),
+                        "probe_pending": not probe.done()}  # fmt: skip
                 landed = bool(seen["hogs_holding"] and seen["probe_pending"])
             finally:
                 release.set()  # the hogs end: the probe gets their blocks and loads
