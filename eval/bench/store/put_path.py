@@ -12,8 +12,9 @@ the fsync window is left to write the warm-up back. Ahead of them `RESIDENT_MIB`
 segments stay, as in a store past its first few dozen MiB: the kernel gives the first
 ~40 MiB a process writes through the map 4 KiB page-cache folios (its readahead ramp),
 later pages large ones, and a put into 4 KiB folios takes a write fault per page after
-each fsync (~4x the CPU of LMDB's copy; docs/results.md, "Store put path"). The sidecar's CPU is read once the
-window has fsynced the timed puts too: what durability at the default costs is in it.
+each fsync (~4x the CPU of LMDB's copy; docs/results.md, "Store put path"). The
+sidecar's CPU is read once the window has fsynced the timed puts too: what durability at
+the default costs is in it.
 """
 
 from __future__ import annotations
