@@ -11,6 +11,7 @@ Not thread-safe: call it from one thread (the server's event loop).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -169,7 +170,7 @@ class SimilarityIndex:
         group_key = (meta.namespace, meta.model_fingerprint, signature.kind)
         group = self._groups.get(group_key)
         if group is None:
-            lsh = MinHashLSH(threshold=self.config.threshold, num_perm=self.config.num_perm)
+            lsh = _new_lsh(self.config.threshold, self.config.num_perm)
             group = self._groups[group_key] = _LshGroup(lsh, SignatureTable(self.config.num_perm))
         group.lsh.insert(meta.context_key, signature.minhash, check_duplication=False)
         group.table.put(meta.context_key, signature.minhash.hashvalues)
@@ -293,3 +294,19 @@ def _match_rank(match: SimilarMatch) -> tuple[bool, bool, int, float, bytes]:
         -match.estimated_jaccard,
         match.meta.context_key,
     )
+
+
+def _new_lsh(threshold: float, num_perm: int) -> MinHashLSH:
+    """An empty LSH with the bands `_lsh_bands` picked for these parameters."""
+    return MinHashLSH(
+        threshold=threshold, num_perm=num_perm, params=_lsh_bands(threshold, num_perm)
+    )
+
+
+# NOTE: MinHashLSH picks its bands by numeric integration, ~0.2 s of CPU on the event loop
+# (a put that made a namespace's first segment paid it, again after its last was removed).
+# They depend on the parameters alone: picked once per process.
+@functools.cache
+def _lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    return lsh.b, lsh.r

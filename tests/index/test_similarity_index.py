@@ -250,3 +250,28 @@ def test_a_segment_that_begins_as_the_query_is_found_though_the_rest_differs() -
     assert index.remove(NAMESPACE, stored.context_key)
     assert index.find_similar(NAMESPACE, FINGERPRINT, query) == []
     assert index.find_similar(NAMESPACE, FINGERPRINT, query[:15]) == []  # shorter than a head
+
+
+def test_lsh_bands_are_picked_once_and_as_datasketch_picks_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A put that made a namespace's first segment paid ~0.2 s of band picking on the event
+    # loop, again after its last segment was removed.
+    from datasketch import MinHashLSH, lsh
+
+    from kvsplice.index import similarity_index
+
+    similarity_index._lsh_bands.cache_clear()
+    picks = []
+    real_pick = lsh._optimal_param
+    monkeypatch.setattr(lsh, "_optimal_param", lambda *a: picks.append(a) or real_pick(*a))
+    meta = make_meta(make_tokens(12))
+    index = make_index(meta)
+    assert index.remove(NAMESPACE, meta.context_key)
+    index.add(meta)
+    index.add(make_meta(make_tokens(12), namespace="tenant-b"))
+    assert len(picks) == 1
+    config = index.config
+    expected = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm)
+    assert {(g.lsh.b, g.lsh.r) for g in index._groups.values()} == {(expected.b, expected.r)}
+    assert len(index.find_similar(NAMESPACE, FINGERPRINT, make_tokens(12))) == 1

@@ -125,3 +125,16 @@ def test_store_refuses_when_every_segment_is_leased(tmp_path: Path, make_segment
     store.put(*make_segment(token_ids=(999,), nbytes=100_000))
     assert len(removed) >= 1 and store.stats().removals["capacity"] == len(removed)
     store.close()
+
+
+def test_the_map_is_opened_with_readahead_so_puts_write_into_large_folios(
+    tmp_path: Path,
+) -> None:
+    # NOTE: without readahead (MADV_RANDOM) every page of the map is a 4 KiB page-cache
+    # folio: after each group fsync a put into reused pages takes one write fault per page
+    # (measured: ~4x the CPU of LMDB's copy; docs/results.md, "Store put path").
+    tier = make_lmdb(tmp_path)
+    try:
+        assert tier._env.flags()["readahead"]
+    finally:
+        tier.close()

@@ -35,6 +35,7 @@ from kvsplice.eval.bench.store.payloads import (
     make_payload,
     make_segment_meta,
 )
+from kvsplice.eval.bench.store.put_floor import PutFloorRow, bench_put_floor
 from kvsplice.eval.bench.store.put_path import PutPathRow, bench_put_path
 from kvsplice.eval.measure.machine_load import warn_if_busy
 from kvsplice.eval.measure.stopwatch import median_seconds
@@ -135,6 +136,7 @@ class StoreBenchResult:
     paths: tuple[PathRow, ...] = ()
     put_path: tuple[PutPathRow, ...] = ()
     put_path_load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # load average before it
+    put_path_floor: tuple[PutFloorRow, ...] = ()  # the same bytes by os.pwrite + fdatasync
 
 
 def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
@@ -145,6 +147,9 @@ def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
         put_path_load = os_load(os.getloadavg())
         put_path = bench_put_path(
             config.put_path_sizes_mib, config.repeats, Path(tmp), CLIENT_CONFIG, config.seed
+        )
+        put_path_floor = bench_put_floor(
+            config.put_path_sizes_mib, config.repeats, Path(tmp), config.seed
         )
         paths = bench_read_paths(
             config.path_sizes_mib,
@@ -171,6 +176,7 @@ def run_store_bench(config: StoreBenchConfig) -> StoreBenchResult:
         paths=tuple(paths),
         put_path=tuple(put_path),
         put_path_load=put_path_load,
+        put_path_floor=tuple(put_path_floor),
     )
 
 

@@ -27,6 +27,7 @@ from kvsplice.eval.bench.store.bench import (
 from kvsplice.eval.bench.store.config import StoreBenchConfig
 from kvsplice.eval.bench.store.paths import READ_PATHS, PathRow
 from kvsplice.eval.bench.store.payloads import make_payload, make_segment_meta
+from kvsplice.eval.bench.store.put_floor import PutFloorRow
 from kvsplice.eval.bench.store.put_path import PutPathRow
 from kvsplice.eval.bench.store.report import (
     render_store_bench,
@@ -61,6 +62,7 @@ def make_result() -> StoreBenchResult:
         paths=(PathRow("same-host", 8, 0.001, 0.0008), PathRow("grpc", 8, 0.01, 0.0008)),
         put_path=(PutPathRow(8, 10, 0.004, 0.001, 0.02, 0.01, "fsync every 100 ms"),),
         put_path_load=(1.1, 2.1, 3.1),
+        put_path_floor=(PutFloorRow(8, 10, 0.002, 0.005, 100.0),),
     )
 
 
@@ -133,6 +135,10 @@ def test_put_path_json_holds_the_six_contract_figures_and_the_load() -> None:
         {"size_mib": 8, "ratio": False, "sidecar_cpu": True}
     ]  # 25% of memcpy; 0.24 s/GB
     assert data["put_path_loadavg"] == [1.1, 2.1, 3.1]
+    (floor,) = data["put_path_floor"]
+    assert floor["gb_per_s"] == pytest.approx(gb / 0.002)
+    assert floor["cpu_s_per_gb"] == pytest.approx(0.005 / (10 * gb))
+    assert "fdatasync" in floor["how"] and "100 ms" in floor["how"]
 
 
 def test_render_shows_each_row_and_its_verdict() -> None:
@@ -179,6 +185,8 @@ def test_tiny_run_end_to_end_has_complete_positive_rows(tmp_path: Path) -> None:
     assert [(r.path, r.size_mib) for r in result.paths] == [(p, 1) for p in READ_PATHS]
     assert [r.size_mib for r in result.put_path] == [1]
     assert all(min(r.seconds, r.memcpy_seconds, r.sidecar_cpu_s) > 0 for r in result.put_path)
+    assert [r.size_mib for r in result.put_path_floor] == [1]
+    assert all(min(r.seconds, r.cpu_s) > 0 for r in result.put_path_floor)
     assert all(min(r.seconds, r.copyto_seconds) > 0 for r in result.paths)
     assert {(r.path, r.kind, r.num_segments) for r in result.lookups} == {
         (path, kind, count)
