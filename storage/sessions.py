@@ -51,7 +51,8 @@ class SessionLeases:
     A key is held while any live session holds it (a shared prefix stays while one of its
     sessions lives); the keys of ended and expired sessions are *released*, and eviction
     takes them first, oldest release first, then unheld keys in the caller's order, then held
-    keys in that order. A namespace's held bytes never exceed `held_budget(namespace)`.
+    keys in that order, refined by `rules` (`eviction_order`). A namespace's held bytes never
+    exceed `held_budget(namespace)`.
     """
 
     def __init__(
