@@ -191,27 +191,30 @@ class SessionLeases:
     def _held_order(
         self, lru_keys: Iterable[bytes], skip: set[bytes], in_scope: Callable[[bytes], bool]
     ) -> Iterator[bytes]:
+        """Tails, then the unheld keys (once-used ones as `lru_keys` reaches them: lazy), then
+        re-used unheld ones, then the held ones."""
         rules, holders, reused = self.rules, self._holders, self._reused
-        tails: list[bytes] = []
-        unheld: list[bytes] = []
+        if rules.tails_first:
+            # NOTE: in the order first held, which is LRU order for tails: never read again
+            # since their put, their catalog place is their put's.
+            tails = [key for key in holders if in_scope(key) and self._is_tail(key)]
+            yield from tails
+            skip.update(tails)
         unheld_reused: list[bytes] = []
         held: list[bytes] = []
         for key in lru_keys:
             if key in skip:
                 continue
-            if key not in holders:
-                (unheld_reused if rules.reused_last and key in reused else unheld).append(key)
-            elif rules.tails_first and self._is_tail(key):
-                tails.append(key)
-            else:
+            if key in holders:
                 held.append(key)
-        yield from tails
-        yield from unheld
+            elif rules.reused_last and key in reused:
+                unheld_reused.append(key)
+            else:
+                yield key
         yield from unheld_reused
         if not rules.leaves_first:
             yield from held
             return
-        skip.update(tails)
 
         def wanted(key: bytes) -> bool:
             return key in holders and key not in skip and in_scope(key)
