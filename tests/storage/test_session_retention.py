@@ -5,6 +5,7 @@ hold any; none of them changes the order of a store where no session holds anyth
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from kvsplice.storage.config import RetentionRules
@@ -113,3 +114,20 @@ def test_with_nothing_held_every_rule_leaves_lru_order() -> None:
     leases.inserted(b"c")
     lru = [b"a", b"b", b"c", b"d"]
     assert order(leases, lru) == lru
+
+
+def test_the_order_stays_lazy_while_sessions_hold_segments() -> None:
+    """The first victim costs one step of the LRU scan, not a pass over the whole store."""
+    leases = make_leases(ALL)
+    pipeline(leases)
+    scanned: list[bytes] = []
+
+    def lru() -> Iterator[bytes]:
+        for key in [b"one-shot", *(b"k%d" % i for i in range(1000)), b"task", b"plan"]:
+            scanned.append(key)
+            yield key
+
+    victims = leases.eviction_order(lru(), lambda key: True)
+    assert next(victims) == b"instr-p"  # the tail, from the held keys
+    assert next(victims) == b"one-shot"
+    assert len(scanned) == 1
