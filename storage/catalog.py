@@ -25,6 +25,8 @@ class Retention(Protocol):
 
     def touched(self, key: bytes) -> None: ...
 
+    def inserted(self, key: bytes) -> None: ...
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -72,6 +74,8 @@ class Catalog:
         old = self.pop(key)
         namespace = entry.meta.namespace
         self._entries[key] = entry
+        if self.retention is not None:
+            self.retention.inserted(key)
         self._namespace_order.setdefault(namespace, OrderedDict())[key] = None
         self._namespace_bytes[namespace] += entry.body_nbytes
         if entry.expires_at_s is not None:

@@ -159,6 +159,30 @@ class RedisTierConfig:
 
 
 @dataclass(frozen=True)
+class RetentionRules:
+    """The online rules eviction applies beside the lease itself while sessions hold segments
+    (docs/operations.md, "Sessions"); each can be turned off to measure it alone (the
+    replay's ablation). None applies while no session holds anything: eviction is LRU.
+
+    `tails_first`: a held segment its session went on without (neither extended nor read
+    again since a later hold of the session) goes right after the released ones.
+    `leaves_first`: a held segment goes after its held descendants (evicting it would strand
+    them). `reused_last`: a segment without a session that was read again, or put again
+    within `max_remembered` evictions of its own, goes after the other unheld ones (before
+    the held ones): one-shot prompts do not flush a shared document's prefix.
+    """
+
+    tails_first: bool = True
+    leaves_first: bool = True
+    reused_last: bool = True
+    max_remembered: int = 65_536  # keys of the latest evictions (0: none)
+
+    def __post_init__(self) -> None:
+        if self.max_remembered < 0:
+            raise ValueError(f"max_remembered {self.max_remembered} must be >= 0")
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     """Session leases: a segment a live session put or looked up is held `lease_s` after the
     session's last request (0: sessions off, every session id ignored); a retain hint may ask
@@ -172,6 +196,7 @@ class SessionConfig:
         3600.0, "Longest lease a retain hint may ask for (longer is clipped).",
         name="session-max-lease-s", min=0,
     )  # fmt: skip
+    rules: RetentionRules = field(default_factory=RetentionRules)
 
     def __post_init__(self) -> None:
         for name in ("lease_s", "max_lease_s"):

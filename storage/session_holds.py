@@ -29,7 +29,7 @@ class SessionHolds:
     ) -> None:
         sessions = config.sessions
         self._leases = SessionLeases(
-            sessions.lease_s, sessions.max_lease_s, config.quota_for, clock
+            sessions.lease_s, sessions.max_lease_s, config.quota_for, clock, sessions.rules
         )
         self._catalog = catalog
         self._lock = lock
@@ -50,12 +50,14 @@ class SessionHolds:
         """Renew the session's lease and hold those of `context_keys` the store holds."""
         with self._lock:
             sized = []
+            parents = {}
             for context_key in context_keys:
                 key = segment_key(namespace, context_key)
                 entry = self._catalog.get(key)
                 if entry is not None:
                     sized.append((key, entry.body_nbytes))
-            return self._leases.hold((namespace, session_id), sized, lease_s)
+                    parents[key] = segment_key(namespace, entry.meta.parent_key)
+            return self._leases.hold((namespace, session_id), sized, lease_s, parents)
 
     def end(self, namespace: str, session_id: str) -> bool:
         """Release the session's segments now (evicted first from here on); False if not live."""

@@ -10,9 +10,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from kvsplice.storage.config import RetentionRules
+from kvsplice.storage.reused_keys import ReusedKeys
+from kvsplice.storage.session_chains import HeldChains
 
 SessionRef = tuple[str, str]  # (namespace, session_id)
 
@@ -36,6 +40,7 @@ class Hold:
 @dataclass
 class _Session:
     keys: dict[bytes, None] = field(default_factory=dict)  # in the order first held
+    latest_seq: int = 0  # the number of its latest hold call (`SessionLeases._num_holds`)
     expires_at_s: float = 0.0
     lease_s: float = 0.0
 
@@ -46,7 +51,8 @@ class SessionLeases:
     A key is held while any live session holds it (a shared prefix stays while one of its
     sessions lives); the keys of ended and expired sessions are *released*, and eviction
     takes them first, oldest release first, then unheld keys in the caller's order, then held
-    keys in that order. A namespace's held bytes never exceed `held_budget(namespace)`.
+    keys in that order, refined by `rules` (`eviction_order`). A namespace's held bytes never
+    exceed `held_budget(namespace)`.
     """
 
     def __init__(
@@ -55,8 +61,10 @@ class SessionLeases:
         max_lease_s: float,
         held_budget: Callable[[str], int | None],
         clock: Callable[[], float],
+        rules: RetentionRules | None = None,
     ) -> None:
         self.lease_s = lease_s
+        self.rules = RetentionRules() if rules is None else rules
         self.max_lease_s = max(max_lease_s, lease_s)
         self._held_budget = held_budget
         self._clock = clock
@@ -66,15 +74,23 @@ class SessionLeases:
         self._released: OrderedDict[bytes, None] = OrderedDict()
         self._held_nbytes: Counter[str] = Counter()
         self._deadlines: list[tuple[float, SessionRef]] = []  # heap; stale items skipped
+        self._chains = HeldChains()
+        self._num_holds = 0
+        self._reused = ReusedKeys(self.rules.max_remembered)
 
     @property
     def enabled(self) -> bool:
         return self.lease_s > 0
 
     def hold(
-        self, ref: SessionRef, keys: Iterable[tuple[bytes, int]], lease_s: float | None = None
+        self,
+        ref: SessionRef,
+        keys: Iterable[tuple[bytes, int]],
+        lease_s: float | None = None,
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> Hold:
-        """Renew `ref`'s lease (`lease_s`, else the default) and hold `keys` (key, nbytes)."""
+        """Renew `ref`'s lease (`lease_s`, else the default) and hold `keys` (key, nbytes);
+        `parents`: the key each of them was stored after, where known (the chains)."""
         if not self.enabled:
             return Hold(HoldOutcome.REJECTED, 0.0, 0, "sessions are off (--session-lease-s 0)")
         if lease_s is not None and not (lease_s > 0 and math.isfinite(lease_s)):
@@ -83,8 +99,10 @@ class SessionLeases:
         asked_s = self.lease_s if lease_s is None else lease_s
         granted_s = min(asked_s, self.max_lease_s)
         session = self._sessions.setdefault(ref, _Session())
+        self._num_holds += 1
+        session.latest_seq = self._num_holds
         self._renew(ref, session, granted_s)
-        num_held, num_refused = self._hold_keys(ref, session, keys)
+        num_held, num_refused = self._hold_keys(ref, session, keys, parents or {})
         reasons = []
         if granted_s < asked_s:
             reasons.append(f"lease {asked_s:g} s clipped to {granted_s:g} s")
@@ -124,10 +142,18 @@ class SessionLeases:
             self._held_nbytes[namespace] -= nbytes
         self._released.pop(key, None)
         self._key_nbytes.pop(key, None)
+        self._chains.forget(key)
+        self._reused.forget(key)
 
     def touched(self, key: bytes) -> None:
         """`key` was used again (by any request): no longer first in line as released."""
         self._released.pop(key, None)
+        self._chains.read(key)
+        self._reused.read(key)
+
+    def inserted(self, key: bytes) -> None:
+        """`key` was stored (put): put again soon after it was evicted, it is re-used."""
+        self._reused.stored(key)
 
     def is_held(self, key: bytes) -> bool:
         return key in self._holders
@@ -142,26 +168,62 @@ class SessionLeases:
         self, lru_keys: Iterable[bytes], in_scope: Callable[[bytes], bool]
     ) -> Iterator[bytes]:
         """`lru_keys` (the catalog's order) reranked: released keys in scope first, then
-        the unheld ones, then the held ones.
+        the unheld ones, then the held ones, each kind in `lru_keys`' order. While any
+        session holds a key, `rules` refine it: tails right after the released keys;
+        re-used unheld keys after the other unheld ones; each held key after its held
+        descendants.
 
         NOTE: held keys are evicted last, not never: a put is refused only when nothing at
-        all is evictable, as without sessions (a lease is a priority, not a pin).
+        all is evictable, as without sessions (a lease is a priority, not a pin). With nothing
+        held the order stays lazy and exactly as without sessions.
         """
         self.expire()
         released = [key for key in self._released if in_scope(key)]
         yield from released
         skip = set(released)
+        if not self._holders:
+            yield from (key for key in lru_keys if key not in skip)
+            return
+        yield from self._held_order(lru_keys, skip, in_scope)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _held_order(
+        self, lru_keys: Iterable[bytes], skip: set[bytes], in_scope: Callable[[bytes], bool]
+    ) -> Iterator[bytes]:
+        """Tails, then the unheld keys (once-used ones as `lru_keys` reaches them: lazy), then
+        re-used unheld ones, then the held ones."""
+        rules, holders, reused = self.rules, self._holders, self._reused
+        if rules.tails_first:
+            # NOTE: in the order first held, which is LRU order for tails: never read again
+            # since their put, their catalog place is their put's.
+            tails = [key for key in holders if in_scope(key) and self._is_tail(key)]
+            yield from tails
+            skip.update(tails)
+        unheld_reused: list[bytes] = []
         held: list[bytes] = []
         for key in lru_keys:
             if key in skip:
                 continue
-            if key in self._holders:
+            if key in holders:
                 held.append(key)
-                continue
-            yield key
-        yield from held
+            elif rules.reused_last and key in reused:
+                unheld_reused.append(key)
+            else:
+                yield key
+        yield from unheld_reused
+        if not rules.leaves_first:
+            yield from held
+            return
 
-    # -- internals -----------------------------------------------------------------------
+        def wanted(key: bytes) -> bool:
+            return key in holders and key not in skip and in_scope(key)
+
+        yield from self._chains.leaves_first(held, wanted)
+
+    def _is_tail(self, key: bytes) -> bool:
+        latest_seq = max(self._sessions[ref].latest_seq for ref in self._holders[key])
+        return self._chains.is_tail(key, latest_seq)
 
     def _renew(self, ref: SessionRef, session: _Session, lease_s: float) -> None:
         session.lease_s = lease_s
@@ -169,7 +231,11 @@ class SessionLeases:
         heapq.heappush(self._deadlines, (session.expires_at_s, ref))
 
     def _hold_keys(
-        self, ref: SessionRef, session: _Session, keys: Iterable[tuple[bytes, int]]
+        self,
+        ref: SessionRef,
+        session: _Session,
+        keys: Iterable[tuple[bytes, int]],
+        parents: Mapping[bytes, bytes],
     ) -> tuple[int, int]:
         namespace = ref[0]
         budget = self._held_budget(namespace)
@@ -186,6 +252,7 @@ class SessionLeases:
                 self._held_nbytes[namespace] += nbytes
             holders.add(ref)
             session.keys[key] = None
+            self._chains.held(key, parents.get(key), session.latest_seq)
             num_held += 1
         return num_held, num_refused
 

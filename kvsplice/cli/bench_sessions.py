@@ -34,4 +34,11 @@ def bench_sessions(**values: Any) -> None:
         f"{goal['sessions_of_optimum']:.1%} of it and {goal['sessions_over_today']:.2f}x today's"
         f" hits (the optimum: {goal['optimum_over_today']:.2f}x)"
     )
+    for row in document["by_budget"]:
+        rates, goal = row["hit_rate"], row["goal"]
+        out.print(
+            f"  LMDB {row['lmdb_mib']:>3} MiB: today {rates['today']:.1%}, sessions"
+            f" {rates['sessions']:.1%}, optimum {rates['optimum']:.1%}:"
+            f" {goal['sessions_of_optimum']:.1%} of it, {goal['sessions_over_today']:.2f}x today"
+        )
     write_json(config.json_path, document)

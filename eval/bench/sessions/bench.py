@@ -30,7 +30,11 @@ def run_session_bench(config: SessionBenchConfig) -> dict[str, Any]:
     document["config"] = asdict(config)
     for lmdb_mib in config.sweep_lmdb_mib:
         swept = compare(replace(config, lmdb_bytes=lmdb_mib * MIB), trace, costs)
-        document.setdefault("sweep", []).append({"lmdb_mib": lmdb_mib, "goal": swept["goal"]})
+        document.setdefault("sweep", []).append({"lmdb_mib": lmdb_mib, **budget_summary(swept)})
+    document["by_budget"] = sorted(
+        [{"lmdb_mib": config.lmdb_bytes // MIB, **budget_summary(document)}, *document["sweep"]],
+        key=lambda row: row["lmdb_mib"],
+    )
     return document
 
 
@@ -65,6 +69,17 @@ def compare(
             "met_over_today": hits["sessions"] >= GOAL_OVER_TODAY * hits["today"],
         },
         "num_distinct_chunks": len({key for keys in runs["today"].chunk_keys for key in keys}),
+    }
+
+
+def budget_summary(compared: dict[str, Any]) -> dict[str, Any]:
+    """One budget's line: the goal, each policy's hit rate and agent TTFT, the optimum's."""
+    policies = compared["policies"]
+    return {
+        "goal": compared["goal"],
+        "hit_rate": {name: policy["hit_rate"] for name, policy in policies.items()}
+        | {"optimum": compared["optimum"]["hit_rate"]},
+        "agent_ttft_s": {name: policy["agent_ttft_s"] for name, policy in policies.items()},
     }
 
 

@@ -13,7 +13,7 @@ import os
 import tempfile
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvsplice.common.keys import root_key
 from kvsplice.common.segment import chained_meta
@@ -26,6 +26,7 @@ from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import (
     LMDBTierConfig,
     MemoryTierConfig,
+    RetentionRules,
     SessionConfig,
     StoreConfig,
     build_store,
@@ -68,14 +69,22 @@ def block_tokens(block: str, num_tokens: int) -> tuple[int, ...]:
 
 
 def replay(
-    config: SessionBenchConfig, trace: Sequence[TraceRequest], sessions: bool, lmdb_dir: str
+    config: SessionBenchConfig,
+    trace: Sequence[TraceRequest],
+    sessions: bool,
+    lmdb_dir: str,
+    rules: RetentionRules | None = None,
 ) -> ReplayResult:
-    """Replay `trace` into a fresh store in `lmdb_dir`; with `sessions`, session ids and hints."""
+    """Replay `trace` into a fresh store in `lmdb_dir`; with `sessions`, session ids and hints
+    (`rules`: the store's retention rules, all of them by default)."""
     clock = TraceClock()
+    session_config = SessionConfig(lease_s=config.lease_s, max_lease_s=config.lease_s)
+    if rules is not None:
+        session_config = replace(session_config, rules=rules)
     store_config = StoreConfig(
         memory=MemoryTierConfig(max_bytes=config.memory_bytes),
         lmdb=LMDBTierConfig(path=lmdb_dir, map_size_bytes=config.lmdb_bytes, sync=False),
-        sessions=SessionConfig(lease_s=config.lease_s, max_lease_s=config.lease_s),
+        sessions=session_config,
     )
     store = build_store(store_config, clock=clock)
     service = SegmentService(store, ExactIndex(), SimilarityIndex(), SegmentServiceConfig())

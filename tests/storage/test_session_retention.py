@@ -1,0 +1,133 @@
+"""The retention rules beside the lease (`RetentionRules`), each against the order without it:
+a session's passed-over tails go right after released segments, held segments after their held
+descendants, and segments re-used without a session after other unheld ones while sessions
+hold any; none of them changes the order of a store where no session holds anything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from kvsplice.storage.config import RetentionRules
+from kvsplice.storage.sessions import SessionLeases
+
+ALL = RetentionRules()
+NONE = RetentionRules(tails_first=False, leaves_first=False, reused_last=False, max_remembered=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make_leases(rules: RetentionRules) -> SessionLeases:
+    return SessionLeases(60.0, 60.0, lambda namespace: None, Clock(), rules)
+
+
+def order(leases: SessionLeases, lru: list[bytes]) -> list[bytes]:
+    return list(leases.eviction_order(lru, lambda key: key in lru))
+
+
+def pipeline(leases: SessionLeases) -> None:
+    """Planner: puts task (after root) and its instruction; solver: re-reads task, puts plan."""
+    ref = ("ns", "s")
+    leases.hold(ref, [])  # the planner's lookup: nothing matched
+    leases.hold(ref, [(b"task", 1)], parents={b"task": b"root"})
+    leases.hold(ref, [(b"instr-p", 1)], parents={b"instr-p": b"task"})
+    leases.hold(ref, [(b"task", 1)])  # the solver's lookup matched the task
+    leases.touched(b"task")
+    leases.hold(ref, [(b"plan", 1)], parents={b"plan": b"task"})
+
+
+def test_a_tail_the_session_went_on_without_goes_before_unheld_segments() -> None:
+    lru = [b"task", b"instr-p", b"x", b"plan"]
+    with_rule = make_leases(replace(NONE, tails_first=True))
+    pipeline(with_rule)
+    assert order(with_rule, lru) == [b"instr-p", b"x", b"task", b"plan"]
+    without = make_leases(NONE)  # negative control: the tail waits with the held ones
+    pipeline(without)
+    assert order(without, lru) == [b"x", b"task", b"instr-p", b"plan"]
+
+
+def test_the_latest_put_is_no_tail_yet() -> None:
+    """The segment just put (the chain being written, a chat's last turn) is not demoted."""
+    leases = make_leases(ALL)
+    ref = ("ns", "s")
+    leases.hold(ref, [(b"a", 1)], parents={b"a": b"root"})
+    assert order(leases, [b"a", b"x"]) == [b"x", b"a"]
+    leases.hold(ref, [(b"b", 1)], parents={b"b": b"a"})  # extends a: a is a prefix
+    assert order(leases, [b"a", b"b", b"x"]) == [b"x", b"b", b"a"]
+
+
+def test_a_held_segment_goes_after_its_held_descendants() -> None:
+    lru = [b"task", b"plan", b"x"]  # task least recently used: its eviction strands plan
+    with_rule = make_leases(replace(NONE, leaves_first=True))
+    pipeline(with_rule)
+    assert order(with_rule, lru) == [b"x", b"plan", b"task"]
+    without = make_leases(NONE)  # negative control: LRU order strands plan
+    pipeline(without)
+    assert order(without, lru) == [b"x", b"task", b"plan"]
+
+
+def test_segments_re_used_without_a_session_go_after_the_other_unheld_ones() -> None:
+    lru = [b"doc", b"held", b"one-shot"]
+    with_rule = make_leases(replace(NONE, reused_last=True))
+    without = make_leases(NONE)
+    for leases in (with_rule, without):
+        leases.touched(b"doc")  # read again by a request without a session
+        leases.hold(("ns", "s"), [(b"held", 1)], parents={b"held": b"root"})
+    assert order(with_rule, lru) == [b"one-shot", b"doc", b"held"]
+    assert order(without, lru) == [b"doc", b"one-shot", b"held"]  # negative control
+
+
+def test_a_segment_put_again_soon_after_its_eviction_is_re_used() -> None:
+    lru = [b"doc", b"held", b"one-shot"]
+    with_rule = make_leases(replace(NONE, reused_last=True, max_remembered=4))
+    without = make_leases(replace(NONE, reused_last=True))  # nothing remembered
+    for leases in (with_rule, without):
+        leases.hold(("ns", "s"), [(b"held", 1)], parents={b"held": b"root"})
+        leases.forget(b"doc")  # evicted
+        leases.inserted(b"doc")  # put again: its next reader missed it
+        leases.inserted(b"one-shot")
+    assert order(with_rule, lru) == [b"one-shot", b"doc", b"held"]
+    assert order(without, lru) == [b"doc", b"one-shot", b"held"]
+
+
+def test_only_the_latest_evictions_are_remembered() -> None:
+    leases = make_leases(replace(NONE, reused_last=True, max_remembered=2))
+    leases.hold(("ns", "s"), [(b"held", 1)], parents={b"held": b"root"})
+    for key in (b"old", b"mid", b"new"):
+        leases.forget(key)
+    for key in (b"old", b"mid"):
+        leases.inserted(key)
+    # old was forgotten (only 2 remembered): a first put, it goes first
+    assert order(leases, [b"mid", b"old", b"held"]) == [b"old", b"mid", b"held"]
+
+
+def test_with_nothing_held_every_rule_leaves_lru_order() -> None:
+    leases = make_leases(ALL)
+    leases.touched(b"b")
+    leases.forget(b"c")
+    leases.inserted(b"c")
+    lru = [b"a", b"b", b"c", b"d"]
+    assert order(leases, lru) == lru
+
+
+def test_the_order_stays_lazy_while_sessions_hold_segments() -> None:
+    """The first victim costs one step of the LRU scan, not a pass over the whole store."""
+    leases = make_leases(ALL)
+    pipeline(leases)
+    scanned: list[bytes] = []
+
+    def lru() -> Iterator[bytes]:
+        for key in [b"one-shot", *(b"k%d" % i for i in range(1000)), b"task", b"plan"]:
+            scanned.append(key)
+            yield key
+
+    victims = leases.eviction_order(lru(), lambda key: True)
+    assert next(victims) == b"instr-p"  # the tail, from the held keys
+    assert next(victims) == b"one-shot"
+    assert len(scanned) == 1
