@@ -292,7 +292,7 @@ def test_a_corrupt_record_costs_a_recompute_never_a_wrong_token(
     log = engines["b"].log_path.read_text()
     assert "corrupt" in log and log.count("kvsplice load failed") <= 2  # once, not per chunk
     # the corrupt record was deleted and is not promised again; what is stored now verifies
-    verify_stored(sidecar, engines, [prompt, longer])
+    verify_stored(sidecar, NAMESPACE, engines, [prompt, longer])
 
 
 def test_with_the_sidecar_down_engines_answer_alone(
