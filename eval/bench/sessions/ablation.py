@@ -29,13 +29,14 @@ def variants() -> dict[str, RetentionRules]:
     for switch in SWITCHES:
         default = getattr(every, switch)
         unset = 0 if switch == "max_remembered" else False
-        alone = (
+        alone: dict[str, Any] = (
             {"max_remembered": default, "reused_last": True}
             if switch == "max_remembered"
             else {switch: default}
         )
         found[f"only {switch}"] = replace(none, **alone)
-        found[f"all but {switch}"] = replace(every, **{switch: unset})
+        unset_one: dict[str, Any] = {switch: unset}
+        found[f"all but {switch}"] = replace(every, **unset_one)
     return found
 
 
@@ -75,15 +76,16 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     base = SessionBenchConfig()
+    budgets: list[dict[str, Any]] = []
     document = {
         "command": "python -m kvsplice.eval.bench.sessions.ablation "
         + " ".join(map(str, args.lmdb_mib))
         + (f" --json {args.json_path}" if args.json_path else ""),
-        "budgets": [],
+        "budgets": budgets,
     }
     for lmdb_mib in args.lmdb_mib:
         result = ablation(replace(base, lmdb_bytes=lmdb_mib * MIB, sweep_lmdb_mib=()))
-        document["budgets"].append(result)
+        budgets.append(result)
         for name, run in result["runs"].items():
             print(
                 f"LMDB {lmdb_mib:3d} MiB  {name:26s} of optimum {run['of_optimum']:.3f}  "
