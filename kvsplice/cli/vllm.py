@@ -136,6 +136,34 @@ def bench_vllm_graded(
         console().print(pooled["admission"]["summary"])
 
 
+@bench_app.command("yardstick-draw")
+def bench_yardstick_draw(
+    workload: Annotated[str, typer.Argument(help="mmlu, gsm8k or humaneval.")],
+    count: Annotated[int, typer.Option("--count", min=1, help="Problems to print.")],
+    skip: Annotated[
+        int, typer.Option("--skip", min=0, help="Leave out the draw's first N (run already).")
+    ] = 0,
+    rule: Annotated[
+        Path | None,
+        typer.Option("--rule", help="The yardstick's rule (default: the committed one)."),
+    ] = None,
+) -> None:
+    """Print the calibration problems `bench vllm --problems` grades next, comma-separated:
+    the rule's seeded order of the test split without its held-out draw, from --skip on.
+    `bench vllm-graded --admit` accepts only the head of this order, pooled."""
+    from kvsplice.eval.bench.vllm import yardstick as ys
+    from kvsplice.eval.bench.vllm.config import WORKLOAD_SIZES
+
+    if workload not in WORKLOAD_SIZES:
+        fail(f"unknown workload {workload!r}: one of {', '.join(WORKLOAD_SIZES)}")
+    try:
+        loaded = ys.load_rule(rule or ys.RULE_PATH)
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read the rule: {exc}")
+    draw = loaded.calibration_draw(workload, WORKLOAD_SIZES[workload], skip + count)
+    typer.echo(",".join(str(i) for i in draw[skip:]))
+
+
 def _admission(
     loaded: list[dict[str, Any]], pooled: dict[str, Any], admit: Path | None,
     held_out: Path | None, rule_path: Path | None,

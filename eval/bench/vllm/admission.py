@@ -5,7 +5,8 @@ exact `kvsplice`, the mode's configuration and the negative controls, in the sam
 are judged by `yardstick`: one decision per configuration. The engines' policy admits a
 mode (`YardstickRule.mode_configs`: `kvsplice-gated` runs `naive`) only when its decision
 admits it, every control is refused, exact is admitted, the rule file was committed before
-the runs started, and no problem of the rule's held-out draw was graded. The policy keeps
+the runs started, no problem of the rule's held-out draw was graded, and the problems graded
+are the head of the rule's calibration draw (none picked by hand). The policy keeps
 every decision (`decisions`) and why the mode was or was not admitted (`yardstick`).
 
 Held out (`confirm`): runs of problems from the rule's held-out draw only, under the policy
@@ -36,6 +37,13 @@ def admit(
     drawn = {_problem_id(workload, i) for i in rule.held_out(workload, WORKLOAD_SIZES[workload])}
     if graded & drawn:
         raise ValueError(f"the calibration graded held-out problems: {sorted(graded & drawn)[:5]}")
+    draw = rule.calibration_draw(workload, WORKLOAD_SIZES[workload], len(graded))
+    picked = graded - {_problem_id(workload, i) for i in draw}
+    if picked:
+        raise ValueError(
+            f"the calibration graded problems outside the rule's draw (its first {len(graded)}, "
+            f"`kvsplice bench yardstick-draw {workload} --count {len(graded)}`): {sorted(picked)[:5]}"
+        )
     found = ys.decisions(pooled, rule)
     why_not = ys.sensitivity(found, rule) or _rule_fixed_before(reports, rule_path)
     by_config = {d.config: d for d in found}

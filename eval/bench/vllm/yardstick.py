@@ -45,6 +45,7 @@ class YardstickRule:
     must_admit: tuple[str, ...]
     held_out_seed: int
     held_out_problems: Mapping[str, int]
+    calibration_seed: int
 
     def __post_init__(self) -> None:
         low, high = self.accuracy_band
@@ -67,6 +68,7 @@ class YardstickRule:
                 int(interval["seed"]), float(interval["level"]), dict(document["mode_configs"]),
                 tuple(document["must_refuse"]), tuple(document["must_admit"]), int(held["seed"]),
                 {str(k): int(v) for k, v in held["problems"].items()},
+                int(document["calibration"]["seed"]),
             )  # fmt: skip
         except (KeyError, TypeError, IndexError) as error:
             raise ValueError(f"malformed yardstick rule: {error!r}") from error
@@ -75,6 +77,14 @@ class YardstickRule:
         """The problem indices of `workload` (of `num_problems`) drawn for held-out runs."""
         count = self.held_out_problems.get(workload, 0)
         return {i for i, _ in seeded_subset(range(num_problems), count, self.held_out_seed)}
+
+    def calibration_draw(self, workload: str, num_problems: int, count: int) -> list[int]:
+        """The first `count` problem indices of the calibration order: `num_problems` indices
+        shuffled by the calibration seed, the held-out draw left out. Nested: a larger
+        `count` keeps the smaller draw as its head, so runs grow it by disjoint slices."""
+        held = self.held_out(workload, num_problems)
+        order = seeded_subset(range(num_problems), num_problems, self.calibration_seed)
+        return [i for i, _ in order if i not in held][:count]
 
 
 def load_rule(path: Path = RULE_PATH) -> YardstickRule:

@@ -30,6 +30,8 @@ DECISION_KEYS = {
     "recompute_accuracy",
 }
 Right = tuple[bool, bool, bool]
+# the problems calibration runs grade, in the rule's order (`YardstickRule.calibration_draw`)
+DRAW = ys.load_rule().calibration_draw("mmlu", 14_042, 400)
 
 
 def _recompute(num_problems: int, seed: int = 1) -> list[Right]:
@@ -69,7 +71,7 @@ def _runs(
     one right, one wrong (MMLU's judge), or always (HumanEval's)."""
     return [
         {
-            "problem": f"mmlu-test-{first + i}", "right": dict(zip(ROLES, r, strict=True)),
+            "problem": f"mmlu-test-{DRAW[first + i]}", "right": dict(zip(ROLES, r, strict=True)),
             "judge_graded": judge_always or r[0] != r[1], "judge_verdict": "B" if r[2] else "C", "truncated": dict.fromkeys(ROLES, truncated),
             "cached_tokens": [0, 300, 300, 300, 300], "prompt_tokens": [400] * 5,
         }
@@ -307,3 +309,34 @@ def test_the_reports_must_have_served_one_model() -> None:
     other = {**one, "served_fingerprint": "kvfp1-" + "00" * 16}
     with pytest.raises(ValueError, match="different models"):
         va.report_fingerprint([one, other])
+
+
+def test_calibration_grades_the_rules_draw_not_problems_picked_by_hand(tmp_path: Path) -> None:
+    """The draw is seeded, nested (runs grow it by slices), leaves the held-out problems out;
+    `--admit` refuses a calibration whose problems are not the draw's head, even one swap."""
+    rule = _rule()
+    draw = rule.calibration_draw("mmlu", 14_042, 300)
+    assert draw[:150] == rule.calibration_draw("mmlu", 14_042, 150) == DRAW[:150]
+    assert len(set(draw)) == 300 and not set(draw) & rule.held_out("mmlu", 14_042)
+    assert draw != sorted(draw) and draw != rule.calibration_draw("mmlu", 14_042, 300)[::-1]
+    policy, _ = va.admit(_reports(), _pooled(_all_configs()), FINGERPRINT, rule,
+                         _committed_rule(tmp_path / "a"))  # fmt: skip
+    assert "naive" in policy.admitted_modes
+    swapped = _pooled(_all_configs())
+    for row in swapped["configs"]:  # problem 150 of the draw graded instead of problem 0
+        row["graded"]["runs"][0]["problem"] = f"mmlu-test-{draw[150]}"
+    with pytest.raises(ValueError, match="outside the rule's draw"):
+        va.admit(_reports(), swapped, FINGERPRINT, rule, _committed_rule(tmp_path / "b"))
+
+
+def test_bench_yardstick_draw_prints_the_next_slice(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsplice.cli import main
+
+    for args, expected in (
+        (["--count", "5"], DRAW[:5]),
+        (["--count", "3", "--skip", "5"], DRAW[5:8]),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["bench", "yardstick-draw", "mmlu", *args])
+        assert exited.value.code in (0, None)
+        assert capsys.readouterr().out.strip() == ",".join(map(str, expected))
