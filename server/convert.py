@@ -26,7 +26,7 @@ from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
 # (name, offset, nbytes) -> the staged file mapped up to its payload (`common.staging.map_staged`)
-StagedReader = Callable[[str, int, int], memoryview]
+StagedReader = Callable[[str, int, int], PayloadBuffer]
 PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
 _SEGMENT_REF_FIELDS = tuple(pb.SegmentRef.DESCRIPTOR.fields_by_name)
 
@@ -100,10 +100,9 @@ async def receive_segment(
         if isinstance(part, pb.StagedPayload):
             if chunks or staged is not None or read_staged is None:
                 raise InvalidRequest("a staged payload must be a put's only payload part")
-            mapped = await asyncio.to_thread(
+            staged = await asyncio.to_thread(
                 read_staged, part.name, part.offset, meta.payload_nbytes
             )
-            staged = PayloadBuffer(mapped, part.offset)
             continue
         if staged is not None:
             raise InvalidRequest("a staged payload must be a put's only payload part")
