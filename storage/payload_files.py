@@ -18,6 +18,7 @@ import stat
 import struct
 import threading
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 
 from kvsplice.common.errors import CorruptPayload
@@ -223,10 +224,8 @@ class PayloadFiles:
         return fd
 
     def _unlink(self, name: str) -> None:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(os.path.join(self.path, name))
-        except FileNotFoundError:
-            pass
 
     def _refused(self, reason: str, path: str) -> None:
         if reason not in self._refusals_logged:

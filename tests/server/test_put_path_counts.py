@@ -12,7 +12,6 @@ into the file's pages (`pwrite`); the sidecar adopts that file as the payload's 
 
 from __future__ import annotations
 
-import asyncio
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,12 +28,12 @@ from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.config import SegmentServiceConfig
-from kvsplice.server.convert import receive_segment
+from kvsplice.server.convert import header_to_meta
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig, build_store
 from kvsplice.storage.lmdb_tier import LMDBTier
 from kvsplice.storeclient.put_staging import PutStaging
-from kvsplice.storeclient.wire import staged_put_frames, with_payload_digest
+from kvsplice.storeclient.wire import staged_put_request, with_payload_digest
 
 PAYLOAD_NBYTES = 8 << 20
 FINGERPRINT = "kvfp1-" + "ab" * 16
@@ -118,20 +117,14 @@ def make_segment() -> tuple[SegmentMeta, bytes]:
     return meta, payload
 
 
-async def parts(frames: Iterator[bytes]):  # what the servicer hands `receive_segment`
-    for frame in frames:
-        yield pb.PutSegmentRequest.FromString(frame)
-
-
 def sidecar_put(service: SegmentService, directory: str, meta: SegmentMeta, where) -> None:
-    def read(name: str, offset: int, nbytes: int) -> memoryview:
-        return map_staged(directory, name, offset, nbytes)
-
-    frames = staged_put_frames(meta, *where)
-    received_meta, payload = asyncio.run(
-        receive_segment(parts(frames), service.check_header, None, read)
+    """What `SegmentStoreServicer.PutStagedSegment` does with the request it decoded."""
+    request = pb.PutStagedSegmentRequest.FromString(
+        staged_put_request(meta, *where).SerializeToString()
     )
-    service.write(received_meta, payload)
+    received = service.check_header(header_to_meta(request.header))
+    name, offset = request.staged.name, request.staged.offset
+    service.write(received, map_staged(directory, name, offset, received.payload_nbytes))
 
 
 def test_a_staged_put_copies_and_hashes_each_chunk_once_per_side(

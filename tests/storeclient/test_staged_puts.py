@@ -20,12 +20,11 @@ import pytest
 from helpers.store import NAMESPACE, make_meta, make_payload
 
 from kvsplice.common.staging import STALE_AFTER_S, map_staged, new_name, sweep_stale
-from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storage.payload_files import PAYLOAD_DIR
 from kvsplice.storeclient import wire
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.config import StoreClientConfig
-from kvsplice.storage.payload_files import PAYLOAD_DIR
 from kvsplice.storeclient.put_staging import MIN_STAGED_NBYTES, PutStaging
 
 PATIENT = StoreClientConfig(lookup_timeout_s=10.0, get_timeout_s=30.0, put_timeout_s=30.0)
@@ -93,14 +92,11 @@ def test_staged_bytes_are_verified_by_every_load(
     meta = wire.with_payload_digest(make_meta([40, 41], payload), payload)
     staging = PutStaging(str(staging_dir))
     with grpc.insecure_channel(sidecar.target) as channel:
-        put = channel.stream_unary(
-            "/kvsplice.v1.SegmentStore/PutSegment",
-            request_serializer=None, response_deserializer=pb.PutSegmentResponse.FromString,
-        )  # fmt: skip
+        put = channel.unary_unary(*wire.PUT_STAGED_SEGMENT)
 
         def status(name: str, offset: int = 0) -> grpc.StatusCode:
             try:
-                put(wire.staged_put_frames(meta, name, offset), timeout=30)
+                put(wire.staged_put_request(meta, name, offset), timeout=30)
             except grpc.RpcError as error:
                 return error.code()  # type: ignore[no-any-return]
             return grpc.StatusCode.OK
