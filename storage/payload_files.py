@@ -12,6 +12,7 @@ import errno
 import logging
 import mmap
 import os
+import queue
 import re
 import secrets
 import stat
@@ -98,6 +99,11 @@ class PayloadFiles:
         self._unsynced_fds: list[int] = []
         self._nbytes = 0
         self._refusals_logged: set[str] = set()
+        # NOTE: files are unlinked by a thread of their own: freeing a file's pages costs
+        # ~ms, which neither the event loop (Delete) nor a put evicting should wait for.
+        self._doomed: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._reaper = threading.Thread(target=self._reap, name="payload-reaper", daemon=True)
+        self._reaper.start()
 
     @property
     def nbytes(self) -> int:
@@ -158,10 +164,11 @@ class PayloadFiles:
         return True
 
     def remove(self, ref: PayloadRef) -> None:
-        """The record referencing `ref` is gone: so is its file."""
+        """The record referencing `ref` is gone: so is its file (unlinked soon; a crash
+        before leaves an orphan, collected at the next open)."""
         with self._lock:
             self._nbytes -= ref.nbytes
-        self._unlink(ref.name)
+        self._doomed.put(ref.name)
 
     def sync(self) -> None:
         """fsync every file adopted so far, then the folder (their names)."""
@@ -195,7 +202,10 @@ class PayloadFiles:
         return referenced.keys() - present
 
     def close(self) -> None:
-        """Close what is still open (unsynced files stay as the kernel holds them)."""
+        """Unlink what waits to be, close what is still open (unsynced files stay as the
+        kernel holds them)."""
+        self._doomed.put(None)
+        self._reaper.join()
         with self._lock:
             fds, self._unsynced_fds = self._unsynced_fds, []
         for fd in fds:
@@ -222,6 +232,10 @@ class PayloadFiles:
         if info.st_size > end:
             os.ftruncate(fd, end)  # a reused staging file's stale tail is not kept
         return fd
+
+    def _reap(self) -> None:
+        while (name := self._doomed.get()) is not None:
+            self._unlink(name)
 
     def _unlink(self, name: str) -> None:
         with suppress(FileNotFoundError):

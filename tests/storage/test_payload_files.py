@@ -41,8 +41,15 @@ def staged(path: Path, payload: bytes) -> VerifiedPayload:
     return VerifiedPayload(buffer.buffer, buffer.offset, buffer.staged)
 
 
-def payload_files(path: Path) -> list[Path]:
-    return sorted((path / "lmdb" / "payloads").iterdir())
+def payload_files(path: Path, num_expected: int | None = None) -> list[Path]:
+    """The payload folder's files, once `num_expected` (removals are unlinked by a thread
+    of the folder's own: a short wait)."""
+    deadline = time.monotonic() + 10
+    while True:
+        files = sorted((path / "lmdb" / "payloads").iterdir())
+        if num_expected in (None, len(files)) or time.monotonic() > deadline:
+            return files
+        time.sleep(0.01)
 
 
 def staging_files(path: Path) -> list[Path]:
@@ -63,9 +70,9 @@ def test_an_adopted_payload_reads_back_and_goes_with_its_record(
     assert lmdb.used_bytes() >= len(payload)  # the file's bytes count against the budget
     replacement = replace(meta, created_at_s=meta.created_at_s + 1)
     store.put(replacement, staged(tmp_path, payload))  # a replaced record's file goes too
-    assert len(payload_files(tmp_path)) == 1
+    assert len(payload_files(tmp_path, 1)) == 1
     assert store.delete(meta.namespace, meta.context_key)
-    assert payload_files(tmp_path) == [] and lmdb.used_bytes() < MIB
+    assert payload_files(tmp_path, 0) == [] and lmdb.used_bytes() < MIB
     assert durable.puts == 1 and durable.checksum_failures == 0
     store.close()
 
@@ -77,7 +84,7 @@ def test_capacity_eviction_removes_the_files_of_the_evicted(tmp_path: Path, make
         store.put(meta, staged(tmp_path, payload))
     held = [m for m, _ in segments if store.get_meta(m.namespace, m.context_key) is not None]
     assert 0 < len(held) < len(segments)
-    assert len(payload_files(tmp_path)) == len(held)
+    assert len(payload_files(tmp_path, len(held))) == len(held)
     assert store._stack.durable.used_bytes() <= 7 * MIB
     for meta, payload in segments[-len(held) :]:
         found = store.get(meta.namespace, meta.context_key)
@@ -97,7 +104,8 @@ def test_a_corrupt_payload_file_is_a_counted_miss_and_is_removed(
         handle.write(bytes([payload[12345] ^ 0xFF]))
     assert store.get(meta.namespace, meta.context_key) is None
     assert store.stats().tiers["lmdb"].checksum_failures == 1
-    assert payload_files(tmp_path) == [] and store.get_meta(meta.namespace, meta.context_key) is None
+    assert payload_files(tmp_path, 0) == []
+    assert store.get_meta(meta.namespace, meta.context_key) is None
     store.close()
 
 
