@@ -37,6 +37,11 @@ _PREFIX = "kvsplice-staging-"
 # NOTE: the random part makes a name unguessable: a client cannot name another's file.
 _NAME = re.compile(rf"^{_PREFIX}(\d+)-[0-9a-f]{{32}}$")
 HEAD_ROOM_NBYTES = 64 * 1024  # before a staged payload: room for its record's header
+# A spare: a removed payload file the sidecar handed back (`storage.payload_files`); a client
+# that needs a fresh staging file claims one by renaming it to its own name, and writes into
+# pages the page cache already holds (a fresh file's pages cost ~1 s of CPU per GB on ext4).
+SPARE_PREFIX = "kvsplice-spare-"
+_SPARE = re.compile(rf"^{SPARE_PREFIX}[0-9a-f]{{32}}$")
 STALE_AFTER_S = 60.0  # a dead writer's file is left alone this long (clock skew, pid reuse)
 
 
@@ -48,6 +53,31 @@ class StagingUnreadable(NotFound):
 def new_name(pid: int | None = None) -> str:
     """A fresh staging file name for process `pid` (this one by default)."""
     return f"{_PREFIX}{os.getpid() if pid is None else pid}-{secrets.token_hex(16)}"
+
+
+def spare_name() -> str:
+    return f"{SPARE_PREFIX}{secrets.token_hex(16)}"
+
+
+def is_spare(name: str) -> bool:
+    return bool(_SPARE.match(name))
+
+
+def claim_spare(staging_dir: str, path: str) -> bool:
+    """Rename one spare of `staging_dir` to `path` (atomic: of clients racing for one spare,
+    one wins); False when none is left."""
+    try:
+        with os.scandir(staging_dir) as entries:
+            spares = [entry.name for entry in entries if is_spare(entry.name)]
+    except OSError:
+        return False
+    for name in spares:
+        try:
+            os.rename(os.path.join(staging_dir, name), path)
+        except OSError:  # claimed by another client first
+            continue
+        return True
+    return False
 
 
 def default_staging_dir() -> str:

@@ -89,7 +89,11 @@ class LMDBTier:
             os.close(self._lock_fd)
             raise
         self._db = self._env.open_db(DB_NAME)
-        self._files = PayloadFiles(config.path, keep_for_sync=config.sync)
+        self._files = PayloadFiles(
+            config.path,
+            keep_for_sync=config.sync,
+            spare_room=lambda: config.map_size_bytes - self._used_bytes(),
+        )
         self._collect_payload_files()
         self._window = (
             SyncWindow(
@@ -162,7 +166,11 @@ class LMDBTier:
     ) -> PayloadRef | None:
         """The payload file `value`'s staged file became, or None: its tail is copied."""
         min_nbytes = self._config.payload_file_min_nbytes
-        if not isinstance(value, SealedRecord) or value.staged is None or record is not value.record:
+        if (
+            not isinstance(value, SealedRecord)
+            or value.staged is None
+            or record is not value.record
+        ):
             return None  # not staged, or re-sealed (compressed)
         header = read_header(record)
         tail_nbytes = header.stored_nbytes - header.head_nbytes
@@ -262,6 +270,9 @@ class LMDBTier:
 
     def used_bytes(self) -> int:
         self._check_open()
+        return self._used_bytes()
+
+    def _used_bytes(self) -> int:
         with self._env.begin() as txn:
             stat = txn.stat(self._db)
         num_pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
@@ -347,7 +358,9 @@ class LMDBTier:
             for key in lost:
                 txn.delete(key)
         for key in lost:
-            logger.warning("%s: dropped record %s: its payload file is missing", self.name, key.hex())
+            logger.warning(
+                "%s: dropped record %s: its payload file is missing", self.name, key.hex()
+            )
         self._counters.add(checksum_failures=len(lost))
 
     def _check_open(self) -> None:

@@ -2,13 +2,21 @@
 in from a staged put by a rename (the sidecar neither copies nor reads their bytes).
 
 Owns the folder (`<lmdb path>/payloads`), the names and the reference a record holds,
-adoption, reading, removal, the fsync of what was adopted, and sweeping orphans at open.
-What a record is (`record`), and when the tier syncs (`lmdb_sync`), are not its concern.
+adoption, reading, removal (a removed file goes back to the staging folder as a spare for
+the next put where no reader maps it and the budget has room), the fsync of what was
+adopted, and sweeping orphans at open. What a record is (`record`), and when the tier
+syncs (`lmdb_sync`), are not its concern.
+
+NOTE: readers take a shared `flock` on a file before they map it and hold it as long as the
+mapping lives (the mapping's own descriptor holds it); a file is handed back as a spare only
+under an exclusive one. A spare is rewritten by its next client: a mapping of it would
+change under its reader after its checksum was verified.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -18,12 +26,13 @@ import secrets
 import stat
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.payload_buffer import StagedFile
+from kvsplice.common.staging import LMDB_STAGING_DIR, is_spare, spare_name
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +75,9 @@ def map_payload(lmdb_path: str, ref: PayloadRef) -> memoryview | None:
 
     NOTE: the mapping outlives a later removal of the file (the kernel keeps the inode).
     """
-    try:
-        fd = os.open(os.path.join(payload_dir(lmdb_path), ref.name), _OPEN_FLAGS)
-    except FileNotFoundError:
+    path = os.path.join(payload_dir(lmdb_path), ref.name)
+    fd = _open_shared(path)
+    if fd is None:
         return None
     try:
         end = ref.offset + ref.nbytes
@@ -76,22 +85,46 @@ def map_payload(lmdb_path: str, ref: PayloadRef) -> memoryview | None:
             raise CorruptPayload(f"payload file {ref.name} is shorter than {end} bytes")
         if not ref.nbytes:
             return memoryview(b"")
-        mapped = mmap.mmap(fd, end, access=mmap.ACCESS_READ)
+        mapped = mmap.mmap(fd, end, access=mmap.ACCESS_READ)  # its own dup: the lock stays
     finally:
         os.close(fd)
     return memoryview(mapped)[ref.offset : end]
+
+
+def _open_shared(path: str) -> int | None:
+    """`path` opened and share-locked (no one may hand it back as a spare meanwhile), or
+    None if it is gone: removed, or being handed back (its name no longer leads to it)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except OSError:  # BlockingIOError: handed back right now; FileNotFoundError: gone
+        pass
+    os.close(fd)
+    return None
 
 
 class PayloadFiles:
     """The payload folder of one LMDB environment (the writer's side; thread-safe).
 
     `keep_for_sync`: adopted files stay open until `sync` fsyncs them (and the folder);
-    otherwise (no fsync configured) they are left to the kernel's write-back.
+    otherwise (no fsync configured) they are left to the kernel's write-back. `spare_room`:
+    how many bytes spares may hold now (the tier's budget left: files and spares together
+    stay within it); spares go to the LMDB directory's staging folder where it exists.
     """
 
-    def __init__(self, lmdb_path: str, keep_for_sync: bool) -> None:
+    def __init__(
+        self, lmdb_path: str, keep_for_sync: bool, spare_room: Callable[[], int] | None = None
+    ) -> None:
         self.path = payload_dir(lmdb_path)
         os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self._spare_dir = os.path.join(lmdb_path, LMDB_STAGING_DIR)
+        self._spare_room = spare_room
+        self._remove_spares()  # an earlier run's: their bytes are counted nowhere
         self._device = os.stat(self.path).st_dev
         self._keep_for_sync = keep_for_sync
         self._lock = threading.Lock()
@@ -148,9 +181,8 @@ class PayloadFiles:
 
     def read_into(self, ref: PayloadRef, out: memoryview) -> bool:
         """Copy the payload into `out` (its size); False if its file is gone."""
-        try:
-            fd = os.open(os.path.join(self.path, ref.name), _OPEN_FLAGS)
-        except FileNotFoundError:
+        fd = _open_shared(os.path.join(self.path, ref.name))
+        if fd is None:
             return False
         try:
             done = 0
@@ -202,10 +234,11 @@ class PayloadFiles:
         return referenced.keys() - present
 
     def close(self) -> None:
-        """Unlink what waits to be, close what is still open (unsynced files stay as the
-        kernel holds them)."""
+        """Unlink what waits to be and the spares, close what is still open (unsynced files
+        stay as the kernel holds them)."""
         self._doomed.put(None)
         self._reaper.join()
+        self._remove_spares()
         with self._lock:
             fds, self._unsynced_fds = self._unsynced_fds, []
         for fd in fds:
@@ -235,7 +268,47 @@ class PayloadFiles:
 
     def _reap(self) -> None:
         while (name := self._doomed.get()) is not None:
-            self._unlink(name)
+            if not self._handed_back(name):
+                self._unlink(name)
+
+    def _handed_back(self, name: str) -> bool:
+        """Whether removed file `name` became a spare (no reader maps it, room is left)."""
+        if self._spare_room is None or not os.path.isdir(self._spare_dir):
+            return False
+        path = os.path.join(self.path, name)
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size > self._spare_room() - self._spares_nbytes():
+                return False
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: mapped
+            os.rename(path, os.path.join(self._spare_dir, spare_name()))
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _spares(self) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(self._spare_dir) as entries:
+                return [entry for entry in entries if is_spare(entry.name)]
+        except OSError:
+            return []
+
+    def _spares_nbytes(self) -> int:
+        nbytes = 0
+        for entry in self._spares():
+            with suppress(OSError):
+                nbytes += entry.stat(follow_symlinks=False).st_size
+        return nbytes
+
+    def _remove_spares(self) -> None:
+        for entry in self._spares():
+            with suppress(OSError):
+                os.unlink(entry.path)
 
     def _unlink(self, name: str) -> None:
         with suppress(FileNotFoundError):

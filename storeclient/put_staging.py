@@ -4,7 +4,8 @@ On the sidecar's host a put's payload is copied into this process's staging file
 the sidecar's staging folder) and the put names the file instead of streaming the
 bytes. The file (mode 0600: only this user's sidecar reads it) is written with one
 `pwrite` and reused by the next put, unless the sidecar adopted it as the payload's
-file (it moved it away: a fresh one is made); it is removed on close, and a killed
+file (it moved it away: the next is a spare the sidecar handed back, claimed by a rename,
+else a fresh one); it is removed on close, and a killed
 process's file is swept by the sidecar. One put at a time uses it: a put that finds
 it busy streams.
 """
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from kvsplice.common.host import host_id
-from kvsplice.common.staging import HEAD_ROOM_NBYTES, new_name
+from kvsplice.common.staging import HEAD_ROOM_NBYTES, claim_spare, new_name
 from kvsplice.storeclient.results import DataPlaneInfo
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class _StagingFile:
         where a write through a map of an unbacked page is SIGBUS; and a fresh file's
         pages cost no page fault each)."""
         if self._fd is None:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            claimed = claim_spare(self._directory, self.path)
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags |= 0 if claimed else os.O_CREAT | os.O_EXCL
             self._fd = os.open(self.path, flags, 0o600)
             self._inode = os.fstat(self._fd).st_ino
         done = 0

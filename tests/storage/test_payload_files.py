@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from kvsplice.common.errors import CorruptPayload
-from kvsplice.common.staging import HEAD_ROOM_NBYTES, map_staged, new_name
+from kvsplice.common.staging import HEAD_ROOM_NBYTES, is_spare, map_staged, new_name
 from kvsplice.storage.config import LMDBTierConfig, RedisTierConfig, StoreConfig, build_store
 from kvsplice.storage.lmdb_reader import LMDBReader, data_file_id
 from kvsplice.storage.lmdb_tier import LMDBTier
+from kvsplice.storage.payload_files import PayloadRef, map_payload
 from kvsplice.storage.segment_codec import VerifiedPayload
 from kvsplice.storage.tiered_store import TieredStore
+from kvsplice.storeclient.put_staging import PutStaging
 
 MIB = 1 << 20
 
@@ -29,9 +31,10 @@ def open_store(path: Path, map_size_bytes: int = 64 * MIB, **overrides: object) 
     return build_store(StoreConfig(lmdb=lmdb, **overrides))  # type: ignore[arg-type]
 
 
-def staged(path: Path, payload: bytes) -> VerifiedPayload:
-    """`payload` in a staging file of `path`, as the server hands it to the store."""
-    staging = path / "staging"
+def staged(path: Path, payload: bytes, staging: Path | None = None) -> VerifiedPayload:
+    """`payload` in a staging file of `staging` (`path`/staging: not the LMDB directory's
+    own, so no spare is handed back), as the server hands it to the store."""
+    staging = path / "staging" if staging is None else staging
     staging.mkdir(exist_ok=True)
     name = new_name()
     with open(staging / name, "wb") as file:
@@ -225,3 +228,48 @@ def test_the_shared_tier_publishes_an_adopted_payload(
         reader.close()
         for key in redis_client.scan_iter(f"{redis.key_prefix}*"):
             redis_client.delete(key)
+
+
+def spares(staging: Path) -> list[Path]:
+    return sorted(p for p in staging.iterdir() if is_spare(p.name))
+
+
+def test_a_removed_file_goes_back_as_a_spare_that_the_next_staged_put_reuses(
+    tmp_path: Path, make_segment
+) -> None:
+    """A client writes its next payload into pages the page cache already holds."""
+    store = open_store(tmp_path)
+    staging = tmp_path / "lmdb" / "staging"  # the LMDB directory's own (`--staging-dir auto`)
+    meta, payload = make_segment(nbytes=2 * MIB, seed=11)
+    store.put(meta, staged(tmp_path, payload, staging))
+    (file,) = payload_files(tmp_path)
+    inode = file.stat().st_ino
+    assert store.delete(meta.namespace, meta.context_key)
+    assert payload_files(tmp_path, 0) == []
+    deadline = time.monotonic() + 10
+    while not spares(staging) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (spare,) = spares(staging)
+    assert spare.stat().st_ino == inode
+    client = PutStaging(str(staging))
+    with client.staged(payload) as where:
+        assert where is not None and (staging / where[0]).stat().st_ino == inode  # claimed
+    assert spares(staging) == []
+    client.close()
+    store.close()
+
+
+def test_a_file_a_reader_maps_is_never_handed_back(tmp_path: Path, make_segment) -> None:
+    """Its next writer would change the bytes under a reader that verified them."""
+    store = open_store(tmp_path)
+    staging = tmp_path / "lmdb" / "staging"
+    meta, payload = make_segment(nbytes=2 * MIB, seed=12)
+    store.put(meta, staged(tmp_path, payload, staging))
+    (file,) = payload_files(tmp_path)
+    ref = PayloadRef(file.name, HEAD_ROOM_NBYTES, len(payload))
+    mapped = map_payload(str(tmp_path / "lmdb"), ref)
+    assert mapped is not None
+    assert store.delete(meta.namespace, meta.context_key)
+    assert payload_files(tmp_path, 0) == []  # the reaper has decided (a rename or an unlink)
+    assert spares(staging) == [] and bytes(mapped) == payload  # unlinked, not handed back
+    store.close()
