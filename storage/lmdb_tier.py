@@ -27,9 +27,8 @@ from kvsplice.common.errors import (
 )
 from kvsplice.storage.config import LMDBTierConfig, describe_durability
 from kvsplice.storage.lmdb_sync import SyncWindow
-from kvsplice.storage.payload_files import PayloadFiles, PayloadRef
+from kvsplice.storage.payload_files import PayloadFiles, PayloadRef, ref_of_value
 from kvsplice.storage.record import (
-    HEADER_NBYTES,
     SealedRecord,
     as_record,
     body_prefix,
@@ -37,6 +36,7 @@ from kvsplice.storage.record import (
     open_record,
     outside_parts,
     read_header,
+    tail_outside,
     with_tail_outside,
 )
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
@@ -185,7 +185,7 @@ class LMDBTier:
         """Write `stored` under `key`; the payload file of the record it replaced, if any."""
         try:
             with self._env.begin(write=True, db=self._db, buffers=True) as txn:
-                replaced = _payload_ref_of(txn.get(key))
+                replaced = ref_of_value(txn.get(key))
                 txn.put(key, stored)
         except lmdb.MapFullError as exc:
             raise ResourceExhausted(
@@ -205,7 +205,7 @@ class LMDBTier:
         outside: bytes | None = None  # a record whose payload is a file: header, head, ref
         with self._env.begin(db=self._db, buffers=True) as txn:
             raw = txn.get(key)
-            if raw is not None and _tail_outside(raw):
+            if raw is not None and tail_outside(raw):
                 outside = bytes(raw)
             elif raw is not None:
                 try:
@@ -244,7 +244,7 @@ class LMDBTier:
         self._check_open()
         try:
             with self._env.begin(write=True, db=self._db, buffers=True) as txn:
-                ref = _payload_ref_of(txn.get(key))
+                ref = ref_of_value(txn.get(key))
                 deleted = bool(txn.delete(key))
         except lmdb.MapFullError as exc:  # headroom used up by pages readers still pin
             raise ResourceExhausted(f"{self.name}: map full, cannot delete {key.hex()}") from exc
@@ -336,7 +336,7 @@ class LMDBTier:
             raw = txn.get(key)
             unchanged = raw is not None and seen is not None and bytes(raw) == seen
             if unchanged or (raw is not None and seen is None and not _verifies(raw)):
-                ref = _payload_ref_of(raw)
+                ref = ref_of_value(raw)
                 txn.delete(key)
         if ref is not None:
             self._files.remove(ref)
@@ -349,7 +349,7 @@ class LMDBTier:
         refs: dict[bytes, PayloadRef] = {}
         with self._env.begin(db=self._db, buffers=True) as txn:
             for key, raw in txn.cursor().iternext():
-                ref = _payload_ref_of(raw)
+                ref = ref_of_value(raw)
                 if ref is not None:
                     refs[bytes(key)] = ref
         missing = self._files.collect(refs.values())
@@ -399,23 +399,6 @@ def _disk_holds_map(path: str, map_nbytes: int) -> bool:
         "%s: the disk cannot hold a %d-byte map: LMDB writes without writemap", path, map_nbytes
     )
     return False
-
-
-def _tail_outside(raw: bytes | memoryview) -> bool:
-    try:
-        return read_header(raw).tail_outside
-    except CorruptPayload:
-        return False  # open_record says why
-
-
-def _payload_ref_of(raw: bytes | memoryview | None) -> PayloadRef | None:
-    """The payload file a stored value names (None: none, or unreadable)."""
-    if raw is None or not _tail_outside(raw):
-        return None
-    try:  # NOTE: the head unverified: a record with a corrupt head still names its file
-        return PayloadRef.decode(memoryview(raw)[HEADER_NBYTES + read_header(raw).head_nbytes :])
-    except CorruptPayload:
-        return None
 
 
 def _verifies(raw: bytes | memoryview) -> bool:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from kvsplice.common.errors import CorruptPayload
 from kvsplice.common.payload_buffer import StagedFile
 from kvsplice.common.staging import LMDB_STAGING_DIR, is_spare, spare_name
+from kvsplice.storage.record import HEADER_NBYTES, read_header, tail_outside
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,19 @@ class PayloadRef:
         if not _NAME.match(text):
             raise CorruptPayload(f"payload reference names no payload file ({text!r})")
         return cls(text, offset, nbytes)
+
+
+def ref_of_value(raw: bytes | memoryview | None) -> PayloadRef | None:
+    """The payload file a stored value names (None: none, or unreadable).
+
+    NOTE: the head is not verified: a record with a corrupt head still names its file.
+    """
+    if raw is None or not tail_outside(raw):
+        return None
+    try:
+        return PayloadRef.decode(memoryview(raw)[HEADER_NBYTES + read_header(raw).head_nbytes :])
+    except CorruptPayload:
+        return None
 
 
 def payload_dir(lmdb_path: str) -> str:

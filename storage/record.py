@@ -128,6 +128,15 @@ def with_tail_outside(record: bytes | memoryview, reference: bytes) -> bytes:
     return bytes(prefix) + reference
 
 
+def tail_outside(raw: bytes | memoryview) -> bool:
+    """Whether `raw` is a value whose tail lies outside it (False for a malformed header:
+    `open_record` says why)."""
+    try:
+        return read_header(raw).tail_outside
+    except CorruptPayload:
+        return False
+
+
 def outside_parts(raw: bytes | memoryview) -> tuple[RecordHeader, memoryview, memoryview]:
     """(header, verified head, reference) of a value whose tail lies outside; the tail's
     xxh3-64 is `header.checksum` (the caller checks it where it reads the tail)."""
