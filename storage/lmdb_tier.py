@@ -348,10 +348,10 @@ class LMDBTier:
         (each counted as a checksum failure: read as a miss, never served)."""
         refs: dict[bytes, PayloadRef] = {}
         with self._env.begin(db=self._db, buffers=True) as txn:
-            for key, raw in txn.cursor().iternext():
+            for stored_key, raw in txn.cursor().iternext():
                 ref = ref_of_value(raw)
                 if ref is not None:
-                    refs[bytes(key)] = ref
+                    refs[bytes(stored_key)] = ref
         missing = self._files.collect(refs.values())
         lost = [key for key, ref in refs.items() if ref.name in missing]
         with self._env.begin(write=True, db=self._db) as txn:
