@@ -44,6 +44,13 @@ def staged(path: Path, payload: bytes, staging: Path | None = None) -> VerifiedP
     return VerifiedPayload(buffer.buffer, buffer.offset, buffer.staged)
 
 
+def put_one(store: TieredStore, path: Path, make_segment, seed: int, staging: Path | None = None):
+    """One 2 MiB segment put staged (in `staging`, see `staged`); its (meta, payload)."""
+    meta, payload = make_segment(nbytes=2 * MIB, seed=seed)
+    store.put(meta, staged(path, payload, staging))
+    return meta, payload
+
+
 def payload_files(path: Path, num_expected: int | None = None) -> list[Path]:
     """The payload folder's files, once `num_expected` (removals are unlinked by a thread
     of the folder's own: a short wait)."""
@@ -63,8 +70,7 @@ def test_an_adopted_payload_reads_back_and_goes_with_its_record(
     tmp_path: Path, make_segment
 ) -> None:
     store = open_store(tmp_path)
-    meta, payload = make_segment(nbytes=2 * MIB, seed=1)
-    store.put(meta, staged(tmp_path, payload))
+    meta, payload = put_one(store, tmp_path, make_segment, seed=1)
     assert staging_files(tmp_path) == [] and len(payload_files(tmp_path)) == 1  # renamed in
     durable = store.stats().tiers["lmdb"]
     found = store.get(meta.namespace, meta.context_key)
@@ -99,8 +105,7 @@ def test_a_corrupt_payload_file_is_a_counted_miss_and_is_removed(
     tmp_path: Path, make_segment
 ) -> None:
     store = open_store(tmp_path)
-    meta, payload = make_segment(nbytes=2 * MIB, seed=2)
-    store.put(meta, staged(tmp_path, payload))
+    meta, payload = put_one(store, tmp_path, make_segment, seed=2)
     (file,) = payload_files(tmp_path)
     with open(file, "r+b") as handle:
         handle.seek(HEAD_ROOM_NBYTES + 12345)
@@ -240,8 +245,7 @@ def test_a_removed_file_goes_back_as_a_spare_that_the_next_staged_put_reuses(
     """A client writes its next payload into pages the page cache already holds."""
     store = open_store(tmp_path)
     staging = tmp_path / "lmdb" / "staging"  # the LMDB directory's own (`--staging-dir auto`)
-    meta, payload = make_segment(nbytes=2 * MIB, seed=11)
-    store.put(meta, staged(tmp_path, payload, staging))
+    meta, payload = put_one(store, tmp_path, make_segment, seed=11, staging=staging)
     (file,) = payload_files(tmp_path)
     inode = file.stat().st_ino
     assert store.delete(meta.namespace, meta.context_key)
@@ -263,8 +267,7 @@ def test_a_file_a_reader_maps_is_never_handed_back(tmp_path: Path, make_segment)
     """Its next writer would change the bytes under a reader that verified them."""
     store = open_store(tmp_path)
     staging = tmp_path / "lmdb" / "staging"
-    meta, payload = make_segment(nbytes=2 * MIB, seed=12)
-    store.put(meta, staged(tmp_path, payload, staging))
+    meta, payload = put_one(store, tmp_path, make_segment, seed=12, staging=staging)
     (file,) = payload_files(tmp_path)
     ref = PayloadRef(file.name, HEAD_ROOM_NBYTES, len(payload))
     mapped = map_payload(str(tmp_path / "lmdb"), ref)
