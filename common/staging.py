@@ -1,9 +1,10 @@
 """Staged puts: a payload handed to the sidecar through a file on its host, not a stream.
 
 A client on the sidecar's host writes a put's payload into a file of the sidecar's
-staging directory (`/dev/shm` by default: memory, not disk) and sends only the header
-and the file's name; the sidecar maps the file (no copy) and treats the bytes exactly
-as streamed ones (size, checksum, fingerprint, tenant checks all hold). Streaming 60 MB
+staging directory (by default inside the LMDB tier's directory, where the tier adopts the
+file as the payload's own by a rename: no copy; else `/dev/shm`) and sends only the header
+and the file's name; the sidecar maps the file (no copy) and treats the bytes as
+streamed ones (size, fingerprint, tenant checks hold; the checksum is the loads' to verify). Streaming 60 MB
 of float32 K/V over loopback gRPC costs ~0.5 CPU-seconds between the two processes;
 the file costs the client's copy into it and the store's copy out of it. The client
 leaves `HEAD_ROOM_NBYTES` before the payload: the sidecar's private (copy-on-write)
@@ -25,12 +26,22 @@ from pathlib import Path
 
 from kvsplice.common.errors import NotFound
 from kvsplice.common.host import is_running
+from kvsplice.common.payload_buffer import PayloadBuffer, StagedFile
 
 DEFAULT_STAGING_DIR = "/dev/shm"
+# The server's default: inside the LMDB tier's directory where it adopts payload files
+# (a rename needs one filesystem), else DEFAULT_STAGING_DIR (`server.data_plane`).
+AUTO_STAGING_DIR = "auto"
+LMDB_STAGING_DIR = "staging"  # the folder's name inside the LMDB tier's directory
 _PREFIX = "kvsplice-staging-"
 # NOTE: the random part makes a name unguessable: a client cannot name another's file.
 _NAME = re.compile(rf"^{_PREFIX}(\d+)-[0-9a-f]{{32}}$")
 HEAD_ROOM_NBYTES = 64 * 1024  # before a staged payload: room for its record's header
+# A spare: a removed payload file the sidecar handed back (`storage.payload_files`); a client
+# that needs a fresh staging file claims one by renaming it to its own name, and writes into
+# pages the page cache already holds (a fresh file's pages cost ~1 s of CPU per GB on ext4).
+SPARE_PREFIX = "kvsplice-spare-"
+_SPARE = re.compile(rf"^{SPARE_PREFIX}[0-9a-f]{{32}}$")
 STALE_AFTER_S = 60.0  # a dead writer's file is left alone this long (clock skew, pid reuse)
 
 
@@ -44,17 +55,43 @@ def new_name(pid: int | None = None) -> str:
     return f"{_PREFIX}{os.getpid() if pid is None else pid}-{secrets.token_hex(16)}"
 
 
+def spare_name() -> str:
+    return f"{SPARE_PREFIX}{secrets.token_hex(16)}"
+
+
+def is_spare(name: str) -> bool:
+    return bool(_SPARE.match(name))
+
+
+def claim_spare(staging_dir: str, path: str) -> bool:
+    """Rename one spare of `staging_dir` to `path` (atomic: of clients racing for one spare,
+    one wins); False when none is left."""
+    try:
+        with os.scandir(staging_dir) as entries:
+            spares = [entry.name for entry in entries if is_spare(entry.name)]
+    except OSError:
+        return False
+    for name in spares:
+        try:
+            os.rename(os.path.join(staging_dir, name), path)
+        except OSError:  # claimed by another client first
+            continue
+        return True
+    return False
+
+
 def default_staging_dir() -> str:
     """`/dev/shm` where this host has a writable one, else "" (staged puts off)."""
     path = DEFAULT_STAGING_DIR
     return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else ""
 
 
-def map_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> memoryview:
+def map_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> PayloadBuffer:
     """Staging file `name` up to the `nbytes` at `offset`, mapped privately: the payload is
     `[offset:]`, what is before it writable scratch (copy-on-write: the file never
-    changes). StagingUnreadable if the name is not a staging name, the file is not a
-    regular file or is too short.
+    changes), and the file it lies in (`staged`: a durable tier may adopt it).
+    StagingUnreadable if the name is not a staging name, the file is not a regular file
+    or is too short.
 
     NOTE: the pages are the client's until the sidecar writes one: a client that changes
     its payload after sending the put stores a record that fails verification on every
@@ -82,7 +119,8 @@ def map_staged(staging_dir: str, name: str, offset: int, nbytes: int) -> memoryv
         mapped = mmap.mmap(fd, offset + nbytes, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)  # the mapping stays
-    return memoryview(mapped)  # unmapped once no view of it is left
+    staged = StagedFile(path, info.st_dev, info.st_ino, offset)
+    return PayloadBuffer(memoryview(mapped), offset, staged)  # unmapped once no view is left
 
 
 def sweep_stale(staging_dir: str | None, now_s: float | None = None) -> int:

@@ -63,14 +63,12 @@ class SegmentHeader(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., context_key: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., content_key: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., boundary_layers: _Optional[_Iterable[int]] = ..., payload_nbytes: _Optional[int] = ..., checksum: _Optional[int] = ..., ttl_s: _Optional[float] = ..., left_tail_ids: _Optional[_Iterable[int]] = ..., index_text: _Optional[str] = ..., created_at_s: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[str] = ..., exact: _Optional[bool] = ..., engine_block_hashes: _Optional[_Iterable[bytes]] = ..., engine_parent_block_hash: _Optional[bytes] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class PutSegmentRequest(_message.Message):
-    __slots__ = ("header", "chunk", "staged")
+    __slots__ = ("header", "chunk")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
-    STAGED_FIELD_NUMBER: _ClassVar[int]
     header: SegmentHeader
     chunk: bytes
-    staged: StagedPayload
-    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., staged: _Optional[_Union[StagedPayload, _Mapping]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class StagedPayload(_message.Message):
     __slots__ = ("name", "offset")
@@ -79,6 +77,14 @@ class StagedPayload(_message.Message):
     name: str
     offset: int
     def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class PutStagedSegmentRequest(_message.Message):
+    __slots__ = ("header", "staged")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    header: SegmentHeader
+    staged: StagedPayload
+    def __init__(self, header: _Optional[_Union[SegmentHeader, _Mapping]] = ..., staged: _Optional[_Union[StagedPayload, _Mapping]] = ...) -> None: ...
 
 class PutSegmentResponse(_message.Message):
     __slots__ = ("context_key",)

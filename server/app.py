@@ -65,6 +65,7 @@ class StoreServer:
     follower: asyncio.Task[None] | None = None
     persister: asyncio.Task[None] | None = None
     kv_events: KvEventPublisher | None = None
+    staging_dir: str = ""  # where clients on this host stage puts ("": nowhere)
 
     async def start(self) -> None:
         num_segments = self.segments.rebuild_indexes()
@@ -149,7 +150,7 @@ class StoreServer:
         """Reclaim expired segments now and then (reads also drop them lazily), and the
         staging files of clients that died without removing theirs."""
         while True:
-            num_files = await asyncio.to_thread(sweep_stale, self.config.staging_dir)
+            num_files = await asyncio.to_thread(sweep_stale, self.staging_dir)
             if num_files:
                 logger.info("removed %d staging files of exited clients", num_files)
             await asyncio.sleep(self.config.sweep_interval_s)
@@ -250,14 +251,9 @@ def build(config: ServerConfig) -> StoreServer:
         metrics.bind_store(store.stats)
         metrics.registry.register(NamespacePressureCollector(store.namespace_pressure))
         uploads = UploadBudget(config.max_inflight_upload_nbytes, config.stream_idle_timeout_s)
+        data_plane = describe_data_plane(config.store, config.staging_dir)
         servicer = SegmentStoreServicer(
-            segments,
-            anchors,
-            metrics,
-            config.chunk_nbytes,
-            describe_data_plane(config.store, config.staging_dir),
-            authenticator,
-            uploads,
+            segments, anchors, metrics, config.chunk_nbytes, data_plane, authenticator, uploads
         )
         server, health = _grpc_server(config, servicer, metrics, authenticator)
         address = _bind(server, config.listen_address, config.tls)
@@ -269,7 +265,7 @@ def build(config: ServerConfig) -> StoreServer:
         segments.add_index_watcher(kv_events)
     return StoreServer(
         config, server, health, store, segments, anchors, metrics, address, authenticator, uploads,
-        kv_events=kv_events,
+        kv_events=kv_events, staging_dir=data_plane.staging_dir,
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field
 
 from kvsplice.common.config_flags import MIB, existing_file_flag, flag
 from kvsplice.common.segment import MAX_SEGMENT_TOKENS
-from kvsplice.common.staging import DEFAULT_STAGING_DIR
+from kvsplice.common.staging import AUTO_STAGING_DIR
 from kvsplice.index.anchor_pool import AnchorPoolConfig
 from kvsplice.index.exact_index import ExactIndexConfig
 from kvsplice.index.similarity_config import SimilarityConfig
@@ -153,9 +153,10 @@ class ServerConfig:
         path=True,
     )
     staging_dir: str | None = flag(
-        DEFAULT_STAGING_DIR,
-        "Folder (memory: /dev/shm) where clients on this host hand over a put's payload "
-        "in a file instead of streaming it; '' streams only. Off by itself where missing.",
+        AUTO_STAGING_DIR,
+        "Folder where clients on this host hand over a put's payload in a file instead of "
+        "streaming it; 'auto': inside the LMDB directory (adopted as the payload's file, no "
+        "copy), else /dev/shm; '' streams only. Off by itself where missing.",
     )
     sweep_interval_s: float = 60.0
     # How often reported reuse is written into the tiers (and at shutdown): a SIGKILL loses

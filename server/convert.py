@@ -12,7 +12,6 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Se
 from typing import TypeAlias, TypeVar, cast
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest, StreamStalled
-from kvsplice.common.payload_buffer import PayloadBuffer
 from kvsplice.common.reuse_report import MAX_REPORTED_SEGMENTS, SERVED, ReuseReport, Served
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.index.exact_index import PrefixMatch
@@ -25,8 +24,6 @@ from kvsplice.server.segment_service import SimilarQuery
 from kvsplice.storage.tiered_store import StoredSegment
 
 HeaderCheck = Callable[[SegmentMeta], SegmentMeta]
-# (name, offset, nbytes) -> the staged file mapped up to its payload (`common.staging.map_staged`)
-StagedReader = Callable[[str, int, int], memoryview]
 PutPart: TypeAlias = pb.PutSegmentRequest | memoryview  # a parsed message, or a chunk's bytes
 _SEGMENT_REF_FIELDS = tuple(pb.SegmentRef.DESCRIPTOR.fields_by_name)
 
@@ -70,12 +67,10 @@ async def receive_segment(
     requests: AsyncIterable[PutPart],
     check_header: HeaderCheck,
     idle_timeout_s: float | None = None,
-    read_staged: StagedReader | None = None,
     on_header: Callable[[pb.SegmentHeader], None] | None = None,
-) -> tuple[SegmentMeta, memoryview | PayloadBuffer]:
-    """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes,
-    or one `StagedPayload` naming a file `read_staged` maps them from (same host: the
-    payload as a `PayloadBuffer` with the file's room before it, not copied).
+) -> tuple[SegmentMeta, memoryview]:
+    """Read a PutSegment stream: exactly one header, then chunks totalling payload_nbytes
+    (a staged payload comes as one `PutStagedSegment` message instead).
 
     `check_header` validates the header before any payload byte is buffered, so
     an oversize or malformed put is refused without reading its payload. Chunks are
@@ -84,7 +79,6 @@ async def receive_segment(
     """
     meta: SegmentMeta | None = None
     chunks: list[bytes | memoryview] = []
-    staged: PayloadBuffer | None = None
     num_received = 0
     async for request in within_idle_timeout(requests, idle_timeout_s, "PutSegment"):
         part = _put_part(request)
@@ -97,16 +91,6 @@ async def receive_segment(
             continue
         if meta is None:
             raise InvalidRequest("PutSegment stream sent payload bytes before its header")
-        if isinstance(part, pb.StagedPayload):
-            if chunks or staged is not None or read_staged is None:
-                raise InvalidRequest("a staged payload must be a put's only payload part")
-            mapped = await asyncio.to_thread(
-                read_staged, part.name, part.offset, meta.payload_nbytes
-            )
-            staged = PayloadBuffer(mapped, part.offset)
-            continue
-        if staged is not None:
-            raise InvalidRequest("a staged payload must be a put's only payload part")
         num_received += len(part)
         if num_received > meta.payload_nbytes:
             raise CorruptPayload(
@@ -115,8 +99,6 @@ async def receive_segment(
         chunks.append(part)
     if meta is None:
         raise InvalidRequest("PutSegment stream ended without a header")
-    if staged is not None:
-        return meta, staged
     if num_received != meta.payload_nbytes:
         raise CorruptPayload(
             f"stream ended after {num_received} of {meta.payload_nbytes} payload bytes"
@@ -124,17 +106,13 @@ async def receive_segment(
     return meta, memoryview(b"".join(chunks))
 
 
-def _put_part(
-    request: PutPart,
-) -> pb.SegmentHeader | pb.StagedPayload | bytes | memoryview:
-    """What a PutSegment message carries: its header, its chunk's bytes, or where they are."""
+def _put_part(request: PutPart) -> pb.SegmentHeader | bytes | memoryview:
+    """What a PutSegment message carries: its header or its chunk's bytes."""
     if isinstance(request, memoryview):
         return request
     part = request.WhichOneof("part")
     if part is None:
         raise InvalidRequest("PutSegment message holds neither header nor chunk")
-    if part == "staged":
-        return request.staged
     return request.header if part == "header" else request.chunk  # each read copies: read once
 
 

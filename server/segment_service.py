@@ -157,7 +157,8 @@ class SegmentService:
 
         Keys are immutable: a key that holds another segment raises AlreadyExists; the
         same segment again is a no-op returning the stored meta. Index it with `index`.
-        The payload is hashed here, once: the store carries this checksum to the record.
+        A streamed payload is hashed here, once: the store carries this checksum to the
+        record; a staged one is not (see below).
         """
         meta = self.check_header(meta)
         received = payload if isinstance(payload, PayloadBuffer) else PayloadBuffer(_flat(payload))
@@ -165,9 +166,13 @@ class SegmentService:
             raise CorruptPayload(
                 f"received {len(received)} payload bytes, header says {meta.payload_nbytes}"
             )
-        if payload_digest(received.view) != meta.checksum:
+        # NOTE: a staged payload is not hashed here: it never crossed a network, its client
+        # hashed it, and the durable tier may adopt its file without reading a byte. Every
+        # load verifies it (a payload that fails is a counted corrupt miss, then removed):
+        # a bad or changed staged file costs a recompute, never a wrong token.
+        if received.staged is None and payload_digest(received.view) != meta.checksum:
             raise CorruptPayload(f"payload checksum mismatch for segment {meta.segment_id}")
-        verified = VerifiedPayload(received.buffer, received.offset)
+        verified = VerifiedPayload(received.buffer, received.offset, received.staged)
         existing = self._store.put_if_absent(meta, verified)
         if existing is None:
             return meta

@@ -10,7 +10,6 @@ NOT_FOUND, which clients read as a miss. Payload reads and writes run on worker 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -73,8 +72,7 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
         self._chunk_nbytes = chunk_nbytes
         self._auth = authenticator or Authenticator()
         self._uploads = uploads or UploadBudget()
-        staging_dir = "" if data_plane is None else data_plane.staging_dir
-        self._read_staged = functools.partial(staging.map_staged, staging_dir)
+        self._staging_dir = "" if data_plane is None else data_plane.staging_dir
 
     def _allow(self, context: aio.ServicerContext, namespace: str, write: bool = False) -> str:
         """`namespace`, checked, if the caller's tenant may use it (PERMISSION_DENIED if not)."""
@@ -93,13 +91,35 @@ class SegmentStoreServicer(store_pb2_grpc.SegmentStoreServicer):
 
             session_ids: list[str] = []
             meta, payload = await convert.receive_segment(
-                request_iterator, admit, self._uploads.idle_timeout_s, self._read_staged,
+                request_iterator, admit, self._uploads.idle_timeout_s,
                 on_header=lambda header: session_ids.append(checked_session(header.session_id)),
             )  # fmt: skip
             stored = await _offloaded(meta.payload_nbytes, self._segments.write, meta, payload)
+        return self._stored(stored, session_ids[0] if session_ids else "")
+
+    async def PutStagedSegment(
+        self, request: pb.PutStagedSegmentRequest, context: aio.ServicerContext
+    ) -> pb.PutSegmentResponse:
+        """A put whose payload waits in a staging file (`common.staging`): one message,
+        mapped and written in one hop to a worker thread (the event loop reads no stream)."""
+        with self._uploads.slot() as slot:
+            meta = convert.header_to_meta(request.header)
+            self._allow(context, meta.namespace, write=True)
+            meta = slot.reserve(self._segments.check_header(meta))
+            session_id = checked_session(request.header.session_id)
+            staged = request.staged
+            stored = await asyncio.to_thread(self._write_staged, meta, staged.name, staged.offset)
+        return self._stored(stored, session_id)
+
+    def _write_staged(self, meta: SegmentMeta, name: str, offset: int) -> SegmentMeta:
+        payload = staging.map_staged(self._staging_dir, name, offset, meta.payload_nbytes)
+        return self._segments.write(meta, payload)
+
+    def _stored(self, stored: SegmentMeta, session_id: str) -> pb.PutSegmentResponse:
+        """Index, hold and count a written segment; its put's response."""
         self._segments.index(stored)
-        if session_ids and session_ids[0]:
-            self._segments.sessions.hold(stored.namespace, session_ids[0], [stored.context_key])
+        if session_id:
+            self._segments.sessions.hold(stored.namespace, session_id, [stored.context_key])
         self._metrics.add_bytes("in", stored.payload_nbytes)
         self._metrics.observe_segment_size(stored.payload_nbytes)
         return pb.PutSegmentResponse(context_key=stored.context_key)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
-from kvsplice.common.staging import DEFAULT_STAGING_DIR
+from kvsplice.common.staging import AUTO_STAGING_DIR
 from kvsplice.storage.config import LMDBTierConfig
 
 START_TIMEOUT_S = 60.0
@@ -31,7 +31,7 @@ class SidecarSpec:
     max_payload_nbytes: int | None = None  # None: the service's default
     sweep_interval_s: float = 60.0  # how often expired segments are removed
     admin: bool = False  # serve the admin API on a free loopback port (`admin_url`)
-    staging_dir: str | None = DEFAULT_STAGING_DIR  # staged puts (`common.staging`); None: off
+    staging_dir: str | None = AUTO_STAGING_DIR  # staged puts (`common.staging`); None: off
     lmdb: LMDBTierConfig | None = None  # the whole tier config; None: from the fields above
 
     def __post_init__(self) -> None:

@@ -74,6 +74,11 @@ class LMDBTierConfig:
         True, "Write LMDB records straight into its map (no staging copy of the pages).",
         name="lmdb-writemap",
     )  # fmt: skip
+    payload_file_min_nbytes: int = flag(
+        1 * MIB, "A staged payload this large is adopted as a file beside LMDB (renamed in "
+        "from the staging folder: no copy) where both share a filesystem; 0: always copied.",
+        name="lmdb-payload-file-min-mib", mib=True, min=0,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -84,6 +89,13 @@ class LMDBTierConfig:
             raise ValueError(f"sync_interval_ms {self.sync_interval_ms!r} must be finite, >= 0")
         if self.max_unsynced_bytes < 1:
             raise ValueError(f"max_unsynced_bytes {self.max_unsynced_bytes} must be >= 1")
+        if self.payload_file_min_nbytes < 0:
+            raise ValueError(f"payload_file_min_nbytes {self.payload_file_min_nbytes} is < 0")
+
+    @property
+    def adopts_payload_files(self) -> bool:
+        """Staged payloads (large enough) become files beside the map, not copies in it."""
+        return self.payload_file_min_nbytes > 0 and not self.compress
 
     @property
     def grouped_sync(self) -> bool:
@@ -94,6 +106,8 @@ class LMDBTierConfig:
 def describe_durability(config: LMDBTierConfig) -> str:
     """What an acknowledged put of this tier survives, in one line (bench JSON, logs)."""
     pages = "writemap" if config.writemap else "no writemap"
+    if config.adopts_payload_files:
+        pages += f", staged payloads >= {config.payload_file_min_nbytes / MIB:g} MiB as files"
     if not config.sync:
         return f"no fsync (page cache; fsync at close), {pages}"
     if not config.grouped_sync:

@@ -23,7 +23,8 @@ from kvsplice.common.errors import CorruptPayload, StoreUnavailable
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.keyspace import segment_key
 from kvsplice.storage.lmdb_tier import DB_NAME, MAX_READERS
-from kvsplice.storage.record import HEADER_NBYTES, open_record, read_header
+from kvsplice.storage.payload_files import PayloadRef, map_payload
+from kvsplice.storage.record import HEADER_NBYTES, open_record, outside_parts, read_header
 from kvsplice.storage.segment_codec import read_meta, segment_payload
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ class LMDBReader:
         self.path = path
 
     def read(self, namespace: str, context_key: bytes) -> MappedSegment | None:
-        """The verified segment stored under (namespace, context_key), or None if absent.
+        """The verified segment stored under (namespace, context_key), or None if absent
+        (a record whose payload file was removed after this read's snapshot is absent).
 
         Raises `CorruptPayload` on a record that fails verification, `StoreUnavailable`
         when no read transaction can start (closed, reader table full).
@@ -146,6 +148,8 @@ class LMDBReader:
             raw = txn.get(key)
             if raw is None:
                 return None
+            if read_header(raw).tail_outside:
+                return _verified_outside(self.path, raw)  # a file's mapping: txn not needed
             segment, pinned = self._verified(txn, raw)
             return segment
         finally:
@@ -220,3 +224,16 @@ class LMDBReader:
         if header.compressed:
             return MappedSegment(meta, payload), False
         return MappedSegment(meta, np.asarray(_Pin(self, txn, payload)).data), True
+
+
+def _verified_outside(lmdb_path: str, raw: bytes | memoryview) -> MappedSegment | None:
+    """The segment of a record whose payload is a file, mapped (one xxh3 pass); None if
+    the file is gone (removed since the snapshot: the segment was deleted)."""
+    _, head, reference = outside_parts(raw)
+    meta = read_meta(head)
+    payload = map_payload(lmdb_path, PayloadRef.decode(reference))
+    if payload is None:
+        return None
+    if len(payload) != meta.payload_nbytes or xxhash.xxh3_64_intdigest(payload) != meta.checksum:
+        raise CorruptPayload(f"payload file of segment {meta.segment_id} fails its checksum")
+    return MappedSegment(meta, payload)

@@ -4,6 +4,8 @@ Owns transactions (none leaks out: every read is copied out of its transaction
 before it ends) and map-full handling; it never evicts on its own: when the map
 is full it raises `ResourceExhausted` and the store decides what to evict. Owns the
 directory, too: an exclusive lock file keeps a second writer (another sidecar) out.
+A staged payload of at least `payload_file_min_nbytes` is adopted as a file beside the
+map (`payload_files`): the record holds its head and a reference, the file the payload.
 """
 
 from __future__ import annotations
@@ -25,7 +27,18 @@ from kvsplice.common.errors import (
 )
 from kvsplice.storage.config import LMDBTierConfig, describe_durability
 from kvsplice.storage.lmdb_sync import SyncWindow
-from kvsplice.storage.record import SealedRecord, as_record, body_prefix, open_record
+from kvsplice.storage.payload_files import PayloadFiles, PayloadRef, ref_of_value
+from kvsplice.storage.record import (
+    SealedRecord,
+    as_record,
+    body_prefix,
+    check_tail,
+    open_record,
+    outside_parts,
+    read_header,
+    tail_outside,
+    with_tail_outside,
+)
 from kvsplice.storage.tier import EvictionCallback, TierCounters, TierStats
 
 logger = logging.getLogger(__name__)
@@ -76,9 +89,15 @@ class LMDBTier:
             os.close(self._lock_fd)
             raise
         self._db = self._env.open_db(DB_NAME)
+        self._files = PayloadFiles(
+            config.path,
+            keep_for_sync=config.sync,
+            spare_room=lambda: config.map_size_bytes - self._used_bytes(),
+        )
+        self._collect_payload_files()
         self._window = (
             SyncWindow(
-                lambda: self._env.sync(True),
+                self._sync_all,
                 config.sync_interval_ms / 1e3,
                 config.max_unsynced_bytes,
                 name,
@@ -119,7 +138,8 @@ class LMDBTier:
 
     def put(self, key: bytes, value: bytes | memoryview | SealedRecord) -> None:
         # NOTE: a `SealedRecord` is stored as it is: txn.put copies it once, straight into
-        # the map under writemap; it is not hashed here (its receiver verified its payload).
+        # the map under writemap, or its staged file is adopted (no copy); it is not hashed
+        # here (its receiver verified its payload, or every load verifies it).
         record = as_record(value, self._config.compress)
         self._check_open()
         if self.used_bytes() + len(record) > self._config.map_size_bytes:
@@ -127,19 +147,54 @@ class LMDBTier:
                 f"{self.name}: {self._config.map_size_bytes} bytes hold no room for a record "
                 f"of {len(record)} bytes"
             )
+        ref = self._adopted(value, record)
+        stored = record if ref is None else with_tail_outside(record, ref.encode())
         try:
-            with self._env.begin(write=True, db=self._db) as txn:
-                txn.put(key, record)
-        except lmdb.MapFullError as exc:
-            raise ResourceExhausted(
-                f"{self.name}: map of {self._config.map_size_bytes} bytes is full "
-                f"(record of {len(record)} bytes)"
-            ) from exc
-        except lmdb.BadValsizeError as exc:
-            raise InvalidRequest(f"{self.name}: key of {len(key)} bytes is too long") from exc
+            replaced = self._commit(key, stored, len(record))
+        except BaseException:
+            if ref is not None and isinstance(value, SealedRecord) and value.staged is not None:
+                self._files.give_back(ref, value.staged)  # a retry may adopt it again
+            raise
+        if replaced is not None:
+            self._files.remove(replaced)
         if self._window is not None:
             self._window.committed(len(record))
         self._counters.add(puts=1, bytes_in=len(value))
+
+    def _adopted(
+        self, value: bytes | memoryview | SealedRecord, record: bytes | memoryview
+    ) -> PayloadRef | None:
+        """The payload file `value`'s staged file became, or None: its tail is copied."""
+        min_nbytes = self._config.payload_file_min_nbytes
+        if (
+            not isinstance(value, SealedRecord)
+            or value.staged is None
+            or record is not value.record
+        ):
+            return None  # not staged, or re-sealed (compressed)
+        header = read_header(record)
+        tail_nbytes = header.stored_nbytes - header.head_nbytes
+        if not header.split or not min_nbytes or tail_nbytes < min_nbytes:
+            return None
+        ref = self._files.adopt(value.staged, tail_nbytes)
+        if ref is not None and self._config.sync and not self._config.grouped_sync:
+            self._files.sync()  # fsync per commit: the file before the record naming it
+        return ref
+
+    def _commit(self, key: bytes, stored: bytes | memoryview, nbytes: int) -> PayloadRef | None:
+        """Write `stored` under `key`; the payload file of the record it replaced, if any."""
+        try:
+            with self._env.begin(write=True, db=self._db, buffers=True) as txn:
+                replaced = ref_of_value(txn.get(key))
+                txn.put(key, stored)
+        except lmdb.MapFullError as exc:
+            raise ResourceExhausted(
+                f"{self.name}: map of {self._config.map_size_bytes} bytes is full "
+                f"(record of {nbytes} bytes)"
+            ) from exc
+        except lmdb.BadValsizeError as exc:
+            raise InvalidRequest(f"{self.name}: key of {len(key)} bytes is too long") from exc
+        return replaced
 
     def get(self, key: bytes) -> bytes | memoryview | None:
         self._check_open()
@@ -147,17 +202,25 @@ class LMDBTier:
         body: memoryview | None = None
         # NOTE: with buffers=True `raw` aliases the map and dies with the transaction,
         # so the body is verified in place and copied out before the `with` ends.
+        outside: bytes | None = None  # a record whose payload is a file: header, head, ref
         with self._env.begin(db=self._db, buffers=True) as txn:
             raw = txn.get(key)
-            if raw is not None:
+            if raw is not None and tail_outside(raw):
+                outside = bytes(raw)
+            elif raw is not None:
                 try:
                     verified = open_record(raw)
                     body = self._buffers.take(len(verified))
                     body[:] = verified
                 except CorruptPayload as exc:
                     corrupt = exc
+        if outside is not None:
+            try:
+                body = self._read_outside(outside)
+            except CorruptPayload as exc:
+                corrupt = exc
         if corrupt is not None:
-            self._discard_corrupt(key, corrupt)
+            self._discard_corrupt(key, corrupt, outside)
         if body is None:
             self._counters.add(misses=1)
             return None
@@ -180,10 +243,14 @@ class LMDBTier:
     def delete(self, key: bytes) -> bool:
         self._check_open()
         try:
-            with self._env.begin(write=True, db=self._db) as txn:
-                return bool(txn.delete(key))
+            with self._env.begin(write=True, db=self._db, buffers=True) as txn:
+                ref = ref_of_value(txn.get(key))
+                deleted = bool(txn.delete(key))
         except lmdb.MapFullError as exc:  # headroom used up by pages readers still pin
             raise ResourceExhausted(f"{self.name}: map full, cannot delete {key.hex()}") from exc
+        if ref is not None:  # NOTE: after the commit: a crash between leaves an orphan
+            self._files.remove(ref)  # (collected at open), never a record without its file
+        return deleted
 
     def contains(self, key: bytes) -> bool:
         self._check_open()
@@ -203,10 +270,13 @@ class LMDBTier:
 
     def used_bytes(self) -> int:
         self._check_open()
+        return self._used_bytes()
+
+    def _used_bytes(self) -> int:
         with self._env.begin() as txn:
             stat = txn.stat(self._db)
         num_pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-        return int(num_pages * stat["psize"])
+        return int(num_pages * stat["psize"]) + self._files.nbytes
 
     def capacity_bytes(self) -> int | None:
         return self._config.map_size_bytes
@@ -221,6 +291,7 @@ class LMDBTier:
             elif not self._config.sync:
                 self._env.sync(True)
         finally:
+            self._files.close()
             self._env.close()
             os.close(self._lock_fd)  # closing the descriptor releases the lock
 
@@ -240,14 +311,57 @@ class LMDBTier:
                 batch.append(key)
         return batch
 
-    def _discard_corrupt(self, key: bytes, exc: CorruptPayload) -> None:
-        """Delete `key` if it still fails verification (a writer may have replaced it)."""
+    def _sync_all(self) -> None:
+        """The sync window's fsync: payload files (and their folder) before the map, so a
+        synced record never names a file that is not."""
+        self._files.sync()
+        self._env.sync(True)
+
+    def _read_outside(self, outside: bytes) -> memoryview:
+        """The verified body of a record whose payload is a file (one copy, one hash)."""
+        header, head, reference = outside_parts(outside)
+        ref = PayloadRef.decode(reference)
+        body = self._buffers.take(header.stored_nbytes)
+        body[: len(head)] = head
+        if not self._files.read_into(ref, body[len(head) :]):
+            raise CorruptPayload(f"payload file {ref.name} is missing")
+        check_tail(body[len(head) :], header)
+        return body
+
+    def _discard_corrupt(self, key: bytes, exc: CorruptPayload, seen: bytes | None = None) -> None:
+        """Delete `key` if it still fails verification (a writer may have replaced it): a
+        record whose payload is a file (`seen`) if it is still that very record."""
+        ref = None
         with self._env.begin(write=True, db=self._db, buffers=True) as txn:
             raw = txn.get(key)
-            if raw is not None and not _verifies(raw):
+            unchanged = raw is not None and seen is not None and bytes(raw) == seen
+            if unchanged or (raw is not None and seen is None and not _verifies(raw)):
+                ref = ref_of_value(raw)
                 txn.delete(key)
+        if ref is not None:
+            self._files.remove(ref)
         self._counters.add(checksum_failures=1)
         logger.warning("%s: dropped corrupt record %s: %s", self.name, key.hex(), exc)
+
+    def _collect_payload_files(self) -> None:
+        """At open: remove payload files no record names, and records whose file is gone
+        (each counted as a checksum failure: read as a miss, never served)."""
+        refs: dict[bytes, PayloadRef] = {}
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            for stored_key, raw in txn.cursor().iternext():
+                ref = ref_of_value(raw)
+                if ref is not None:
+                    refs[bytes(stored_key)] = ref
+        missing = self._files.collect(refs.values())
+        lost = [key for key, ref in refs.items() if ref.name in missing]
+        with self._env.begin(write=True, db=self._db) as txn:
+            for key in lost:
+                txn.delete(key)
+        for key in lost:
+            logger.warning(
+                "%s: dropped record %s: its payload file is missing", self.name, key.hex()
+            )
+        self._counters.add(checksum_failures=len(lost))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -5,6 +5,8 @@ reserved u16 | stored_len u64 | raw_len u64 | xxh3_64(stored body) u64 | body.
 A split record (flag 0x02, never compressed) covers its body in two parts, so that a
 tail whose xxh3-64 arrived with it is never hashed again to seal it: the checksum field
 covers body[head_len:], and the raw_len field holds head_len u32 | xxh3_64(head) low u32.
+A split record may keep its tail outside (flag 0x04, with 0x02): the value is header,
+head and a reference of the tier's own (the LMDB tier's payload files), not the tail.
 Owns sealing and verification only; what the body means belongs to the caller.
 """
 
@@ -19,12 +21,16 @@ import xxhash
 import zstandard
 
 from kvsplice.common.errors import CorruptPayload
+from kvsplice.common.payload_buffer import StagedFile
 
 MAGIC = b"KVSR"
 VERSION = 1
 FLAG_ZSTD = 0x01
 FLAG_SPLIT = 0x02
-_KNOWN_FLAGS = FLAG_ZSTD | FLAG_SPLIT
+FLAG_TAIL_OUTSIDE = 0x04  # only with FLAG_SPLIT
+_KNOWN_FLAGS = FLAG_ZSTD | FLAG_SPLIT | FLAG_TAIL_OUTSIDE
+_FLAG_FORMS = (0, FLAG_ZSTD, FLAG_SPLIT, FLAG_SPLIT | FLAG_TAIL_OUTSIDE)
+_FLAGS_AT = 5  # the flags byte's offset in the header
 _HEAD_CHECKSUM_MASK = 0xFFFFFFFF
 HEADER = struct.Struct("<4sBBHQQQ")
 HEADER_NBYTES = HEADER.size
@@ -54,7 +60,12 @@ class RecordHeader:
         return bool(self.flags & FLAG_SPLIT)
 
     @property
+    def tail_outside(self) -> bool:
+        return bool(self.flags & FLAG_TAIL_OUTSIDE)
+
+    @property
     def record_nbytes(self) -> int:
+        """The whole record's size (its tail's included where that lies outside the value)."""
         return HEADER_NBYTES + self.stored_nbytes
 
 
@@ -84,9 +95,12 @@ def seal(body: bytes | memoryview, compress: bool = False) -> bytes:
 @dataclass(frozen=True)
 class SealedRecord:
     """A whole record (header, then body) that a tier stores as it is, sealed by
-    `split_prefix`; `len()` is its body's size, as for a body handed to `seal`."""
+    `split_prefix`; `len()` is its body's size, as for a body handed to `seal`.
+    `staged`: the file the record's tail lies in (a staged put), which a tier may adopt
+    (`with_tail_outside`) instead of copying the tail out of `record`."""
 
     record: bytes | memoryview
+    staged: StagedFile | None = None
 
     def __len__(self) -> int:
         return len(self.record) - HEADER_NBYTES
@@ -101,6 +115,50 @@ def split_prefix(head: bytes, tail_nbytes: int, tail_checksum: int) -> bytes:
         (len(head) << 32) | head_checksum, tail_checksum,
     )  # fmt: skip
     return header + head
+
+
+def with_tail_outside(record: bytes | memoryview, reference: bytes) -> bytes:
+    """The value of split `record` with its tail kept outside: header (flagged), head and
+    `reference` (where the tier keeps the tail) instead of the tail."""
+    header = read_header(record)
+    if not header.split or header.tail_outside:
+        raise ValueError("only a split record with its tail inside can keep it outside")
+    prefix = bytearray(record[: HEADER_NBYTES + header.head_nbytes])
+    prefix[_FLAGS_AT] |= FLAG_TAIL_OUTSIDE
+    return bytes(prefix) + reference
+
+
+def tail_outside(raw: bytes | memoryview) -> bool:
+    """Whether `raw` is a value whose tail lies outside it (False for a malformed header:
+    `open_record` says why)."""
+    try:
+        return read_header(raw).tail_outside
+    except CorruptPayload:
+        return False
+
+
+def outside_parts(raw: bytes | memoryview) -> tuple[RecordHeader, memoryview, memoryview]:
+    """(header, verified head, reference) of a value whose tail lies outside; the tail's
+    xxh3-64 is `header.checksum` (the caller checks it where it reads the tail)."""
+    header = read_header(raw)
+    if not header.tail_outside:
+        raise CorruptPayload("record keeps its tail inside")
+    stored = memoryview(raw)[HEADER_NBYTES:]
+    head, reference = stored[: header.head_nbytes], stored[header.head_nbytes :]
+    if xxhash.xxh3_64_intdigest(head) & _HEAD_CHECKSUM_MASK != header.head_checksum:
+        raise CorruptPayload("record head checksum mismatch")
+    return header, head, reference
+
+
+def check_tail(tail: bytes | memoryview, header: RecordHeader) -> None:
+    """`CorruptPayload` unless `tail` is the split record's tail (size and xxh3-64)."""
+    if len(tail) != header.stored_nbytes - header.head_nbytes:
+        raise CorruptPayload(
+            f"record tail holds {len(tail)} bytes, header says "
+            f"{header.stored_nbytes - header.head_nbytes}"
+        )
+    if xxhash.xxh3_64_intdigest(tail) != header.checksum:
+        raise CorruptPayload("record checksum mismatch")
 
 
 def as_record(value: bytes | memoryview | SealedRecord, compress: bool) -> bytes | memoryview:
@@ -120,7 +178,7 @@ def read_header(raw: bytes | memoryview) -> RecordHeader:
         raise CorruptPayload(f"bad record magic {bytes(magic)!r}")
     if version != VERSION:
         raise CorruptPayload(f"unknown record version {version}")
-    if flags & ~_KNOWN_FLAGS or flags == _KNOWN_FLAGS or reserved:
+    if flags not in _FLAG_FORMS or reserved:
         raise CorruptPayload(f"unknown record flags {flags:#x} / reserved bits {reserved:#x}")
     if flags & FLAG_SPLIT:
         head_nbytes, head_checksum = raw_nbytes >> 32, raw_nbytes & _HEAD_CHECKSUM_MASK
@@ -142,6 +200,8 @@ def open_record(raw: bytes | memoryview) -> bytes | memoryview:
     A raw record's body is a zero-copy view into `raw` (valid as long as `raw` is).
     """
     header = read_header(raw)
+    if header.tail_outside:
+        raise CorruptPayload("record keeps its tail outside this value (not a tier's record)")
     if len(raw) != header.record_nbytes:
         raise CorruptPayload(f"record holds {len(raw)} bytes, header says {header.record_nbytes}")
     stored = memoryview(raw)[HEADER_NBYTES:]
@@ -165,8 +225,7 @@ def _verify_split(body: memoryview, header: RecordHeader) -> None:
     head, tail = body[: header.head_nbytes], body[header.head_nbytes :]
     if xxhash.xxh3_64_intdigest(head) & _HEAD_CHECKSUM_MASK != header.head_checksum:
         raise CorruptPayload("record head checksum mismatch")
-    if xxhash.xxh3_64_intdigest(tail) != header.checksum:
-        raise CorruptPayload("record checksum mismatch")
+    check_tail(tail, header)
 
 
 def body_prefix(raw: bytes | memoryview, max_nbytes: int) -> bytes:
@@ -176,6 +235,8 @@ def body_prefix(raw: bytes | memoryview, max_nbytes: int) -> bytes:
     as far as needed. The bytes are not covered by the checksum: callers verify.
     """
     header = read_header(raw)
+    if header.tail_outside:  # the head only: the tail is not in this value
+        max_nbytes = min(max_nbytes, header.head_nbytes)
     stored = memoryview(raw)[HEADER_NBYTES : header.record_nbytes]
     if not header.compressed:
         return bytes(stored[:max_nbytes])

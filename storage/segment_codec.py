@@ -19,6 +19,7 @@ import numpy as np
 import xxhash
 
 from kvsplice.common.errors import CorruptPayload, InvalidRequest
+from kvsplice.common.payload_buffer import StagedFile
 from kvsplice.common.segment import SegmentMeta
 from kvsplice.storage.record import SealedRecord, split_prefix
 
@@ -77,12 +78,15 @@ def decode_meta(raw: bytes | memoryview) -> SegmentMeta:
 
 @dataclass(frozen=True)
 class VerifiedPayload:
-    """A payload whose xxh3-64 its receiver checked against `meta.checksum` (the one
-    hash of a put), in `buffer[offset:]`. `buffer[:offset]` is writable scratch: a record's
-    header written there joins the payload into one value without copying it."""
+    """A payload its receiver vouches for, in `buffer[offset:]`: its xxh3-64 checked
+    against `meta.checksum` (the one hash of a put), or, `staged` in a file of the client's
+    on this host, hashed by the client alone (every load verifies it: `staged`).
+    `buffer[:offset]` is writable scratch: a record's header written there joins the
+    payload into one value without copying it."""
 
     buffer: memoryview  # flat bytes; writable where `offset` > 0
     offset: int = 0
+    staged: StagedFile | None = None  # the file it lies in, which a tier may adopt
 
     @property
     def view(self) -> memoryview:
@@ -146,7 +150,7 @@ def sealed_segment(meta: SegmentMeta, payload: Payload) -> tuple[SealedRecord, b
     if isinstance(payload, VerifiedPayload) and payload.offset >= len(prefix):
         start = payload.offset - len(prefix)
         payload.buffer[start : payload.offset] = prefix
-        return SealedRecord(payload.buffer[start:]), head
+        return SealedRecord(payload.buffer[start:], payload.staged), head
     return SealedRecord(b"".join((prefix, view))), head
 
 

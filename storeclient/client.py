@@ -89,6 +89,9 @@ class StoreClient:
         # NOTE: types-grpcio lacks grpcio's private `_registered_method` keyword (the
         # generated stubs pass it too): the ignores are for that stub gap only.
         self._put_segment = self._channel.stream_unary(*wire.PUT_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
+        self._put_staged_segment = self._channel.unary_unary(
+            *wire.PUT_STAGED_SEGMENT, _registered_method=True
+        )  # type: ignore[call-arg]
         self._get_segment = self._channel.unary_stream(*wire.GET_SEGMENT, _registered_method=True)  # type: ignore[call-arg]
         self._metadata = bearer_metadata(token)
         self._warn_degraded = functools.partial(warn_degraded, target, self.config.warn_interval_s)
@@ -157,9 +160,9 @@ class StoreClient:
         with staging.staged(payload) as where:
             if where is None:
                 return False
-            frames = wire.staged_put_frames(meta, *where, sid)
+            request = wire.staged_put_request(meta, *where, sid)
             try:
-                self._put_segment(frames, timeout=timeout_s, metadata=self._metadata)
+                self._put_staged_segment(request, timeout=timeout_s, metadata=self._metadata)
             except grpc.RpcError as error:
                 if error.code() is not grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
                     raise

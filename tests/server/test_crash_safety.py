@@ -22,6 +22,7 @@ from helpers.store import NAMESPACE, make_meta, make_payload
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.storage.config import LMDBTierConfig, describe_durability
+from kvsplice.storage.payload_files import PAYLOAD_DIR
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.config import StoreClientConfig
 from kvsplice.storeclient.wire import put_requests
@@ -135,6 +136,7 @@ def test_sigkill_at_the_default_durability_loses_no_acknowledged_staged_put(
     finally:
         sidecar.stop()
     assert lost == []  # allowed for a process crash: none
+    assert any((lmdb_dir / PAYLOAD_DIR).iterdir())  # the payloads were adopted as files
 
 
 def _holds(client: StoreClient, i: int) -> bool:

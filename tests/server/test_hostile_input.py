@@ -34,6 +34,7 @@ INT_RANGES = {
     FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
     FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
 }
 FUZZ = settings(
     max_examples=25,

@@ -3,15 +3,15 @@ from the client's copy into its staging file to the record committed in LMDB, an
 sidecar's read of it back. An added payload hash or payload-sized copy fails a test here.
 
 What is counted: every xxh3-64 call over at least half a payload (the module attribute is
-wrapped, so every call site in kvsplice is seen), and payload-sized Python allocations
-(tracemalloc's peak above its start, in payloads). The copies that write into memory that
-already exists are named in `EXPECTED`: the client's copy into its staging file and
-LMDB's copy of the record into its map (C, under writemap).
+wrapped, so every call site in kvsplice is seen), payload-sized Python allocations
+(tracemalloc's peak above its start, in payloads), and payload-sized values handed to
+LMDB (its C copy into the map, which tracemalloc cannot see: `LMDBTier._commit` is the
+one place a record reaches `txn.put`). The client's copy into its staging file writes
+into the file's pages (`pwrite`); the sidecar adopts that file as the payload's own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,27 +28,33 @@ from kvsplice.index.exact_index import ExactIndex
 from kvsplice.index.similarity_index import SimilarityIndex
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.config import SegmentServiceConfig
-from kvsplice.server.convert import receive_segment
+from kvsplice.server.convert import header_to_meta
 from kvsplice.server.segment_service import SegmentService
 from kvsplice.storage.config import LMDBTierConfig, MemoryTierConfig, StoreConfig, build_store
+from kvsplice.storage.lmdb_tier import LMDBTier
 from kvsplice.storeclient.put_staging import PutStaging
-from kvsplice.storeclient.wire import staged_put_frames, with_payload_digest
+from kvsplice.storeclient.wire import staged_put_request, with_payload_digest
 
 PAYLOAD_NBYTES = 8 << 20
 FINGERPRINT = "kvfp1-" + "ab" * 16
 # Per chunk, today. Raise one of these only with a reason in the issue that needs it.
 EXPECTED = {
     "client_hashes": 1,  # meta.checksum, computed once (`with_payload_digest`)
-    "sidecar_hashes": 1,  # the verify on arrival; the record carries it (no seal hash)
+    "sidecar_hashes": 0,  # a staged file is adopted unread; every load verifies it
     "load_hashes": 1,  # one verify on the sidecar's read
     "client_allocations": 0,  # the one client copy writes into the staging file's pages
     "sidecar_allocations": 0,  # mapped, not read; the record is built in the room before it
+    "sidecar_lmdb_copies": 0,  # the payload is a file renamed in: LMDB holds its head only
 }
+# Where a staged file cannot be adopted (another filesystem, `payload_file_min_nbytes` 0):
+# copied into the map once, still unhashed (before issue 51, also one verify on arrival).
+COPIED = EXPECTED | {"sidecar_lmdb_copies": 1}
 
 
 @dataclass
 class Counts:
     num_hashes: int = 0
+    num_lmdb_copies: int = 0
 
 
 @pytest.fixture
@@ -62,6 +68,14 @@ def hashes(monkeypatch: pytest.MonkeyPatch) -> Counts:
         return real(data, *args)
 
     monkeypatch.setattr(xxhash, "xxh3_64_intdigest", counted)
+    commit = LMDBTier._commit
+
+    def counted_commit(tier: LMDBTier, key: bytes, stored: bytes | memoryview, n: int) -> object:
+        if len(stored) >= PAYLOAD_NBYTES // 2:
+            counts.num_lmdb_copies += 1
+        return commit(tier, key, stored, n)
+
+    monkeypatch.setattr(LMDBTier, "_commit", counted_commit)
     return counts
 
 
@@ -78,9 +92,18 @@ def payload_allocations(run: Callable[[], object]) -> int:
     return (peak - start) // PAYLOAD_NBYTES
 
 
+@pytest.fixture(params=[True, False], ids=["adopted", "copied"])
+def adopts(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[SegmentService]:
-    lmdb = LMDBTierConfig(str(tmp_path / "lmdb"), map_size_bytes=8 * PAYLOAD_NBYTES)
+def service(tmp_path: Path, adopts: bool) -> Iterator[SegmentService]:
+    lmdb = LMDBTierConfig(
+        str(tmp_path / "lmdb"),
+        map_size_bytes=8 * PAYLOAD_NBYTES,
+        payload_file_min_nbytes=(1 << 20) if adopts else 0,
+    )
     memory = MemoryTierConfig(max_bytes=4 * PAYLOAD_NBYTES)  # above LMDB, as `serve` has it
     store = build_store(StoreConfig(memory=memory, lmdb=lmdb))
     config = SegmentServiceConfig(max_payload_nbytes=PAYLOAD_NBYTES)
@@ -94,25 +117,22 @@ def make_segment() -> tuple[SegmentMeta, bytes]:
     return meta, payload
 
 
-async def parts(frames: Iterator[bytes]):  # what the servicer hands `receive_segment`
-    for frame in frames:
-        yield pb.PutSegmentRequest.FromString(frame)
-
-
 def sidecar_put(service: SegmentService, directory: str, meta: SegmentMeta, where) -> None:
-    def read(name: str, offset: int, nbytes: int) -> memoryview:
-        return map_staged(directory, name, offset, nbytes)
-
-    frames = staged_put_frames(meta, *where)
-    received_meta, payload = asyncio.run(
-        receive_segment(parts(frames), service.check_header, None, read)
+    """What `SegmentStoreServicer.PutStagedSegment` does with the request it decoded."""
+    request = pb.PutStagedSegmentRequest.FromString(
+        staged_put_request(meta, *where).SerializeToString()
     )
-    service.write(received_meta, payload)
+    received = service.check_header(header_to_meta(request.header))
+    name, offset = request.staged.name, request.staged.offset
+    service.write(received, map_staged(directory, name, offset, received.payload_nbytes))
 
 
 def test_a_staged_put_copies_and_hashes_each_chunk_once_per_side(
-    service: SegmentService, hashes: Counts, tmp_path: Path
+    service: SegmentService, hashes: Counts, tmp_path: Path, adopts: bool
 ) -> None:
+    """Adopted (the default where the staging folder shares the LMDB's filesystem): the
+    sidecar neither hashes nor copies the payload; copied: one verify, one copy into LMDB.
+    The copied form is also this test's negative control: the counts see that copy."""
     meta, payload = make_segment()
     staging = PutStaging(str(tmp_path))
     counts: dict[str, int] = {}
@@ -127,19 +147,20 @@ def test_a_staged_put_copies_and_hashes_each_chunk_once_per_side(
                 staged.append(where)
 
         with staging.staged(b"\0" * len(payload)):
-            pass  # the file exists and is mapped before anything is counted
+            pass  # the file exists before anything is counted
         counts["client_allocations"] = payload_allocations(client)
         counts["client_hashes"], hashes.num_hashes = hashes.num_hashes, 0
         counts["sidecar_allocations"] = payload_allocations(
             lambda: sidecar_put(service, str(tmp_path), meta, staged[0])
         )
         counts["sidecar_hashes"], hashes.num_hashes = hashes.num_hashes, 0
+        counts["sidecar_lmdb_copies"] = hashes.num_lmdb_copies
         stored = service.fetch("ns", meta.context_key)
         counts["load_hashes"] = hashes.num_hashes
     finally:
         staging.close()
     assert stored is not None and bytes(stored.payload) == payload
-    assert counts == EXPECTED
+    assert counts == (EXPECTED if adopts else COPIED)
 
 
 def test_the_counter_sees_an_added_hash_pass(service: SegmentService, hashes: Counts) -> None:

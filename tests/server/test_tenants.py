@@ -16,11 +16,12 @@ from helpers.scripts import load_script
 from helpers.store import FINGERPRINT, make_meta, make_payload
 
 from kvsplice.common.errors import PermissionDenied, Unauthenticated
+from kvsplice.common.staging import new_name
 from kvsplice.proto import store_pb2 as pb
 from kvsplice.proto import store_pb2_grpc
 from kvsplice.server.embedded import EmbeddedStore, loopback_config
 from kvsplice.server.tenants import Authenticator, Tenant, TenantTable, token_sha256
-from kvsplice.storeclient.wire import put_requests
+from kvsplice.storeclient.wire import put_requests, staged_put_request
 
 TOKENS = {"alice": "tok-alice", "bob": "tok-bob", "reader": "tok-reader", "root": "tok-root"}
 
@@ -165,6 +166,9 @@ def rpc_calls(
     meta = make_meta([7, 7, 7], payload, namespace=ns)
     return {
         "PutSegment": lambda s, md: s.PutSegment(put_requests(meta, payload, 4096), metadata=md),
+        "PutStagedSegment": lambda s, md: s.PutStagedSegment(
+            staged_put_request(meta, new_name(), 0), metadata=md
+        ),
         "GetSegment": lambda s, md: list(
             s.GetSegment(pb.GetSegmentRequest(namespace=ns, context_key=key), metadata=md)
         ),
@@ -250,6 +254,7 @@ def test_every_rpc_aimed_at_another_tenant_is_refused(store: EmbeddedStore) -> N
         reader_calls = rpc_calls(meta.context_key, "team-a")
         for name in (
             "PutSegment",
+            "PutStagedSegment",
             "PutAnchor",
             "Delete",
             "ReportReuse",

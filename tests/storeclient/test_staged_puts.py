@@ -20,8 +20,8 @@ import pytest
 from helpers.store import NAMESPACE, make_meta, make_payload
 
 from kvsplice.common.staging import STALE_AFTER_S, map_staged, new_name, sweep_stale
-from kvsplice.proto import store_pb2 as pb
 from kvsplice.server.sidecar_process import SidecarProcess, SidecarSpec
+from kvsplice.storage.payload_files import PAYLOAD_DIR
 from kvsplice.storeclient import wire
 from kvsplice.storeclient.client import StoreClient
 from kvsplice.storeclient.config import StoreClientConfig
@@ -65,11 +65,14 @@ def test_a_large_put_is_staged_and_reads_back_equal_to_a_streamed_one(
         assert streaming.put_segment(streamed_meta, big)
         assert client.counters.num_staged_puts == 1
         assert streaming.counters.num_staged_puts == 0
-        assert len(_staging_files(staging_dir)) == 1  # one file, reused by every put
+        # the staged file was adopted as the payload's own (same filesystem: renamed, no
+        # copy); the next staged put makes a fresh one
+        assert _staging_files(staging_dir) == []
+        payload_files = Path(sidecar.spec.lmdb_path) / PAYLOAD_DIR
+        assert len(list(payload_files.iterdir())) == 1
         for meta, payload in ((staged_meta, big), (small_meta, small), (streamed_meta, big)):
             found = streaming.get_segment(meta.segment_id)  # over gRPC: the sidecar's copy
             assert found is not None and bytes(found[1]) == payload
-        # a bigger payload grows the same file; the sidecar reads only the declared bytes
         bigger = make_payload(5 << 20, seed=3)
         assert client.put_segment(make_meta([8], bigger), bigger)
         found = streaming.get_segment(make_meta([8], bigger).segment_id)
@@ -78,24 +81,22 @@ def test_a_large_put_is_staged_and_reads_back_equal_to_a_streamed_one(
     assert _staging_files(staging_dir) == []  # close removed it
 
 
-def test_staged_bytes_are_verified_like_streamed_ones(
+def test_staged_bytes_are_verified_by_every_load(
     sidecar: SidecarProcess, staging_dir: Path
 ) -> None:
-    """A staged payload whose bytes differ from what its header promises is refused
-    (DATA_LOSS) and nothing is stored; a name that is not a staging file, a missing
-    one, a short one or a symlink is NOT_FOUND."""
+    """A staged payload whose bytes differ from what its header promises is stored unread
+    (the sidecar does not hash staged puts) and read as a miss, counted and removed, so
+    that a put of the right bytes then stores them; a name that is not a staging file, a
+    missing one, a short one or a symlink is NOT_FOUND."""
     payload = make_payload(1 << 20, seed=4)
     meta = wire.with_payload_digest(make_meta([40, 41], payload), payload)
     staging = PutStaging(str(staging_dir))
     with grpc.insecure_channel(sidecar.target) as channel:
-        put = channel.stream_unary(
-            "/kvsplice.v1.SegmentStore/PutSegment",
-            request_serializer=None, response_deserializer=pb.PutSegmentResponse.FromString,
-        )  # fmt: skip
+        put = channel.unary_unary(*wire.PUT_STAGED_SEGMENT)
 
         def status(name: str, offset: int = 0) -> grpc.StatusCode:
             try:
-                put(wire.staged_put_frames(meta, name, offset), timeout=30)
+                put(wire.staged_put_request(meta, name, offset), timeout=30)
             except grpc.RpcError as error:
                 return error.code()  # type: ignore[no-any-return]
             return grpc.StatusCode.OK
@@ -104,9 +105,11 @@ def test_staged_bytes_are_verified_like_streamed_ones(
         tampered[12345] ^= 0xFF
         with staging.staged(bytes(tampered)) as where:
             assert where is not None
-            assert status(*where) is grpc.StatusCode.DATA_LOSS
             past_end = os.path.getsize(staging_dir / where[0]) - len(payload) + 1
             assert status(where[0], past_end) is grpc.StatusCode.NOT_FOUND  # runs past the end
+            assert status(*where) is grpc.StatusCode.OK  # stored, its bytes unread
+        with StoreClient(sidecar.target, NAMESPACE, config=STREAMED) as client:
+            assert client.get_segment(meta.segment_id) is None  # verified on load: a miss
         for name in ("../../etc/passwd", "lmdb", new_name()):  # not ours / not a name / absent
             assert status(name) is grpc.StatusCode.NOT_FOUND, name
         link = staging_dir / new_name()
@@ -142,10 +145,10 @@ def test_a_sidecar_that_cannot_read_the_file_gets_the_put_streamed(
 def test_a_full_staging_folder_streams_the_put(
     sidecar: SidecarProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def full(fd: int, offset: int, length: int) -> None:
+    def full(fd: int, data: object, offset: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "pwrite", full)
     payload = make_payload(2 << 20, seed=6)
     with StoreClient(sidecar.target, NAMESPACE, config=PATIENT) as client:
         assert client.put_segment(make_meta([60], payload), payload)
@@ -180,8 +183,10 @@ def test_map_staged_refuses_what_is_not_a_staging_file(tmp_path: Path) -> None:
 
     good = tmp_path / new_name()
     good.write_bytes(b"0123456789")
-    mapped = map_staged(str(tmp_path), good.name, 2, 5)
-    assert bytes(mapped[2:]) == b"23456"
+    staged = map_staged(str(tmp_path), good.name, 2, 5)
+    mapped = staged.buffer
+    assert bytes(staged.view) == b"23456" and staged.offset == 2
+    assert staged.staged is not None and staged.staged.inode == good.stat().st_ino
     mapped[:2] = b"ab"  # the room before the payload is private: the file stays as it was
     assert good.read_bytes() == b"0123456789"
     (tmp_path / (name := new_name())).mkdir()
