@@ -24,7 +24,9 @@ CONFIG = SessionBenchConfig(
     sweep_lmdb_mib=(),
 )  # fmt: skip
 TRACE = build_trace(CONFIG)
-NO_RULE = RetentionRules(tails_first=False, leaves_first=False, reused_last=False, max_remembered=0)
+NO_RULE = RetentionRules(
+    tails_first=False, leaves_first=False, reused_last=False, forecast=False, max_remembered=0
+)
 
 
 def hits(result: ReplayResult) -> int:
