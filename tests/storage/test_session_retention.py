@@ -1,13 +1,15 @@
 """The retention rules beside the lease (`RetentionRules`), each against the order without it:
 a session's passed-over tails go right after released segments, held segments after their held
-descendants, and segments re-used without a session after other unheld ones while sessions
-hold any; none of them changes the order of a store where no session holds anything."""
+descendants, segments re-used without a session after other unheld ones while sessions hold
+any, and those and the held ones by forecast next use; none of them changes the order of a
+store where no session holds anything."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
 
+from kvsplice.storage import sessions
 from kvsplice.storage.config import RetentionRules
 from kvsplice.storage.sessions import SessionLeases
 
@@ -167,10 +169,19 @@ def test_the_forecast_puts_a_session_quiet_past_every_return_before_a_re_used_do
     assert order(without, lru) == [b"x", b"doc-0", b"doc-1", b"quiet", b"busy"]
 
 
-def test_the_forecast_keeps_a_busy_session_over_a_document_read_as_often() -> None:
-    """A session asking every 10 s outranks the document until it has been quiet too long."""
+def test_the_forecast_keeps_a_session_that_just_asked_until_it_is_quiet_too_long() -> None:
+    """busy outranks the document until it has been quiet for longer than sessions came back
+    after (10 s)."""
     leases, clock = forecast_history(replace(NONE, reused_last=True, forecast=True))
     lru = [b"doc-0", b"busy"]
     assert order(leases, lru) == [b"doc-0", b"busy"]
     clock.now_s = 75.5  # busy quiet for 11.5 s: longer than any session came back after
     assert order(leases, lru) == [b"busy", b"doc-0"]
+
+
+def test_the_forecast_ranks_only_the_oldest_re_used_unheld_keys(monkeypatch) -> None:
+    """Its cost bound: past `MAX_FORECAST_UNHELD` of them, the rest wait after in LRU order."""
+    monkeypatch.setattr(sessions, "MAX_FORECAST_UNHELD", 1)
+    leases, _ = forecast_history(replace(NONE, reused_last=True, forecast=True))
+    lru = [b"x", b"doc-0", b"doc-1", b"quiet", b"busy"]
+    assert order(leases, lru) == [b"x", b"quiet", b"doc-0", b"busy", b"doc-1"]

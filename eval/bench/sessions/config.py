@@ -47,7 +47,9 @@ class SessionBenchConfig:
     num_popular: int = 16
     popular_share: float = 0.3
     sweep_lmdb_mib: tuple[int, ...] = flag(
-        (8, 10, 32), "LMDB budgets in MiB also replayed (sensitivity; '': none).", csv=True,
+        (8, 10, 32),
+        "LMDB budgets in MiB also replayed (sensitivity; '': none).",
+        csv=True,
         min=1,
     )
     seed: int = flag(0, "Seed of the trace.")
