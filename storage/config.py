@@ -183,12 +183,17 @@ class RetentionRules:
     `leaves_first`: a held segment goes after its held descendants (evicting it would strand
     them). `reused_last`: a segment without a session that was read again, or put again
     within `max_remembered` evictions of its own, goes after the other unheld ones (before
-    the held ones): one-shot prompts do not flush a shared document's prefix.
+    the held ones): one-shot prompts do not flush a shared document's prefix. `forecast`:
+    those re-used unheld segments and the held ones go together, the furthest forecast next
+    use first (`reuse_forecast`: a held segment by its session's next request, learned from
+    the waits and expiries of every session; an unheld one by its own uses): a session gone
+    quiet for longer than sessions come back after goes before a document read every minute.
     """
 
     tails_first: bool = True
     leaves_first: bool = True
     reused_last: bool = True
+    forecast: bool = True
     max_remembered: int = 65_536  # keys of the latest evictions (0: none)
 
     def __post_init__(self) -> None:

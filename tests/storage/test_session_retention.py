@@ -1,18 +1,22 @@
 """The retention rules beside the lease (`RetentionRules`), each against the order without it:
 a session's passed-over tails go right after released segments, held segments after their held
-descendants, and segments re-used without a session after other unheld ones while sessions
-hold any; none of them changes the order of a store where no session holds anything."""
+descendants, segments re-used without a session after other unheld ones while sessions hold
+any, and those and the held ones by forecast next use; none of them changes the order of a
+store where no session holds anything."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
 
+from kvsplice.storage import sessions
 from kvsplice.storage.config import RetentionRules
 from kvsplice.storage.sessions import SessionLeases
 
 ALL = RetentionRules()
-NONE = RetentionRules(tails_first=False, leaves_first=False, reused_last=False, max_remembered=0)
+NONE = RetentionRules(
+    tails_first=False, leaves_first=False, reused_last=False, forecast=False, max_remembered=0
+)
 
 
 class Clock:
@@ -131,3 +135,53 @@ def test_the_order_stays_lazy_while_sessions_hold_segments() -> None:
     assert next(victims) == b"instr-p"  # the tail, from the held keys
     assert next(victims) == b"one-shot"
     assert len(scanned) == 1
+
+
+def forecast_history(rules: RetentionRules) -> tuple[SessionLeases, Clock]:
+    """Sessions came back within 10 s or never; a document used twice in 65 s; at 65 s one
+    session has been quiet for 45 s, another asked 1 s ago."""
+    clock = Clock()
+    leases = SessionLeases(60.0, 60.0, lambda namespace: None, clock, rules)
+    leases.hold(("ns", "gone"), [])  # never comes back: expires at 60 s
+    leases.hold(("ns", "back"), [])
+    for key in (b"doc-0", b"doc-1"):
+        leases.inserted(key)
+    clock.now_s = 10.0
+    leases.hold(("ns", "back"), [])  # a 10 s wait
+    clock.now_s = 20.0
+    leases.hold(("ns", "quiet"), [(b"quiet", 1)], parents={b"quiet": b"root"})
+    for clock.now_s in (20.0, 30.0):
+        for key in (b"doc-0", b"doc-1"):  # one prompt reads both, in order
+            leases.touched(key)
+    clock.now_s = 64.0
+    leases.hold(("ns", "busy"), [(b"busy", 1)], parents={b"busy": b"root"})
+    clock.now_s = 65.0
+    return leases, clock
+
+
+def test_the_forecast_puts_a_session_quiet_past_every_return_before_a_re_used_document() -> None:
+    """Forecasts at 65 s: quiet never (no session came back after 45 s, one never did), the
+    document in 32.5 s (65 s / 2 uses), busy in 18 s (9 s left of a 10 s wait, 1 in 2 back)."""
+    lru = [b"x", b"doc-0", b"doc-1", b"quiet", b"busy"]
+    with_rule, _ = forecast_history(replace(NONE, reused_last=True, forecast=True))
+    assert order(with_rule, lru) == [b"x", b"quiet", b"doc-1", b"doc-0", b"busy"]
+    without, _ = forecast_history(replace(NONE, reused_last=True))  # negative control
+    assert order(without, lru) == [b"x", b"doc-0", b"doc-1", b"quiet", b"busy"]
+
+
+def test_the_forecast_keeps_a_session_that_just_asked_until_it_is_quiet_too_long() -> None:
+    """busy outranks the document until it has been quiet for longer than sessions came back
+    after (10 s)."""
+    leases, clock = forecast_history(replace(NONE, reused_last=True, forecast=True))
+    lru = [b"doc-0", b"busy"]
+    assert order(leases, lru) == [b"doc-0", b"busy"]
+    clock.now_s = 75.5  # busy quiet for 11.5 s: longer than any session came back after
+    assert order(leases, lru) == [b"busy", b"doc-0"]
+
+
+def test_the_forecast_ranks_only_the_oldest_re_used_unheld_keys(monkeypatch) -> None:
+    """Its cost bound: past `MAX_FORECAST_UNHELD` of them, the rest wait after in LRU order."""
+    monkeypatch.setattr(sessions, "MAX_FORECAST_UNHELD", 1)
+    leases, _ = forecast_history(replace(NONE, reused_last=True, forecast=True))
+    lru = [b"x", b"doc-0", b"doc-1", b"quiet", b"busy"]
+    assert order(leases, lru) == [b"x", b"quiet", b"doc-0", b"busy", b"doc-1"]

@@ -1,6 +1,7 @@
 """The retention rules measured one at a time: the trace replayed with sessions and every rule,
 with none, with each alone and with all but each, beside today's eviction and Belady's optimum
-at the same budgets. `python -m kvsplice.eval.bench.sessions.ablation LMDB_MIB... --json PATH`.
+at the same budgets. `python -m kvsplice.eval.bench.sessions.ablation LMDB_MIB... [--seed N]
+--json PATH`.
 """
 
 from __future__ import annotations
@@ -18,22 +19,21 @@ from kvsplice.eval.bench.sessions.replay import replay, temporary_dir
 from kvsplice.eval.bench.sessions.trace import build_trace
 from kvsplice.storage.config import RetentionRules
 
-SWITCHES = ("tails_first", "leaves_first", "reused_last", "max_remembered")
+SWITCHES = ("tails_first", "leaves_first", "reused_last", "max_remembered", "forecast")
+NEEDS_REUSED = ("max_remembered", "forecast")  # they refine `reused_last`: alone, with it
 
 
 def variants() -> dict[str, RetentionRules]:
     every = RetentionRules()
-    off = {"tails_first": False, "leaves_first": False, "reused_last": False}
+    off = {"tails_first": False, "leaves_first": False, "reused_last": False, "forecast": False}
     none = replace(every, **off, max_remembered=0)
     found = {"all rules": every, "no rule": none}
     for switch in SWITCHES:
         default = getattr(every, switch)
         unset = 0 if switch == "max_remembered" else False
-        alone: dict[str, Any] = (
-            {"max_remembered": default, "reused_last": True}
-            if switch == "max_remembered"
-            else {switch: default}
-        )
+        alone: dict[str, Any] = {switch: default}
+        if switch in NEEDS_REUSED:
+            alone["reused_last"] = True
         found[f"only {switch}"] = replace(none, **alone)
         unset_one: dict[str, Any] = {switch: unset}
         found[f"all but {switch}"] = replace(every, **unset_one)
@@ -73,14 +73,17 @@ def ablation(config: SessionBenchConfig) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("lmdb_mib", type=int, nargs="+")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the trace.")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-    base = SessionBenchConfig()
+    base = SessionBenchConfig(seed=args.seed)
     budgets: list[dict[str, Any]] = []
     document = {
         "command": "python -m kvsplice.eval.bench.sessions.ablation "
         + " ".join(map(str, args.lmdb_mib))
+        + (f" --seed {args.seed}" if args.seed else "")
         + (f" --json {args.json_path}" if args.json_path else ""),
+        "seed": args.seed,
         "budgets": budgets,
     }
     for lmdb_mib in args.lmdb_mib:

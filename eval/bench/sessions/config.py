@@ -47,7 +47,10 @@ class SessionBenchConfig:
     num_popular: int = 16
     popular_share: float = 0.3
     sweep_lmdb_mib: tuple[int, ...] = flag(
-        (8, 32), "LMDB budgets in MiB also replayed (sensitivity; '': none).", csv=True, min=1
+        (8, 10, 32),
+        "LMDB budgets in MiB also replayed (sensitivity; '': none).",
+        csv=True,
+        min=1,
     )
     seed: int = flag(0, "Seed of the trace.")
     cost_json: str = flag(DEFAULT_COST_JSON, "Bench JSON whose row prices prefill and loads.")

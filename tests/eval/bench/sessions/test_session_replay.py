@@ -24,7 +24,9 @@ CONFIG = SessionBenchConfig(
     sweep_lmdb_mib=(),
 )  # fmt: skip
 TRACE = build_trace(CONFIG)
-NO_RULE = RetentionRules(tails_first=False, leaves_first=False, reused_last=False, max_remembered=0)
+NO_RULE = RetentionRules(
+    tails_first=False, leaves_first=False, reused_last=False, forecast=False, max_remembered=0
+)
 
 
 def hits(result: ReplayResult) -> int:
@@ -32,7 +34,7 @@ def hits(result: ReplayResult) -> int:
 
 
 def advantage(sessions: ReplayResult, today: ReplayResult) -> bool:
-    """The oracle: sessions hit at least 25% more tokens than today's eviction (1.30x here;
+    """The oracle: sessions hit at least 25% more tokens than today's eviction (1.31x here;
     1.15x without lease renewal, 1.24x with the lease but none of the retention rules)."""
     return hits(sessions) >= 1.25 * hits(today)
 
@@ -57,7 +59,7 @@ def test_sessions_beat_today_and_stay_under_the_optimum(today, tmp_path: Path) -
 
 
 def test_the_retention_rules_add_hits_to_the_lease(tmp_path: Path) -> None:
-    """Every rule against none (the lease alone): 1.05x the hits here."""
+    """Every rule against none (the lease alone): 1.06x the hits here."""
     every = with_sessions(tmp_path / "every")
     lease_only = with_sessions(tmp_path / "lease", NO_RULE)
     assert hits(every) >= 1.03 * hits(lease_only), (hits(every), hits(lease_only))
