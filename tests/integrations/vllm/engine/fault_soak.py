@@ -104,17 +104,24 @@ def read_segment(sidecar: Sidecar, namespace: str, key: bytes | str) -> object |
         return client.get_segment(key)
 
 
-def corrupt_in_lmdb(sidecar: Sidecar, namespace: str, context_key: bytes) -> None:
-    """Flip bytes of one stored payload inside the sidecar's LMDB file (what same-host reads map)."""
+def corrupt_stored(sidecar: Sidecar, namespace: str, context_key: bytes) -> None:
+    """Flip bytes of one stored payload where the sidecar keeps it (what same-host reads map):
+    inside its LMDB file, or in the payload file a staged put was adopted as."""
     found = read_segment(sidecar, namespace, context_key)
     assert found is not None, "the chunk to corrupt is not stored"
     payload = bytes(found[1])  # type: ignore[index]
     window = payload[len(payload) // 2 : len(payload) // 2 + 64]
-    with (sidecar.data_dir / "data.mdb").open("r+b") as f, mmap.mmap(f.fileno(), 0) as data:
-        offset = data.find(window)
-        assert offset >= 0, "the payload is not in the LMDB file"
-        data[offset : offset + len(window)] = bytes(b ^ 0xFF for b in window)
-        data.flush()
+    files = [sidecar.data_dir / "data.mdb", *sorted((sidecar.data_dir / "payloads").glob("*"))]
+    for path in files:
+        if path.stat().st_size == 0:
+            continue
+        with path.open("r+b") as f, mmap.mmap(f.fileno(), 0) as data:
+            offset = data.find(window)
+            if offset >= 0:
+                data[offset : offset + len(window)] = bytes(b ^ 0xFF for b in window)
+                data.flush()
+                return
+    raise AssertionError("the payload is neither in the LMDB file nor in a payload file")
 
 
 def delete_segment(sidecar: Sidecar, namespace: str, segment_id: str) -> bool:
@@ -317,7 +324,7 @@ def inject_faults(soak: Soak, stop_s: float, kv_blocks: int) -> dict[str, object
     probes, before = crosswise(1, exact=True), soak.snapshot()
     flipped = [last_link(soak.fingerprint, soak.prompts[k]) for _, k in probes]
     for key in flipped:
-        corrupt_in_lmdb(sidecar, soak.namespace, key)
+        corrupt_stored(sidecar, soak.namespace, key)
     soak.probe(probes)
     corrupt = soak.deltas(before, "corrupt_loads", lambda d: sum(d.values()) >= len(flipped))
     stored = set(stored_segment_ids(sidecar, soak.namespace))

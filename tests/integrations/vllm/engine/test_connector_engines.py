@@ -26,7 +26,7 @@ from conftest import KV_BLOCKS, NAMESPACE
 from fault_soak import (
     Schedule,
     Soak,
-    corrupt_in_lmdb,
+    corrupt_stored,
     inject_faults,
     soak_prompts,
     verify_stored,
@@ -280,7 +280,7 @@ def test_a_corrupt_record_costs_a_recompute_never_a_wrong_token(
     engines["a"].complete(prompt, max_tokens=8)
     wait_until_stored(sidecar, NAMESPACE)
     links = chunk_links(engine_fingerprint_of(engines["a"]), prompt, BLOCK)
-    corrupt_in_lmdb(sidecar, NAMESPACE, links[1].key)
+    corrupt_stored(sidecar, NAMESPACE, links[1].key)
     longer = prompt + transcript.first_prompt(TASK, PIPELINE_ROLES[1][1])
     for engine in ("b", "a", "b"):  # the fault, then a (its own cache) and b (the sidecar)
         expected = engines["reference"].complete(
