@@ -26,6 +26,7 @@ from kvsplice.client.modes.route_cost import CostModel
 from kvsplice.common.errors import FingerprintMismatch, KvspliceError
 from kvsplice.common.keys import is_fingerprint
 from kvsplice.common.reuse_modes import (
+    EXACT,
     POLICY_FORMAT_VERSION,
     check_fingerprint,
     read_policy_document,
@@ -203,7 +204,7 @@ class AdmissionPolicy:
             ordinary = spec.drifts and not spec.routes and not spec.ablation
             if ordinary and mode not in self.judge_modes:
                 return mode
-        return "exact"
+        return EXACT
 
     def policy_of(self, mode: str) -> ReusePolicy:
         """`mode`'s policy with this policy's parameters (a routing mode: over this policy)."""

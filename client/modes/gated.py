@@ -118,7 +118,7 @@ class JudgePricing:
 
     def predict(self, shape: JudgeShape, judge_mode: str | None) -> dict[str, float]:
         """Predicted seconds per route, zero-drift routes first (they win ties)."""
-        prices = {"exact": exact_cost(shape, self.cost), "dense": dense_cost(shape, self.cost)}
+        prices = {EXACT: exact_cost(shape, self.cost), DENSE: dense_cost(shape, self.cost)}
         if judge_mode is not None and self.checks:
             prices[judge_mode] = staged_cost(shape, self.cost, self.checks, self.keep, self.ratio)
         return prices
@@ -209,7 +209,7 @@ class GatedPolicy:
             judge_shape(prompt, ctx, question=self.pricing.question), judge_mode
         )
         mode = cheapest_route(prices)
-        policy = {"exact": self.fallback, "dense": self.dense}.get(mode, self.judge)
+        policy = {EXACT: self.fallback, DENSE: self.dense}.get(mode, self.judge)
         listed = ", ".join(f"{m} {s * 1e3:.0f}" for m, s in prices.items())
         return policy, Route(
             mode, f"judge ({verdict}) -> {mode}: cheapest (predicted ms: {listed})", judge=True
@@ -220,8 +220,8 @@ class GatedPolicy:
         policy, route = self.route(prompt, ctx)
         logger.debug("risk gate: %s", route.reason)
         planned = policy.plan(prompt, ctx)
-        if route.judge and route.mode != "dense" and self.dense is not None:
-            key = GUARD if route.mode == "exact" else FLOOR_GUARD
+        if route.judge and route.mode != DENSE and self.dense is not None:
+            key = GUARD if route.mode == EXACT else FLOOR_GUARD
             policy, planned = self._guard_floor(prompt, ctx, policy, planned, key)
         decisions = {MODE: route.reason, **planned.decisions}
         return replace(planned, decisions=decisions, memo=_Routed(policy, planned))

@@ -42,6 +42,7 @@ from kvsplice.client.modes.base import (
 from kvsplice.client.tiers.local_tier import on_device
 from kvsplice.client.tiers.segment_io import SpanRecord, fetch_segment, left_tail
 from kvsplice.common.keys import context_key, continues, root_key
+from kvsplice.common.reuse_modes import EXACT
 from kvsplice.common.segment import SegmentKind, SegmentMeta
 from kvsplice.kvmath.payload import KVSource
 from kvsplice.kvmath.segment_kv import SegmentKV
@@ -84,7 +85,7 @@ def plan_exact_prefix(prompt: SpannedPrompt, ctx: CallContext, builder: PlanBuil
             break
         meta, kv = link
         builder.reuse(
-            position, kv, "exact", exact=True, chain_key=meta.context_key,
+            position, kv, EXACT, exact=True, chain_key=meta.context_key,
             chain_num_tokens=meta.num_tokens, name=f"prefix@{position}",
             decoded=meta.kind == "response",
         )  # fmt: skip

@@ -22,10 +22,11 @@ from kvsplice.agents.roles import with_layout
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy
 from kvsplice.client.reuse_engine import EngineConfig, ReuseEngine
+from kvsplice.common.reuse_modes import DENSE, EXACT, NAIVE
 from kvsplice.common.segment import validate_namespace
 from kvsplice.eval.bench.mode_variants import ModeVariant
 from kvsplice.eval.measure.fidelity import REFERENCE_KINDS, DenseReferences, compare
-from kvsplice.eval.measure.metrics import DENSE, CallRecord
+from kvsplice.eval.measure.metrics import CallRecord
 from kvsplice.eval.workloads.workload import Problem, Workload
 from kvsplice.kvmath.quant import check_quant
 from kvsplice.storeclient.client import StoreClient
@@ -62,7 +63,7 @@ class ModeRunConfig:
     (logits only), or "off".
     """
 
-    modes: tuple[str, ...] = (DENSE, "exact", "naive")
+    modes: tuple[str, ...] = (DENSE, EXACT, NAIVE)
     num_agents: int = 3
     graph: str = "fully_connected"
     layout: str = DEFAULT_LAYOUT

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
+from kvsplice.common.reuse_modes import DENSE
 from kvsplice.common.reuse_report import token_hit_rate
 
 logger = logging.getLogger(__name__)
-
-DENSE = "dense"
 
 
 @dataclass(frozen=True)

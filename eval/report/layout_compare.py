@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, GroupStats
+from kvsplice.common.reuse_modes import DENSE
+from kvsplice.eval.measure.metrics import Aggregates, CallRecord, GroupStats
 from kvsplice.eval.report.results import fmt_pct, fmt_x, write_json
 
 logger = logging.getLogger(__name__)

@@ -197,6 +197,14 @@ def _admission(
     }  # fmt: skip
 
 
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
 def _print_decisions(decisions: list[dict[str, Any]]) -> None:
     from kvsplice.eval.report.tables import figures_table
 
@@ -207,6 +215,8 @@ def _print_decisions(decisions: list[dict[str, Any]]) -> None:
         "problems",
         "discordant",
         "recompute acc.",
+        "loaded 2-5",
+        "agent 5 TTFT",
         "reason",
     )
     table = figures_table(columns, ("config", "reason"), title="the graded yardstick")
@@ -215,6 +225,7 @@ def _print_decisions(decisions: list[dict[str, Any]]) -> None:
         accuracy = " ".join(f"{role} {100 * a:.0f}%" for role, a in d["recompute_accuracy"].items())
         table.add_row(
             d["config"], "yes" if d["admitted"] else "no", f"{d['points']:+.1f} ({low:+.1f} to {high:+.1f})",
-            str(d["problems"]), str(d["discordant"]), accuracy, d["reason"],
+            str(d["problems"]), str(d["discordant"]), accuracy,
+            _share(d.get("loaded_share_agents_2_5")), _seconds(d.get("agent5_ttft_s")), d["reason"],
         )  # fmt: skip
     console().print(table)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvsplice.agents.render import Tokenizer
 from kvsplice.client.model.models import LoadedModel, load_model
+from kvsplice.common.reuse_modes import DENSE
 from kvsplice.eval.bench.agents.config import BenchAgentsConfig
 from kvsplice.eval.bench.agents.report import capacity_warning, write_bench_files
 from kvsplice.eval.bench.agents.result import BenchResult
@@ -23,7 +24,7 @@ from kvsplice.eval.bench.mode_runner import ProgressFn, run_modes
 from kvsplice.eval.bench.store_session import namespace_stats, open_store
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.machine_load import warn_if_busy
-from kvsplice.eval.measure.metrics import DENSE, aggregate
+from kvsplice.eval.measure.metrics import aggregate
 from kvsplice.eval.report.layout_compare import compare_layouts, write_layout_files
 from kvsplice.eval.workloads.humaneval import HumanEvalWorkload
 from kvsplice.eval.workloads.math_problems import MATH_SAMPLE, Gsm8kWorkload, MathWorkload

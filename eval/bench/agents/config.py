@@ -12,6 +12,7 @@ from kvsplice.agents.layouts import DEFAULT_LAYOUT
 from kvsplice.agents.roles import MAX_AGENTS, MIN_AGENTS
 from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.common.config_flags import existing_file_flag, flag
+from kvsplice.common.reuse_modes import DENSE, EXACT, NAIVE
 
 if TYPE_CHECKING:
     from kvsplice.client.modes.admission import AdmissionPolicy
@@ -68,7 +69,7 @@ class BenchAgentsConfig:
     num_agents: int = flag(
         3, "Agents per graph.", name="agents", cli_default=5, min=MIN_AGENTS, max=MAX_AGENTS
     )
-    modes: tuple[str, ...] = flag(("dense", "exact", "naive"), MODES_HELP, csv=True)
+    modes: tuple[str, ...] = flag((DENSE, EXACT, NAIVE), MODES_HELP, csv=True)
     policy_path: Path | None = existing_file_flag(  # noqa: RUF009 (it makes a field)
         "Admission policy JSON (kvsplice calibrate) for this model: the base parameters of "
         "every variant (default: built-in defaults). Nothing is gated on it.",

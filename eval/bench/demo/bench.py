@@ -24,6 +24,7 @@ from rich.text import Text
 from kvsplice.client.model.models import LoadedModel, load_model
 from kvsplice.client.modes.admission import load_policy
 from kvsplice.common.namespace_stats import NamespaceStats
+from kvsplice.common.reuse_modes import DENSE, EXACT, GATED, NAIVE
 from kvsplice.common.reuse_report import SERVED
 from kvsplice.common.units import human_bytes
 from kvsplice.eval.bench.demo.config import DemoConfig
@@ -37,7 +38,7 @@ from kvsplice.eval.bench.store_session import (
 )
 from kvsplice.eval.measure.environment import environment_info
 from kvsplice.eval.measure.machine_load import warn_if_busy
-from kvsplice.eval.measure.metrics import DENSE, Aggregates, CallRecord, aggregate
+from kvsplice.eval.measure.metrics import Aggregates, CallRecord, aggregate
 from kvsplice.eval.report.plots import TTFT_PNG, plot_ttft
 from kvsplice.eval.report.results import (
     MODE_HEADERS,
@@ -150,7 +151,7 @@ def demo_modes(policy_path: Path | None, loaded: LoadedModel | None) -> tuple[st
         if loaded is None:
             raise ValueError("a policy's admitted modes need the model (its fingerprint)")
         admitted = load_policy(policy_path, loaded.fingerprint).admitted_modes
-    return tuple(dict.fromkeys((DENSE, "exact", *admitted, "naive", "gated")))
+    return tuple(dict.fromkeys((DENSE, EXACT, *admitted, NAIVE, GATED)))
 
 
 def _fresh_store_dir(config: DemoConfig) -> Path | None:

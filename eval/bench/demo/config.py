@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from kvsplice.agents.layouts import LAYOUTS
 from kvsplice.client.model.model_config import ModelConfig
 from kvsplice.common.config_flags import existing_file_flag, flag
+from kvsplice.common.reuse_modes import DENSE, EXACT, GATED, NAIVE
 from kvsplice.eval.bench.agents.config import LAYOUT_HELP, MODES_HELP
-from kvsplice.eval.measure.metrics import DENSE
 
 if TYPE_CHECKING:
     from kvsplice.client.modes.admission import AdmissionPolicy
@@ -37,7 +37,7 @@ class DemoConfig:
         3, "HumanEval problems.", name="problems", min=1, max=NUM_HUMANEVAL_PROBLEMS
     )
     modes: tuple[str, ...] = flag(
-        (DENSE, "exact", "naive", "gated"),
+        (DENSE, EXACT, NAIVE, GATED),
         MODES_HELP + " Default: dense, exact, what --policy admits, then naive.",
         csv=True, cli_default=None,
     )  # fmt: skip

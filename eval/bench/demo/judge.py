@@ -17,17 +17,18 @@ from rich.table import Table
 
 from kvsplice.client.model.models import LoadedModel
 from kvsplice.client.modes.admission import AdmissionPolicy
-from kvsplice.eval.bench.judge.runner import GATED, JudgeRunConfig, run_judges
+from kvsplice.common.reuse_modes import DENSE, GATED, NAIVE
+from kvsplice.eval.bench.judge.runner import JudgeRunConfig, run_judges
 from kvsplice.eval.measure.jcr import JudgeRecord, ModeSummary, summarize
-from kvsplice.eval.measure.metrics import DENSE, CallRecord
+from kvsplice.eval.measure.metrics import CallRecord
 from kvsplice.eval.report.results import fmt_pct, fmt_x
 from kvsplice.eval.workloads.judge_examples import JudgeExample
 from kvsplice.eval.workloads.workload import Problem
 
 logger = logging.getLogger(__name__)
 
-JUDGE_MODES = (DENSE, "naive", GATED)
-GATE_DECISION = "gated"
+JUDGE_MODES = (DENSE, NAIVE, GATED)
+GATE_DECISION = GATED  # the gate's decision, keyed by its mode
 MAX_CANDIDATES = 8
 
 

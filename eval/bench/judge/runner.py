@@ -34,6 +34,7 @@ from kvsplice.client.modes.admission import AdmissionPolicy, load_policy
 from kvsplice.client.modes.base import candidate_blocks
 from kvsplice.client.modes.registry import MODES
 from kvsplice.client.reuse_engine import CallOutcome, EngineConfig, ReuseEngine
+from kvsplice.common.reuse_modes import GATED
 from kvsplice.common.segment import validate_namespace
 from kvsplice.eval.bench.mode_runner import ProgressEvent, ProgressFn
 from kvsplice.eval.bench.mode_variants import ModeVariant
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 DENSE = "dense"
 # The admission policy with the risk gate above it, as a worker runs it (issue 14's gate).
-GATED = "gated"
 NO_ANSWER = "(no answer)"
 
 

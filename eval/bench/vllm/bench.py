@@ -175,7 +175,8 @@ def _graded_runs(
         texts = [str(tokenizer.decode(list(o), skip_special_tokens=True)) for o in own.outputs]
         run = grade_run(pipeline, problem, texts, own.outputs, config.answer_tokens)
         run = replace(run, cached_tokens=tuple(own.agent_cached_tokens),
-                      prompt_tokens=tuple(own.agent_prompt_tokens))  # fmt: skip
+                      prompt_tokens=tuple(own.agent_prompt_tokens),
+                      ttft_s=tuple(own.agent_ttft_runs_s[-1]))  # fmt: skip
         logger.info("graded %s: %s", problem.problem_id, run.right)
         return run
 

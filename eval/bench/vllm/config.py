@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsplice.common.config_flags import flag
+from kvsplice.common.reuse_modes import ANCHOR, GATED
 
 DEFAULT_CONFIGS = (
     "recompute", "example-connector", "lmcache", "kvsplice", "kvsplice-grpc",
@@ -20,8 +21,8 @@ DEFAULT_CONFIGS = (
 # kvsplice-anchor: every request asks for the anchor mode (KVComm's correction at load).
 CONTROLS = {"control-unrotated": "unrotated", "control-noise": "noise"}
 # configurations whose requests ask for approximate reuse, and the mode each asks for
-REQUESTED_REUSE = {"kvsplice-gated": "gated", "kvsplice-anchor": "anchor"} | {
-    name: "gated" for name in CONTROLS
+REQUESTED_REUSE = {"kvsplice-gated": GATED, "kvsplice-anchor": ANCHOR} | {
+    name: GATED for name in CONTROLS
 }
 APPROXIMATE = tuple(REQUESTED_REUSE)
 CONFIGS = (*DEFAULT_CONFIGS, *APPROXIMATE)

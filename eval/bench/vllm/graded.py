@@ -18,6 +18,7 @@ Running the pipelines is `bench`'s.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,8 @@ class GradedRun:
     per agent the prompt tokens loaded from outside the engine and the prompt's length, and
     the answers as read (`answers`, in role order: what a reader checks a grade against);
     `judge_graded`: whether this run's candidates make its judge gradable; `truncated`:
-    per agent, whether its answer hit the token cap."""
+    per agent, whether its answer hit the token cap; `ttft_s`: per agent, its time to first
+    token (under the run's concurrency: beside other problems' pipelines)."""
 
     problem_id: str
     right: dict[str, bool]
@@ -48,6 +50,7 @@ class GradedRun:
     answers: tuple[str, ...] = ()
     judge_graded: bool = True
     truncated: tuple[bool, ...] = ()
+    ttft_s: tuple[float, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +59,7 @@ class GradedRun:
             "truncated": dict(zip(_ROLES[: len(self.truncated)], self.truncated, strict=True)),
             "cached_tokens": list(self.cached_tokens), "prompt_tokens": list(self.prompt_tokens),
             "answers": dict(zip(_ROLES[: len(self.answers)], self.answers, strict=True)),
+            "ttft_s": list(self.ttft_s),
         }  # fmt: skip
 
 
@@ -75,6 +79,13 @@ def grade_run(
         problem.problem_id, right, judge_answer(pipeline, answer[JUDGE]), outputs_ids,
         answers=tuple(texts), judge_graded=judge_graded, truncated=truncated,
     )  # fmt: skip
+
+
+def agent5_ttft(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """The last agent's median time to first token over the runs (`as_json`'s form) that
+    recorded one (None: none did; reports from before runs were timed)."""
+    timed = [run["ttft_s"][-1] for run in runs if run.get("ttft_s")]
+    return statistics.median(timed) if timed else None
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -182,6 +193,7 @@ def summarize(runs: Sequence[GradedRun], reference: Sequence[GradedRun]) -> dict
         "roles": _role_figures([r.as_json() for r in runs], [r.as_json() for r in reference]),
         "outputs_equal_recompute": sum(equal),
         "outputs": len(equal),
+        "agent5_ttft_s": agent5_ttft([r.as_json() for r in runs]),
         "runs": [r.as_json() for r in runs],
     }
 
@@ -225,7 +237,7 @@ def pool(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "graded": {
                 "roles": _role_figures(rows, reference),
                 "outputs_equal_recompute": outputs[label][0], "outputs": outputs[label][1],
-                "runs": rows,
+                "agent5_ttft_s": agent5_ttft(rows), "runs": rows,
             },
         })  # fmt: skip
     return {"configs": pooled, "problems": len(reference), "reports": len(reports)}
@@ -239,12 +251,12 @@ def _points(value: float | None, spec: str) -> str:
 def print_graded(rows: Sequence[dict[str, Any]], console: Any) -> None:
     """Each configuration's accuracy per graded role (95% interval), the difference from
     recompute per role, and over all graded answers with its 95% interval (recompute's
-    row: its right answers of all)."""
+    row: its right answers of all), and agent 5's median TTFT (under the runs' concurrency)."""
     from kvsplice.eval.report.tables import figures_table
 
     columns = (
         "config", *(f"{role} right" for role in GRADED), "vs rec (points)",
-        "all: vs rec (95% CI)", "equal outputs",
+        "all: vs rec (95% CI)", "equal outputs", "agent 5 TTFT",
     )  # fmt: skip
     table = figures_table(columns, ("config",), title="bench vllm --problems: graded answers")
     for row in rows:
@@ -264,5 +276,7 @@ def print_graded(rows: Sequence[dict[str, Any]], console: Any) -> None:
             else f"{_points(pooled['vs_recompute_points'], '.1f')} ({low:+.1f} to {high:+.1f})"
         )  # fmt: skip
         equal = f"{graded['outputs_equal_recompute']}/{graded['outputs']}"
-        table.add_row(row["label"], *cells, points, overall, equal)
+        ttft = graded.get("agent5_ttft_s")
+        timed = "—" if ttft is None else f"{ttft:.2f} s"
+        table.add_row(row["label"], *cells, points, overall, equal, timed)
     console.print(table)

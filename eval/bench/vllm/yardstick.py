@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvsplice.eval.bench.vllm.graded import GRADED, JUDGE_ROLE, role_pairs
+from kvsplice.eval.bench.vllm.graded import GRADED, JUDGE_ROLE, agent5_ttft, role_pairs
 from kvsplice.eval.workloads.olmo_data import seeded_subset
 
 RULE_PATH = Path(__file__).resolve().parent / "yardstick_rule.json"
@@ -108,6 +108,7 @@ class Decision:
     loaded_share: float | None  # prompt tokens of agents 2-5 loaded from outside the engine
     problems_for_half_width: int | None  # problems this discordance needs for ±tolerance
     jcr: float | None = None  # share of gradable judges answering as recompute's judge did
+    agent5_ttft_s: float | None = None  # median over the runs that timed it (under concurrency)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -117,7 +118,7 @@ class Decision:
             "graded_roles": list(self.graded_roles), "truncated_share": self.truncated_share,
             "loaded_share_agents_2_5": self.loaded_share,
             "problems_for_half_width": self.problems_for_half_width,
-            "jcr_vs_recompute": self.jcr,
+            "jcr_vs_recompute": self.jcr, "agent5_ttft_s": self.agent5_ttft_s,
         }  # fmt: skip
 
 
@@ -144,6 +145,7 @@ def decide(
     return Decision(
         config, admitted, reason, points, ci, len(differences), discordant, accuracy, roles,
         truncated, loaded_share(runs), needed, judge_consistency(runs, reference),
+        agent5_ttft(runs),
     )  # fmt: skip
 
 

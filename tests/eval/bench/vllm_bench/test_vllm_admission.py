@@ -74,6 +74,7 @@ def _runs(
             "problem": f"mmlu-test-{DRAW[first + i]}", "right": dict(zip(ROLES, r, strict=True)),
             "judge_graded": judge_always or r[0] != r[1], "judge_verdict": "B" if r[2] else "C", "truncated": dict.fromkeys(ROLES, truncated),
             "cached_tokens": [0, 300, 300, 300, 300], "prompt_tokens": [400] * 5,
+            "ttft_s": [0.2] * 4 + [1.0 + i % 3],
         }
         for i, r in enumerate(rights)
     ]  # fmt: skip
@@ -152,6 +153,9 @@ def test_exact_is_admitted_the_damaged_controls_refused_and_naive_decided_by_its
     gated = found["kvsplice-gated"]
     assert gated.admitted and gated.discordant == 4 and abs(gated.points) < 0.5
     assert -2 <= gated.ci95[0] < 0 < gated.ci95[1] and gated.loaded_share == 0.75
+    assert gated.agent5_ttft_s == 2.0 and gated.as_json()["agent5_ttft_s"] == 2.0  # of 1, 2, 3
+    untimed = [{k: v for k, v in run.items() if k != "ttft_s"} for run in _runs(_recompute(150))]
+    assert ys.decide("kvsplice", untimed, untimed, _rule()).agent5_ttft_s is None  # older reports
     assert set(gated.graded_roles) == {"solver", "reviser", "judge"}
     policy, summary = va.admit(
         _reports(), _pooled(_all_configs()), FINGERPRINT, _rule(), _committed_rule(tmp_path)

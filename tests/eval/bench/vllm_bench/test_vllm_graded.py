@@ -151,6 +151,7 @@ def test_graded_runs_grade_each_problem_after_one_warm_up(
     assert runs[0].cached_tokens == (0,) * 5 and len(runs[0].prompt_tokens) == 5
     assert runs[0].as_json()["prompt_tokens"] == list(runs[0].prompt_tokens)
     assert runs[0].as_json()["answers"]["solver"] == RIGHT  # what the grade was given
+    assert runs[0].as_json()["ttft_s"] == [0.01] * 5  # each agent's, as its engine timed it
 
 
 class _RoleEngine:
@@ -261,8 +262,8 @@ def _graded_report(
         result = vllm_bench.ConfigResult(config_name, config_name != "recompute")
         result.graded_runs = [
             replace(_run(RIGHT if config_name == "recompute" else solver, WRONG, "FAIL"),
-                    problem_id=problem)
-            for problem, solver in solvers.items()
+                    problem_id=problem, ttft_s=(0.1, 0.2, 0.3, 0.4, 0.5 + i))
+            for i, (problem, solver) in enumerate(solvers.items())
         ]  # fmt: skip
         vllm_bench._summarize(result)
         results.append(result)
@@ -282,6 +283,7 @@ def test_pooled_reports_add_up_to_one_summary(tmp_path: Path) -> None:
     assert gated["graded"]["roles"]["all"]["n"] == 9
     assert [run["problem"] for run in gated["graded"]["runs"]] == ["P/1", "P/2", "P/3"]
     assert gated["graded"]["outputs"] == 15  # 5 agents x 3 problems, added up
+    assert gated["graded"]["agent5_ttft_s"] == 0.5  # the median of 0.5, 1.5 and 0.5
     with pytest.raises(ValueError, match="graded twice"):
         pool([json.loads(first.read_text())] * 2)
     other = _graded_report(tmp_path, "c", {"P/4": RIGHT}, dtype="bfloat16")
