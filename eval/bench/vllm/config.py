@@ -110,7 +110,10 @@ class VllmBenchConfig:
         True, "kvsplice and LMCache both store decode-written K/V (--no-save-decode: neither)."
     )
     chunk_tokens: int = flag(
-        256, "Tokens per stored chunk, kvsplice's and LMCache's alike.", min=16
+        256,
+        "Tokens per stored chunk, kvsplice's and LMCache's alike: a multiple of the engines' "
+        "KV block size (vLLM's CPU backend: 128), or the connector refuses to start.",
+        min=16,
     )
     save_tails: bool = flag(
         True,
