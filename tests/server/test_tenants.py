@@ -337,11 +337,11 @@ def test_tenants_add_prints_a_token_once_and_sighup_admits_it(tmp_path: Path) ->
 
             assert stats(second) is grpc.StatusCode.UNAUTHENTICATED
             sidecar.process.send_signal(signal.SIGHUP)
-            # NOTE: a wait for the reload, not a timing claim: generous for a loaded 2-core host
-            deadline = time.monotonic() + 60
+            # NOTE: a wait for the reload, not a timing claim: no deadline of our own (a loaded
+            # 2-core host can take long); pytest's timeout fails a reload that never comes
             while stats(second) is not grpc.StatusCode.OK:
-                assert time.monotonic() < deadline, "SIGHUP did not reload the tenants file"
                 time.sleep(0.1)
+            assert stats(second) is grpc.StatusCode.OK, "SIGHUP did not reload the tenants file"
             assert stats(first) is grpc.StatusCode.PERMISSION_DENIED
     finally:
         assert sidecar.stop() == 0
